@@ -1,0 +1,144 @@
+"""The interface every engine adapter implements: wrap a model, build its optimizer, step.
+
+An engine is a small adapter around one way of training data-parallel: PyTorch's DDP,
+ZeroRedundancyOptimizer, FSDP1, fully_shard, or this project's ``impl`` engines. The
+harness only ever talks to this interface, so every engine is measured the same way.
+
+Engine-specific matrix axes (sharding strategy, prefetch, ...) are declared in
+``options``: each maps an axis name to its allowed values, the first one being the
+default. A cell only carries the axes its engine declares, so an axis never
+multiplies the cells of an engine it does not apply to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this rank runs: read from the torchrun environment by the worker."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # "gloo" or "nccl"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The optimizer a workload asks for; every engine builds it from this."""
+
+    kind: str  # "adam" | "adamw" | "sgd"
+    lr: float
+    hyper: dict[str, Any]  # the remaining keyword arguments of the torch.optim class
+
+    @property
+    def cls(self) -> type[torch.optim.Optimizer]:
+        return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[self.kind]
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"lr": self.lr, **self.hyper}
+
+    def build(self, params) -> torch.optim.Optimizer:
+        return self.cls(params, **self.kwargs())
+
+
+class Engine:
+    """Base class of the engine adapters.
+
+    Lifecycle, once per cell and rank::
+
+        engine = EngineClass(options, ctx, dtype)
+        module = engine.wrap(model, blocks)          # model already on ctx.device
+        engine.build_optimizer(OptimizerSpec(...))
+        for batch in batches:
+            loss = engine.train_step(inputs, targets, loss_fn)
+
+    Subclasses set ``name`` and ``options`` and implement ``wrap``; most keep the
+    default ``build_optimizer`` and ``train_step``.
+    """
+
+    name: ClassVar[str]
+    #: axis name -> allowed values, default first
+    options: ClassVar[dict[str, tuple]] = {}
+    #: dtypes ("fp32", "bf16") this engine can run
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
+
+    def __init__(self, options: dict[str, Any], ctx: RankContext, dtype: str):
+        self.opts = options
+        self.ctx = ctx
+        self.dtype = dtype
+        self.module: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    # -- what the harness asks before launching ranks -----------------------------
+
+    @classmethod
+    def unsupported(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
+        """Why this combination cannot run, or None. Checked before any rank starts."""
+        if dtype not in cls.dtypes:
+            return f"{cls.name} does not support dtype {dtype!r} (supported: {', '.join(cls.dtypes)})"
+        return None
+
+    # -- per-rank lifecycle --------------------------------------------------------
+
+    def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
+        """Return the distributed module. ``blocks`` are the units to shard separately
+        (transformer blocks, MLP layers); the root takes whatever is left."""
+        raise NotImplementedError
+
+    def build_optimizer(self, spec: OptimizerSpec) -> torch.optim.Optimizer:
+        assert self.module is not None, "wrap() first"
+        self.optimizer = spec.build(self.module.parameters())
+        return self.optimizer
+
+    def autocast(self):
+        """Context for the forward pass. Engines whose mixed precision is a wrapper
+        policy (FSDP) keep the default no-op; the others autocast under bf16."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> torch.Tensor:
+        """One optimizer step on this rank's micro-batch; returns the detached loss."""
+        with self.autocast():
+            loss = loss_fn(self.module(inputs), targets)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    # -- what the memory pass uses to tell storages apart --------------------------
+
+    def parameter_tensors(self) -> list[torch.Tensor]:
+        """Tensors holding this rank's parameters (sharded where the engine shards)."""
+        return [p for p in self.module.parameters()]
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.module.parameters() if p.grad is not None]
+
+    def optimizer_state_tensors(self) -> list[torch.Tensor]:
+        opt = self.optimizer
+        inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard in .optim
+        return [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Engine-specific numbers for the results table (e.g. rate-limiter stalls)."""
+        return {}
+
+
+class AutocastEngine(Engine):
+    """An engine whose bf16 mode is ``torch.autocast`` over fp32 parameters."""
+
+    def autocast(self):
+        import contextlib
+
+        if self.dtype == "bf16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
