@@ -5,8 +5,8 @@ ZeroRedundancyOptimizer, FSDP1, fully_shard, or this project's ``impl`` engines.
 harness only ever talks to this interface, so every engine is measured the same way.
 
 Engine-specific matrix axes (sharding strategy, prefetch, ...) are declared in
-``options``: each maps an axis name to its allowed values, the first one being the
-default. A cell only carries the axes its engine declares, so an axis never
+``options``: each maps an axis name to an :class:`Axis` (its default and the values
+it allows). A cell only carries the axes its engine declares, so an axis never
 multiplies the cells of an engine it does not apply to.
 """
 
@@ -17,6 +17,32 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One engine-specific matrix axis: its default and what values it allows."""
+
+    default: Any
+    choices: tuple | None = None
+    """The allowed values; None means any value of ``type`` passing ``minimum``."""
+    type: type | None = None
+    minimum: float | None = None
+    doc: str = ""
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return ``value`` if allowed, else raise ValueError naming the axis and what it allows."""
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ValueError(f"{name}: {value!r} is not allowed (allowed: {', '.join(map(repr, self.choices))})")
+            return value
+        ok_type = isinstance(value, self.type) and not isinstance(value, bool)
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok_type = float(value), True
+        if not ok_type or (self.minimum is not None and value < self.minimum):
+            bound = f" >= {self.minimum}" if self.minimum is not None else ""
+            raise ValueError(f"{name}: {value!r} is not allowed (allowed: {self.type.__name__}{bound})")
+        return value
 
 
 @dataclass(frozen=True)
@@ -65,8 +91,8 @@ class Engine:
     """
 
     name: ClassVar[str]
-    #: axis name -> allowed values, default first
-    options: ClassVar[dict[str, tuple]] = {}
+    #: engine-specific matrix axes
+    options: ClassVar[dict[str, Axis]] = {}
     #: dtypes ("fp32", "bf16") this engine can run
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
 
@@ -129,7 +155,10 @@ class Engine:
         return [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
 
     def extra_metrics(self) -> dict[str, float]:
-        """Engine-specific numbers for the results table (e.g. rate-limiter stalls)."""
+        """Engine-specific numbers for the results table, accumulated since the previous
+        call (e.g. ``limiter_stall_s``, ``max_inflight_all_gathers``). The harness calls
+        it once after warm-up (discarding the result) and once after the measured steps,
+        and stores what the second call returns, per rank, as columns."""
         return {}
 
 
