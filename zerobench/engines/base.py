@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
+from torch.autograd.profiler import record_function
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ class Engine:
         self.dtype = dtype
         self.module: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        # Called with the phase name as each phase of a step starts; the memory pass
+        # sets it to tag allocations and to find the gradients before zero_grad.
+        self.on_phase = None
 
     # -- what the harness asks before launching ranks -----------------------------
 
@@ -132,13 +136,27 @@ class Engine:
         return contextlib.nullcontext()
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> torch.Tensor:
-        """One optimizer step on this rank's micro-batch; returns the detached loss."""
-        with self.autocast():
-            loss = loss_fn(self.module(inputs), targets)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        """One optimizer step on this rank's micro-batch; returns the detached loss.
+
+        Engines that override this must keep the three ``self.phase(...)`` blocks: they
+        label the profiler trace and tell the memory tracker which phase allocated what
+        (gradients are identified when the optimizer phase starts)."""
+        with self.phase("forward"):
+            with self.autocast():
+                loss = loss_fn(self.module(inputs), targets)
+        with self.phase("backward"):
+            loss.backward()
+        with self.phase("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def phase(self, name: str):
+        """Label a phase of the step ("forward", "backward", "optimizer") for the
+        profiler (``zerobench::<name>``) and for whoever set ``on_phase``."""
+        if self.on_phase is not None:
+            self.on_phase(name)
+        return record_function(f"zerobench::{name}")
 
     # -- what the memory pass uses to tell storages apart --------------------------
 
