@@ -1,0 +1,351 @@
+"""ZeRO stage 1: ``impl.zero.ZeroRedundancyOptimizer``, optimizer state sharded by parameter.
+
+A drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer`` (same constructor,
+methods and properties), as in ZeRO (arXiv 1910.02054) stage 1, "P_os": every rank
+keeps the whole model and computes full gradients (DDP averages them), but each
+parameter's optimizer state lives only on the rank that owns it. Each rank steps its
+own parameters and then broadcasts them to the others. Behaviour follows
+seed-behaviours.md §1; the deliberate differences are listed in docs/zero.md.
+
+Layers (one file each): who owns what (``partition.py``), flat bucket views
+(``param_buckets.py``), local/global state translation (``state_dict.py``), object
+transport for checkpoints (``transport.py``). This file only ties them together.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+from torch.optim import Optimizer
+
+from impl import comm
+from impl.zero import param_buckets
+from impl.zero.partition import manual_partition, rank_numels, sorted_greedy_partition
+from impl.zero.state_dict import (
+    check_param_groups_match,
+    global_index,
+    index_to_param,
+    local_to_global_state,
+    sync_hyperparams,
+)
+from impl.zero.transport import broadcast_object, copy_to_device
+
+
+def materialize_params(params: Any, owner: str) -> list:
+    """``params`` as a list of tensors or of group dicts, validated (seed-behaviours.md §1.1)."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError(f"`params` argument should be an iterable of Tensors, but got {torch.typename(params)}")
+    try:
+        items = list(params)
+    except TypeError as e:
+        raise TypeError(f"`params` argument should be an iterable of Tensors or dicts, but got {torch.typename(params)}") from e
+    if not items:
+        raise ValueError(f"{owner} got an empty parameter list")
+    if not (all(isinstance(x, torch.Tensor) for x in items) or all(isinstance(x, dict) for x in items)):
+        raise TypeError("`params` argument should be an iterable of Tensors or dicts")
+    for item in items:
+        if isinstance(item, dict) and "params" not in item:
+            raise ValueError("Each parameter group passed-in via `params` must have a 'params' key mapping to the parameters in the group")
+    return items
+
+
+def check_same_dense_type(params: list[torch.Tensor], owner: str) -> None:
+    """Only the first parameter is checked for sparsity; all must share its tensor type.
+
+    ``torch.typename`` includes the device type, so CPU and CUDA parameters may not be
+    mixed (they could not share a bucket or a broadcast), while several CUDA devices may.
+    """
+    first = torch.typename(params[0])
+    if params[0].is_sparse:
+        raise ValueError(f"{owner} only supports using the same dense type for all parameters but got {first}")
+    for param in params[1:]:
+        other = torch.typename(param)
+        if other != first:
+            raise ValueError(f"{owner} only supports using the same dense type for all parameters but got both {first} and {other}")
+
+
+def check_optimizer_class(optimizer_class: type) -> None:
+    """Functional optimizers (``torch.distributed.optim.functional_*``) only make sense
+    with ``overlap_with_ddp=True``, which this implementation does not provide."""
+    from torch.distributed.optim.utils import functional_optim_map
+
+    if optimizer_class in set(functional_optim_map.values()):
+        raise ValueError(f"Passing in a functional optimizer {optimizer_class} when `overlap_with_ddp=False`")
+
+
+class _StepOnJoin(JoinHook):
+    """Join hook: a rank that ran out of inputs keeps stepping, so that it keeps
+    broadcasting the parameters it owns (its gradients must already be set)."""
+
+    def __init__(self, zero: "ZeroRedundancyOptimizer"):
+        self.zero = zero
+
+    def main_hook(self) -> None:
+        self.zero.step()
+
+
+class ZeroRedundancyOptimizer(Optimizer, Joinable):
+    """Shard ``optimizer_class``'s state over the ranks of ``process_group``.
+
+    Args:
+        params: tensors or param-group dicts, as for any ``torch.optim`` optimizer.
+        optimizer_class: the local optimizer's class (``torch.optim.Adam``, ...).
+        process_group: defaults to the world.
+        parameters_as_bucket_view: keep each rank's trainable parameters as views of
+            one flat tensor, so the post-step broadcast is one collective per rank and
+            device instead of one per parameter.
+        overlap_with_ddp: not implemented here; ``True`` raises NotImplementedError
+            (use ``impl.zero.ZeroStage2Optimizer`` for gradient-side overlap).
+        **defaults: the local optimizer's keyword arguments (``lr``, ...).
+
+    The local optimizer, holding only this rank's parameters, is ``self.optim``.
+    """
+
+    def __init__(
+        self,
+        params,
+        optimizer_class: type[Optimizer],
+        process_group: Any | None = None,
+        parameters_as_bucket_view: bool = False,
+        overlap_with_ddp: bool = False,
+        **defaults: Any,
+    ):
+        params = materialize_params(params, "ZeroRedundancyOptimizer")
+        if overlap_with_ddp:
+            raise NotImplementedError(
+                "impl.zero.ZeroRedundancyOptimizer does not implement overlap_with_ddp=True "
+                "(see docs/zero.md); use torch.distributed.optim.ZeroRedundancyOptimizer for it, "
+                "or impl.zero.ZeroStage2Optimizer for gradient reduction overlapped with backward"
+            )
+        check_optimizer_class(optimizer_class)
+        # The base constructor calls add_param_group once per group; until the end of
+        # __init__ that must only append (there is no partition or local optimizer yet).
+        self._initialized = False
+        Optimizer.__init__(self, params, defaults)
+        Joinable.__init__(self)
+        check_same_dense_type(self._all_params(), "ZeroRedundancyOptimizer")
+
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size: int = dist.get_world_size(self.process_group)
+        self.rank: int = dist.get_rank(self.process_group)  # rank within the group
+        self.global_rank: int = dist.get_global_rank(self.process_group, self.rank)  # for broadcast src
+        # Buckets and object transport live here (the first parameter's device).
+        self._default_device = self._all_params()[0].device
+        # Lazily derived views of the partition, all dropped together by _clear_cache.
+        self._cache: dict[str, Any] = {}
+        # requires_grad of every parameter at the last bucket build: a change means
+        # frozen parameters must leave (or join) the buckets.
+        self._is_trainable_mask = self._trainable_mask()
+
+        self._optim_defaults = defaults
+        self.optim: Optimizer = optimizer_class(self._partition_parameters()[self.rank], **defaults)
+        # The local class may add defaults of its own (betas, ...): make them public.
+        sync_hyperparams(self.optim.param_groups, self.param_groups)
+
+        self.parameters_as_bucket_view = parameters_as_bucket_view
+        # buckets[device_index][rank]: flat views of each rank's trainable parameters.
+        self._buckets: list[list[torch.Tensor]] = []
+        self._build_param_buckets()
+        # Every rank's local state dict, filled only on the target of consolidate_state_dict.
+        self._all_state_dicts: list[dict[str, Any]] = []
+        self._initialized = True
+
+    # -- partition and the maps derived from it ------------------------------------
+
+    def _all_params(self) -> list[torch.Tensor]:
+        return index_to_param(self.param_groups)
+
+    def _trainable_mask(self) -> list[bool]:
+        return [p.requires_grad for p in self._all_params()]
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+
+    def _partition_parameters(self, params_per_rank: list[list[torch.Tensor]] | None = None) -> list[list[dict]]:
+        """``partition[rank]``: that rank's param groups (see impl/zero/partition.py).
+
+        ``params_per_rank`` sets a manual partition; like torch this is only possible
+        before the first partition, i.e. never after construction here.
+        """
+        if params_per_rank is not None:
+            if "partition" in self._cache:
+                raise AssertionError("Specifying `params_per_rank` should only be done when the parameters have not been partitioned yet")
+            self._cache["partition"] = manual_partition(self.param_groups, params_per_rank, self.world_size)
+        elif "partition" not in self._cache:
+            self._cache["partition"] = sorted_greedy_partition(self.param_groups, self.world_size)
+        return self._cache["partition"]
+
+    partition_parameters = _partition_parameters
+
+    @property
+    def _param_to_rank(self) -> dict[torch.Tensor, int]:
+        if "param_to_rank" not in self._cache:
+            self._cache["param_to_rank"] = {
+                p: rank for rank, groups in enumerate(self._partition_parameters()) for g in groups for p in g["params"]
+            }
+        return self._cache["param_to_rank"]
+
+    @property
+    def _param_to_index(self) -> dict[torch.Tensor, int]:
+        if "param_to_index" not in self._cache:
+            self._cache["param_to_index"] = global_index(self.param_groups)
+        return self._cache["param_to_index"]
+
+    @property
+    def _index_to_param(self) -> list[torch.Tensor]:
+        if "index_to_param" not in self._cache:
+            self._cache["index_to_param"] = self._all_params()
+        return self._cache["index_to_param"]
+
+    @property
+    def _device_to_params_per_rank(self) -> dict[torch.device, list[list[torch.Tensor]]]:
+        assert self.parameters_as_bucket_view, "only used with parameters_as_bucket_view=True"
+        if "device_to_params" not in self._cache:
+            params_per_rank = [[p for g in groups for p in g["params"]] for groups in self._partition_parameters()]
+            self._cache["device_to_params"] = param_buckets.params_per_device(params_per_rank)
+        return self._cache["device_to_params"]
+
+    def rank_numels(self) -> list[int]:
+        """Parameter elements owned (stepped) by each rank."""
+        return rank_numels(self._partition_parameters())
+
+    def _build_param_buckets(self) -> None:
+        if self.parameters_as_bucket_view:
+            self._buckets = param_buckets.build_bucket_views(self._device_to_params_per_rank)
+
+    # -- step ---------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group on every rank (a collective in effect: all ranks must call it).
+
+        Older groups keep their owners (the partition goes group by group), so the
+        local optimizer only ever gains this rank's share of the new group.
+        """
+        super().add_param_group(param_group)
+        if not self._initialized:
+            return
+        self._clear_cache()
+        local_groups = self._partition_parameters()[self.rank]
+        if len(local_groups) == len(self.optim.param_groups) + 1:
+            self.optim.add_param_group(local_groups[-1])
+        self._build_param_buckets()
+        self._is_trainable_mask = self._trainable_mask()
+
+    def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
+        """Step this rank's shard only; no communication."""
+        Join.notify_join_context(self)
+        mask = self._trainable_mask()
+        if mask != self._is_trainable_mask:
+            warnings.warn("ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter buckets if enabled")
+            self._build_param_buckets()
+            self._is_trainable_mask = mask
+        # LR schedulers edit the public groups; the local optimizer must see it.
+        sync_hyperparams(self.param_groups, self.optim.param_groups)
+        loss = self.optim.step(**kwargs) if closure is None else self.optim.step(closure=closure, **kwargs)
+        sync_hyperparams(self.optim.param_groups, self.param_groups)
+        return loss
+
+    def _sync_params(self) -> None:
+        """Every rank broadcasts the parameters it owns; all broadcasts in flight at once.
+
+        Frozen parameters are broadcast too without bucket views (as torch does),
+        and left out with them (they are not in any bucket).
+        """
+        handles = []
+        for rank in range(self.world_size):
+            src = dist.get_global_rank(self.process_group, rank)
+            if self.parameters_as_bucket_view:
+                tensors = [device_buckets[rank] for device_buckets in self._buckets]
+            else:
+                tensors = [p.data for g in self._partition_parameters()[rank] for p in g["params"]]
+            handles.extend(comm.broadcast(t, src=src, group=self.process_group) for t in tensors)
+        for handle in handles:
+            handle.wait()
+
+    def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
+        """Step this rank's parameters, then bring every rank's parameters up to date."""
+        loss = self._local_step(closure=closure, **kwargs)
+        self._sync_params()
+        return loss
+
+    # -- join -----------------------------------------------------------------------
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """Hook for ``torch.distributed.algorithms.Join``; ``kwargs`` are ignored."""
+        return _StepOnJoin(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._default_device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.process_group
+
+    # -- checkpointing ----------------------------------------------------------------
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Collect every rank's local state on group rank ``to`` (a collective).
+
+        The target keeps the local dicts on CPU; ``state_dict()`` there then builds the
+        global dict. Other ranks drop any earlier consolidation.
+        """
+        sync_hyperparams(self.param_groups, self.optim.param_groups)
+        self._all_state_dicts = []
+        for rank in range(self.world_size):
+            if rank == to:  # the target already holds its own state: nothing to send
+                if self.rank == to:
+                    self._all_state_dicts.append(copy_to_device(self.optim.state_dict(), torch.device("cpu")))
+                continue
+            is_src = self.rank == rank
+            received = broadcast_object(
+                self.optim.state_dict() if is_src else None,
+                src=dist.get_global_rank(self.process_group, rank),
+                is_src=is_src,
+                group=self.process_group,
+                device=self._default_device,
+            )
+            if self.rank == to:
+                self._all_state_dicts.append(received)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global state dict as of the last ``consolidate_state_dict`` to this rank.
+
+        Same format as a plain ``torch.optim`` optimizer over all parameters (global
+        indices, sorted), so it loads there, or into this class at any world size.
+        """
+        if not self._all_state_dicts:
+            raise RuntimeError(
+                "Optimizer state has not been consolidated on this rank. "
+                f"Please call `consolidate_state_dict(to={self.rank})` on all ranks beforehand "
+                "if you meant to save the global state."
+            )
+        state_dict = super().state_dict()
+        state_dict["state"].update(
+            local_to_global_state(self._all_state_dicts, self._partition_parameters(), self._param_to_index)
+        )
+        state_dict["state"] = dict(sorted(state_dict["state"].items()))
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a global state dict: keep the entries this rank owns, and the hyperparameters.
+
+        Unlike torch, the caller's dict is not modified, and the public ``self.state``
+        does not keep a second copy of the owned state. See docs/zero.md.
+        """
+        check_param_groups_match(state_dict["param_groups"], self.param_groups)
+        for index, value in state_dict["state"].items():
+            param = self._index_to_param[index]
+            if self._param_to_rank[param] != self.rank:
+                continue
+            local = copy_to_device(value, param.device)
+            for name, item in local.items():
+                if torch.is_tensor(item) and item.dim() == 0:
+                    local[name] = item.cpu()  # scalar state (Adam's step) lives on CPU
+            self.optim.state[param] = local
+        sync_hyperparams(state_dict["param_groups"], self.param_groups)
+        sync_hyperparams(self.param_groups, self.optim.param_groups)
