@@ -1,0 +1,293 @@
+"""The CI gate: rules, verdicts, exit codes and reports of ``zerobench compare``.
+
+All on small synthetic run folders written by :func:`write_run`; no distributed runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from zerobench.compare import (Rule, compare_runs, config_mismatches, exit_code, load_run, main)
+from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRICS
+
+MiB = 2**20
+
+
+def write_run(folder: Path, results: pd.DataFrame, steps: pd.DataFrame | None = None,
+              meta: dict | None = None) -> Path:
+    """Write a run folder (results.csv, steps.csv, meta.json) from DataFrames."""
+    folder.mkdir(parents=True, exist_ok=True)
+    results.to_csv(folder / "results.csv", index=False)
+    if steps is not None:
+        steps.to_csv(folder / "steps.csv", index=False)
+    (folder / "meta.json").write_text(json.dumps(meta or {"torch_version": "2.13.0+cpu", "backend": "gloo"}))
+    return folder
+
+
+def make_run(step_median: float = 0.100, step_mad: float = 0.010, peak_mem: float = 40 * MiB,
+             comm: float = 8 * MiB, loss_last: float = 2.5, run_id: str = "base",
+             cells: tuple[str, ...] = ("ddp-ws2-fp32", "fully_shard-ws2-fp32-reshard_true"),
+             status: dict[str, str] | None = None, world_size: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """results and steps of a small run: every cell the same figures, ranks slightly apart.
+
+    Step times per (cell, rank) are median +- {0, 1, 2} x mad, so their median is exactly
+    ``step_median`` and their MAD exactly ``step_mad``.
+    """
+    rows, steps = [], []
+    for cell in cells:
+        engine = cell.split("-")[0]
+        st = (status or {}).get(cell, "ok")
+        for rank in range(world_size):
+            row = {c: "" for c in ID_COLUMNS}
+            row.update(run_id=run_id, cell_id=cell, status=st, error="boom" if st == "failed" else "",
+                       engine=engine, world_size=world_size, dtype="fp32", rank=rank,
+                       reshard_after_forward="True" if engine == "fully_shard" else "")
+            row.update({c: "" for c in CONTEXT_COLUMNS})
+            row.update(workload="quickstart", model="mlp", backend="gloo", device="cpu", batch_size=8, steps=20)
+            if st == "ok":
+                row.update(step_time_median_s=step_median, step_time_p10_s=step_median - step_mad,
+                           step_time_p90_s=step_median + step_mad, step_time_mad_s=step_mad,
+                           throughput_samples_s=8 * world_size / step_median, loss_first=3.0 + rank,
+                           loss_last=loss_last + rank, peak_mem_bytes=peak_mem + rank * 1024,
+                           comm_total_bytes=comm, comm_calls=12, rss_max_bytes=300 * MiB + rank,
+                           cuda_peak_allocated_bytes=None, limiter_stall_s=0.001)
+                for i, d in enumerate([-2, -1, 0, 1, 2] * 4):
+                    steps.append({"cell_id": cell, "rank": rank, "step": i,
+                                  "step_time_s": step_median + d * step_mad, "loss": 3.0})
+            rows.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(steps, columns=["cell_id", "rank", "step", "step_time_s", "loss"])
+
+
+def run_folder(tmp_path: Path, name: str, **kw) -> Path:
+    results, steps = make_run(run_id=name, **kw)
+    return write_run(tmp_path / name, results, steps)
+
+
+def cli(*argv) -> int:
+    return main([str(a) for a in argv])
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize("text, metrics, rel, abs_, k", [
+    ("peak_mem:+2%", ("peak_mem_bytes",), 0.02, 0.0, None),
+    ("peak_mem_bytes:+2%", ("peak_mem_bytes",), 0.02, 0.0, None),
+    ("comm_total_bytes:+0", ("comm_total_bytes",), 0.0, 0.0, None),
+    ("comm_total:0", ("comm_total_bytes",), 0.0, 0.0, None),
+    ("loss_last:+1e-6", ("loss_last",), 0.0, 1e-6, None),
+    ("step_time:+15%", ("step_time_median_s",), 0.15, 0.0, 3.0),   # time stays spread-aware
+    ("step_time:+15%,k=5", ("step_time_median_s",), 0.15, 0.0, 5.0),
+    ("step_time_p90:+20%, k=0", ("step_time_p90_s",), 0.20, 0.0, 0.0),
+    ("throughput_samples:+5%", ("throughput_samples_s",), 0.05, 0.0, 3.0),
+])
+def test_rule_parse(text, metrics, rel, abs_, k):
+    rule = Rule.parse(text)
+    assert (rule.metrics, rule.rel, rule.abs, rule.k) == (metrics, rel, abs_, k)
+
+
+def test_rule_glob_names_several_metrics():
+    rule = Rule.parse("comm_*:+0")
+    assert set(rule.metrics) == {m.name for m in METRICS if m.name.startswith("comm_")}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus:+2%", "unknown metric 'bogus'"),
+    ("peak:+2%", "ambiguous"),
+    ("throughput:+5%", "throughput_samples_s, throughput_tokens_s"),
+    ("peak_mem+2%", "expected NAME:+TOL"),
+    ("peak_mem:+2%%", "expected NAME:+TOL"),
+    ("peak_mem:-2%", ">= 0"),
+    ("peak_mem:+2%,k=3", "k= applies to time metrics only"),
+    ("peak_mem:+two%", "expected NAME:+TOL"),
+])
+def test_rule_errors_name_the_rule(text, message):
+    with pytest.raises(ValueError) as e:
+        Rule.parse(text)
+    assert repr(text) in str(e.value) and message in str(e.value)
+
+
+def test_unknown_metric_error_lists_allowed_names():
+    with pytest.raises(ValueError, match="allowed: .*peak_mem_bytes.*comm_total_bytes"):
+        Rule.parse("bogus:+1%")
+
+
+def test_rules_may_name_extra_engine_metrics():
+    assert Rule.parse("limiter_stall:+50%", ["peak_mem_bytes", "limiter_stall_s"]).metrics == ("limiter_stall_s",)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def _row(comparison: pd.DataFrame, metric: str, cell: str = "ddp-ws2-fp32") -> pd.Series:
+    hit = comparison[(comparison["metric"] == metric) & (comparison["cell_id"] == cell)]
+    assert len(hit) == 1, hit
+    return hit.iloc[0]
+
+
+def test_identical_runs_pass(tmp_path, capsys):
+    base, new = run_folder(tmp_path, "base"), run_folder(tmp_path, "new")
+    assert cli(base, new, "--gate", "all") == 0
+    assert "PASS" in capsys.readouterr().out
+    comparison = compare_runs(load_run(base), load_run(new), gate="all")
+    assert set(comparison["verdict"]) == {"ok"}
+    assert "cuda_peak_allocated_bytes" not in set(comparison["metric"])  # empty in both: not a row
+
+
+def test_time_rule_is_spread_aware(tmp_path):
+    """Baseline MAD is 10% of the median, so k=3 allows 30%: +20% passes a +15% rule, +40% fails."""
+    base = load_run(run_folder(tmp_path, "base", step_median=0.100, step_mad=0.010))
+    rules = [Rule.parse("step_time:+15%")]
+    within_mad = compare_runs(base, load_run(run_folder(tmp_path, "a", step_median=0.120)), rules)
+    r = _row(within_mad, "step_time_median_s")
+    assert r["verdict"] == "ok" and r["gated"] and r["limit"] == pytest.approx(0.030)
+    beyond = compare_runs(base, load_run(run_folder(tmp_path, "b", step_median=0.140)), rules)
+    assert _row(beyond, "step_time_median_s")["verdict"] == "regression"
+    assert exit_code(beyond) == 1 and exit_code(within_mad) == 0
+    # k=0: the tolerance alone decides, so +20% now fails
+    exact = compare_runs(base, load_run(run_folder(tmp_path, "c", step_median=0.120)), [Rule.parse("step_time:+15%,k=0")])
+    assert _row(exact, "step_time_median_s")["verdict"] == "regression"
+
+
+def test_time_rule_tight_spread_falls_back_to_tolerance(tmp_path):
+    """With a tiny MAD the tolerance is the bar: +12% passes +15%, +20% fails."""
+    base = load_run(run_folder(tmp_path, "base", step_median=0.100, step_mad=0.0001))
+    rules = [Rule.parse("step_time:+15%,k=3")]
+    assert _row(compare_runs(base, load_run(run_folder(tmp_path, "a", step_median=0.112)), rules),
+                "step_time_median_s")["verdict"] == "ok"
+    assert _row(compare_runs(base, load_run(run_folder(tmp_path, "b", step_median=0.120)), rules),
+                "step_time_median_s")["verdict"] == "regression"
+
+
+def test_mad_falls_back_to_results_column_without_steps_csv(tmp_path):
+    results, _ = make_run(step_mad=0.010)
+    base = load_run(write_run(tmp_path / "base", results))  # no steps.csv
+    new = load_run(run_folder(tmp_path, "new", step_median=0.120))
+    r = _row(compare_runs(base, new, [Rule.parse("step_time:+15%")]), "step_time_median_s")
+    assert r["verdict"] == "ok" and r["spread"] == pytest.approx(0.030)
+
+
+def test_time_is_reported_not_gated_by_default(tmp_path, capsys):
+    base, slow = run_folder(tmp_path, "base", step_mad=0.001), run_folder(tmp_path, "slow", step_median=0.2)
+    assert cli(base, slow) == 0
+    assert "worse (not gated)" in capsys.readouterr().out
+    assert cli(base, slow, "--gate", "all") == 1
+    assert cli(base, slow, "--fail-on", "step_time:+15%") == 1
+    assert cli(base, slow, "--gate", "none", "--fail-on", "step_time:+150%") == 0
+
+
+def test_deterministic_regression_fails(tmp_path, capsys):
+    base, worse = run_folder(tmp_path, "base"), run_folder(tmp_path, "worse", peak_mem=40 * MiB + 64)
+    assert cli(base, worse) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "peak_mem_bytes" in out and "+64 B" in out
+    assert cli(base, worse, "--gate", "none") == 0
+
+
+def test_fail_on_sets_the_tolerance(tmp_path):
+    base = run_folder(tmp_path, "base")
+    assert cli(base, run_folder(tmp_path, "p1", peak_mem=40 * MiB * 1.01), "--fail-on", "peak_mem:+2%") == 0
+    assert cli(base, run_folder(tmp_path, "p3", peak_mem=40 * MiB * 1.03), "--fail-on", "peak_mem:+2%") == 1
+
+
+def test_improvement_is_not_a_regression(tmp_path):
+    comparison = compare_runs(load_run(run_folder(tmp_path, "base")),
+                              load_run(run_folder(tmp_path, "less", peak_mem=30 * MiB, comm=4 * MiB)))
+    assert _row(comparison, "peak_mem_bytes")["verdict"] == "improved"
+    assert exit_code(comparison) == 0
+
+
+@pytest.mark.parametrize("delta", [+1e-3, -1e-3])
+def test_a_loss_that_moves_either_way_is_a_regression(tmp_path, delta):
+    comparison = compare_runs(load_run(run_folder(tmp_path, "base")),
+                              load_run(run_folder(tmp_path, "new", loss_last=2.5 + delta)))
+    assert _row(comparison, "loss_last")["verdict"] == "regression"
+    assert exit_code(comparison) == 1
+
+
+def test_ranks_aggregate_worst_memory_and_mean_loss(tmp_path):
+    base = load_run(run_folder(tmp_path, "base"))
+    per_cell = compare_runs(base, base)
+    assert _row(per_cell, "peak_mem_bytes")["baseline"] == 40 * MiB + 1024   # max over ranks
+    assert _row(per_cell, "loss_last")["baseline"] == pytest.approx(3.0)      # mean of 2.5, 3.5
+    assert per_cell["rank"].isna().all()
+    per_rank = compare_runs(base, base, per_rank=True)
+    assert set(per_rank["rank"].dropna()) == {0, 1}
+
+
+def test_failed_cell_is_a_regression(tmp_path, capsys):
+    base = run_folder(tmp_path, "base")
+    failed = run_folder(tmp_path, "failed", status={"ddp-ws2-fp32": "failed"})
+    assert cli(base, failed, "--gate", "none") == 1
+    out = capsys.readouterr().out
+    assert "ok -> failed: boom" in out
+    assert cli(failed, base) == 0  # failed -> ok is an improvement
+
+
+def test_missing_and_new_cells_are_unusable_input(tmp_path, capsys):
+    base = run_folder(tmp_path, "base")
+    other = run_folder(tmp_path, "other", cells=("ddp-ws2-fp32", "zero2-ws2-fp32"))
+    assert cli(base, other) == 2
+    out = capsys.readouterr().out
+    assert "fully_shard-ws2-fp32-reshard_true" in out and "zero2-ws2-fp32" in out
+    assert "missing" in out and "new" in out and "UNUSABLE" in out
+
+
+def test_skipped_cell_is_missing(tmp_path):
+    comparison = compare_runs(load_run(run_folder(tmp_path, "base")),
+                              load_run(run_folder(tmp_path, "skip", status={"ddp-ws2-fp32": "skipped"})))
+    assert _row(comparison, "status")["verdict"] == "missing" and exit_code(comparison) == 2
+
+
+def test_same_id_with_a_different_configuration_is_unusable(tmp_path):
+    base = load_run(run_folder(tmp_path, "base"))
+    results, steps = make_run()
+    results.loc[results["cell_id"] == "ddp-ws2-fp32", "dtype"] = "bf16"
+    results.loc[:, "batch_size"] = 16  # context: reported only
+    new = load_run(write_run(tmp_path / "new", results, steps))
+    mismatches = config_mismatches(base, new)
+    assert set(mismatches["severity"]) == {"identity", "context"}
+    assert exit_code(compare_runs(base, new), mismatches) == 2
+    assert cli(base.path, new.path) == 2
+
+
+def test_context_difference_alone_is_reported_not_fatal(tmp_path, capsys):
+    base = run_folder(tmp_path, "base")
+    results, steps = make_run()
+    results["batch_size"] = 16
+    assert cli(base, write_run(tmp_path / "new", results, steps)) == 0
+    assert "batch_size" in capsys.readouterr().out
+
+
+def test_unreadable_input(tmp_path, capsys):
+    base = run_folder(tmp_path, "base")
+    (tmp_path / "empty").mkdir()
+    assert cli(base, tmp_path / "empty") == 2
+    assert "no results.csv" in capsys.readouterr().out
+    assert cli(base, base, "--fail-on", "bogus:+1%") == 2
+    dup, steps = make_run()
+    assert cli(base, write_run(tmp_path / "dup", pd.concat([dup, dup.head(1)]), steps)) == 2
+
+
+def test_markdown_plot_and_csv_written(tmp_path):
+    base = run_folder(tmp_path, "base")
+    worse = run_folder(tmp_path, "worse", peak_mem=44 * MiB, step_median=0.115, loss_last=2.6)
+    md, png, csv = tmp_path / "out/report.md", tmp_path / "out/changes.png", tmp_path / "out/cmp.csv"
+    assert cli(base, worse, "--markdown", md, "--plot", png, "--csv", csv, "--all") == 1
+    text = md.read_text()
+    assert text.startswith("## zerobench compare: FAIL")
+    assert "### Regressions" in text and "| ddp-ws2-fp32 | peak_mem_bytes |" in text
+    assert "<details><summary>All compared metrics" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(pd.read_csv(csv)["verdict"]) >= {"regression", "ok"}
+
+
+def test_plot_with_nothing_changed(tmp_path):
+    from zerobench.compare_report import plot_changes
+
+    base = load_run(run_folder(tmp_path, "base"))
+    assert plot_changes(compare_runs(base, base), tmp_path / "none.png").stat().st_size > 0

@@ -1,0 +1,544 @@
+"""Compare two runs cell by cell and decide whether the new one regressed: the CI gate.
+
+``zerobench compare BASELINE RUN`` lines up the cells of two run folders by their
+configuration (``cell_id``, derived from engine + axes), and reports for each metric
+the baseline, the new value, the change, the allowed change and a verdict. The
+functions here return DataFrames, so a notebook can call them directly; rendering
+(terminal table, Markdown, plot) lives in :mod:`zerobench.compare_report`.
+
+Exit codes of the CLI: 0 within bounds, 1 on a gated regression, 2 on unusable input
+(a run folder that cannot be read, cells present in one run only, a cell whose
+configuration differs under the same id, a gated metric that disappeared). 2 wins over
+1: a comparison with holes in it is not a pass.
+
+[Note: compare rules]
+Each metric has a kind in :mod:`zerobench.schema`:
+
+* ``deterministic`` (tracker memory, communication bytes, losses): the same on every run
+  on the same machine and software, so compared within a tight tolerance: relative
+  1e-6 of the baseline, absolute 1e-6 for losses. Losses (``better="none"``) fail on a
+  change in either direction; the others only when worse.
+* ``time``: noisy, so compared on medians with a spread-aware rule, as in
+  pyperf / asv: a regression only when the new value is worse by more than the
+  tolerance (+10% by default) *and* by more than ``k`` (3) times the baseline's spread.
+  The spread is the median absolute deviation (MAD, unscaled) of the baseline's
+  measured step times (``steps.csv``; else the ``step_time_mad_s`` column), taken
+  relative to their median and applied to each time metric: ``k * MAD / median * |baseline|``.
+  For the median step time that is exactly ``k * MAD``.
+* ``context``: reported, never gated unless a ``--fail-on`` rule names it.
+
+Which default rules gate is chosen by ``gate``: ``deterministic`` (the default: time is
+reported, not gated, because shared CI runners are noisy), ``all``, or ``none``. A
+``--fail-on`` rule always gates the metrics it names, replacing their default rule.
+Status always gates: a cell that was ok in the baseline and failed in the new run is a
+regression.
+
+[Note: aggregating ranks]
+By default a cell is compared as a whole: time metrics take the median over ranks
+(ranks of a synchronous data-parallel step take the same time), metrics where lower is
+better take the worst (max) rank -- peak memory is the memory of the largest rank --
+and higher-is-better the min; losses (``better="none"``) take the mean over ranks, so
+that a change on any one rank shows. ``per_rank=True`` compares rank by rank instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import pandas as pd
+
+from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
+
+Gate = Literal["all", "deterministic", "none"]
+GATES: tuple[str, ...] = ("all", "deterministic", "none")
+VERDICTS = ("ok", "regression", "improved", "missing", "new")
+
+#: The metric name used for rows about a whole cell (its presence and status).
+CELL_ROW = "status"
+
+DEFAULT_TIME_REL = 0.10
+DEFAULT_TIME_K = 3.0
+DEFAULT_DET_REL = 1e-6
+DEFAULT_LOSS_ABS = 1e-6
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class RunLoadError(ValueError):
+    """A run folder that cannot be compared: missing files, columns or duplicate rows."""
+
+
+@dataclass
+class RunTables:
+    """One run folder, read: the tables compare needs and where they came from."""
+
+    path: Path
+    results: pd.DataFrame
+    """results.csv: one row per cell x rank."""
+    steps: pd.DataFrame | None
+    """steps.csv: one row per cell x rank x measured step; None when absent."""
+    meta: dict = field(default_factory=dict)
+    """meta.json; empty when absent."""
+    metric_columns: tuple[str, ...] = ()
+    """Numeric metric columns present: schema metrics, then extra engine metrics."""
+    config_columns: tuple[str, ...] = ()
+    """Columns that identify a cell's configuration: engine, world_size, dtype, axes."""
+
+
+_STR_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype")
+
+
+def load_run(path: str | Path) -> RunTables:
+    """Read ``results/<run-id>/`` (or a results.csv inside one). Raises RunLoadError."""
+    path = Path(path)
+    folder = path.parent if path.name == "results.csv" else path
+    results_csv = folder / "results.csv"
+    if not results_csv.is_file():
+        raise RunLoadError(f"{folder}: no results.csv (is this a run folder?)")
+    try:
+        results = pd.read_csv(results_csv, dtype={c: "string" for c in _STR_COLUMNS})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise RunLoadError(f"{results_csv}: unreadable: {e}") from e
+    missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
+    if missing:
+        raise RunLoadError(f"{results_csv}: missing column(s) {', '.join(missing)}")
+    results["status"] = results["status"].fillna("").astype(str)
+    results["error"] = results["error"].fillna("").astype(str) if "error" in results else ""
+    results["cell_id"] = results["cell_id"].astype(str)
+    results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
+    dup = results.duplicated(["cell_id", "rank"], keep=False)
+    if dup.any():
+        keys = sorted({f"{c}/rank{r}" for c, r in results.loc[dup, ["cell_id", "rank"]].itertuples(index=False)})
+        raise RunLoadError(f"{results_csv}: duplicate rows for {', '.join(keys[:10])}")
+
+    steps = None
+    if (folder / "steps.csv").is_file():
+        steps = pd.read_csv(folder / "steps.csv", dtype={"cell_id": "string"})
+        if not {"cell_id", "rank", "step_time_s"} <= set(steps.columns):
+            raise RunLoadError(f"{folder / 'steps.csv'}: needs columns cell_id, rank, step_time_s")
+        steps["cell_id"] = steps["cell_id"].astype(str)
+    meta = {}
+    if (folder / "meta.json").is_file():
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+        except json.JSONDecodeError as e:
+            raise RunLoadError(f"{folder / 'meta.json'}: not JSON: {e}") from e
+    metrics, config = _classify_columns(results)
+    return RunTables(folder, results, steps, meta, metrics, config)
+
+
+def _classify_columns(results: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Split the columns into metrics and configuration.
+
+    Schema metrics are known by name. Unknown columns before the first schema metric are
+    engine axes (configuration); unknown numeric columns after it are extra engine
+    metrics (e.g. ``limiter_stall_s``), which compare reports as context.
+    """
+    cols = list(results.columns)
+    first_metric = next((i for i, c in enumerate(cols) if c in METRIC_BY_NAME), len(cols))
+    known = set(ID_COLUMNS) | set(CONTEXT_COLUMNS)
+    metrics = [c for c in cols if c in METRIC_BY_NAME]
+    config = ["engine", "world_size", "dtype"]
+    for i, c in enumerate(cols):
+        if c in known or c in METRIC_BY_NAME:
+            continue
+        if i > first_metric and pd.api.types.is_numeric_dtype(results[c]):
+            metrics.append(c)
+        else:
+            config.append(c)
+    return tuple(metrics), tuple(c for c in config if c in cols)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def metric_info(name: str) -> tuple[str, str, str]:
+    """(kind, better, unit) of a metric column; extra engine metrics are context."""
+    m = METRIC_BY_NAME.get(name)
+    if m is not None:
+        return m.kind, m.better, m.unit
+    return "context", "lower", "s" if name.endswith("_s") else ""
+
+
+def is_timelike(name: str) -> bool:
+    """Time metrics and other metrics in seconds: the ones a spread (MAD) applies to."""
+    kind, _, unit = metric_info(name)
+    return kind == "time" or unit == "s"
+
+
+_RULE_RE = re.compile(r"^\s*(?P<name>[A-Za-z0-9_*?\[\]]+)\s*:\s*\+?(?P<value>[0-9.eE+-]+)\s*(?P<pct>%)?"
+                      r"\s*(?:,\s*k\s*=\s*(?P<k>[0-9.eE+-]+))?\s*$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How much worse a metric may get before it is a regression.
+
+    Parsed from ``NAME:+TOL[%][,k=K]``: ``peak_mem:+2%``, ``comm_total_bytes:+0``,
+    ``loss_last:+1e-6`` (absolute, in the metric's unit), ``step_time:+15%,k=3``. NAME is
+    a metric column, a prefix naming one (``peak_mem`` -> peak_mem_bytes, ``step_time``
+    -> step_time_median_s), or a glob naming several (``comm_*``).
+    """
+
+    metrics: tuple[str, ...]
+    """The metric columns this rule applies to."""
+    rel: float = 0.0
+    """Allowed worsening as a fraction of the baseline (0.02 for +2%)."""
+    abs: float = 0.0
+    """Allowed worsening in the metric's unit."""
+    k: float | None = None
+    """Time metrics: also require a worsening beyond k x the baseline's spread (MAD)."""
+    text: str = ""
+    """The rule as written, for reports."""
+
+    @classmethod
+    def parse(cls, text: str, metrics: Sequence[str] | None = None) -> "Rule":
+        """Parse one rule; ``metrics`` are the allowed names (default: the schema's)."""
+        allowed = list(metrics) if metrics is not None else [m.name for m in METRICS]
+        m = _RULE_RE.match(text)
+        if m is None:
+            raise ValueError(f"rule {text!r}: expected NAME:+TOL[%][,k=K], e.g. 'peak_mem:+2%', "
+                             f"'comm_total_bytes:+0', 'step_time:+15%,k=3'")
+        try:
+            value = float(m["value"])
+            k = float(m["k"]) if m["k"] is not None else None
+        except ValueError:
+            raise ValueError(f"rule {text!r}: tolerance {m['value']!r} or k is not a number") from None
+        if not math.isfinite(value) or value < 0 or (k is not None and (not math.isfinite(k) or k < 0)):
+            raise ValueError(f"rule {text!r}: tolerance and k must be finite and >= 0 (a rule allows a worsening)")
+        names = resolve_metric(m["name"], allowed, rule=text)
+        if k is not None:
+            not_time = [n for n in names if not is_timelike(n)]
+            if not_time:
+                raise ValueError(f"rule {text!r}: k= applies to time metrics only, not {', '.join(not_time)}")
+        elif any(metric_info(n)[0] == "time" for n in names):
+            k = DEFAULT_TIME_K  # time stays spread-aware unless the rule says k=0
+        rel, abs_ = (value / 100, 0.0) if m["pct"] else (0.0, value)
+        shown = text.strip() + (f" (k={k:g})" if k is not None and m["k"] is None else "")
+        return cls(tuple(names), rel, abs_, k, shown)
+
+    def allowed(self, baseline: float, spread: float = float("nan")) -> float:
+        """The allowed worsening, in the metric's unit, for this baseline value and spread."""
+        tol = max(self.rel * abs(baseline), self.abs)
+        if self.k is not None and not math.isnan(spread):
+            tol = max(tol, self.k * spread)
+        return tol
+
+
+def resolve_metric(name: str, allowed: Sequence[str], rule: str = "") -> list[str]:
+    """Metric columns that NAME means: exact, glob, canonical unit suffix, unique prefix."""
+    where = f"rule {rule!r}: " if rule else ""
+    if name in allowed:
+        return [name]
+    if any(ch in name for ch in "*?["):
+        hits = fnmatch.filter(allowed, name)
+        if hits:
+            return hits
+    else:
+        for suffix in ("_bytes", "_median_s", "_s"):
+            if name + suffix in allowed:
+                return [name + suffix]
+        hits = [a for a in allowed if a.startswith(name)]
+        if len(hits) == 1:
+            return hits
+        if hits:
+            raise ValueError(f"{where}{name!r} is ambiguous: it matches {', '.join(hits)}; "
+                             f"use a full name or a glob such as '{name}*'")
+    raise ValueError(f"{where}unknown metric {name!r} (allowed: {', '.join(allowed)})")
+
+
+def parse_rules(texts: Sequence[str], metrics: Sequence[str] | None = None) -> list[Rule]:
+    return [Rule.parse(t, metrics) for t in texts]
+
+
+def default_rule(name: str) -> Rule:
+    """The rule a metric gets when no ``--fail-on`` names it. See [Note: compare rules]."""
+    kind, better, _ = metric_info(name)
+    if kind == "time":
+        return Rule((name,), rel=DEFAULT_TIME_REL, k=DEFAULT_TIME_K, text="default +10%,k=3")
+    if better == "none" and name.startswith("loss"):
+        return Rule((name,), abs=DEFAULT_LOSS_ABS, text="default ±1e-6")
+    return Rule((name,), rel=DEFAULT_DET_REL, text="default +1e-6 rel")
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+_STATUS_ORDER = {"ok": 0, "skipped": 1, "failed": 2}
+
+
+def cell_table(run: RunTables, per_rank: bool = False) -> pd.DataFrame:
+    """One row per cell (or cell x rank): status, first error, metrics aggregated over ranks.
+
+    See [Note: aggregating ranks].
+    """
+    df = run.results
+    keys = ["cell_id", "rank"] if per_rank else ["cell_id"]
+    g = df.groupby(keys, sort=True, dropna=False)
+    out = pd.DataFrame({
+        "status": g["status"].agg(lambda s: max(s, key=lambda v: _STATUS_ORDER.get(v, 3))),
+        "error": g["error"].agg(lambda s: next((e for e in s if e), "")),
+    })
+    for name in run.metric_columns:
+        kind, better, _ = metric_info(name)
+        values = pd.to_numeric(df[name], errors="coerce")
+        if kind == "time":
+            how = "median"
+        elif better == "higher":
+            how = "min"
+        elif better == "none" and name.startswith("loss"):
+            how = "mean"
+        else:
+            how = "max"
+        out[name] = values.groupby([df[k] for k in keys], sort=True, dropna=False).agg(how)
+    return out
+
+
+def baseline_spread(run: RunTables, per_rank: bool = False) -> pd.Series:
+    """Relative spread of the step times per cell (or cell x rank): MAD / median.
+
+    From steps.csv when present, else from the step_time_mad_s and step_time_median_s
+    columns. A cell's spread is the median of its ranks' spreads.
+    """
+    if run.steps is not None and len(run.steps):
+        g = run.steps.groupby(["cell_id", "rank"])["step_time_s"]
+        med = g.median()
+        mad = g.apply(lambda s: (s - s.median()).abs().median())
+        rel = mad / med
+    elif {"step_time_mad_s", "step_time_median_s"} <= set(run.results.columns):
+        r = run.results.set_index(["cell_id", "rank"])
+        rel = pd.to_numeric(r["step_time_mad_s"], errors="coerce") / pd.to_numeric(r["step_time_median_s"], errors="coerce")
+    else:
+        return pd.Series(dtype=float)
+    return rel if per_rank else rel.groupby(level="cell_id").median()
+
+
+def _is_gated(name: str, explicit: bool, gate: str) -> bool:
+    if explicit:
+        return True
+    kind = metric_info(name)[0]
+    return (gate == "all" and kind in ("time", "deterministic")) or (gate == "deterministic" and kind == "deterministic")
+
+
+def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = (),
+                 gate: Gate = "deterministic", per_rank: bool = False) -> pd.DataFrame:
+    """Line up the two runs' cells and judge every metric. See [Note: compare rules].
+
+    Returns one row per cell (x rank) x metric with columns cell_id, rank (NA when
+    aggregated), metric, kind, baseline, new, change, change_pct, limit (the allowed
+    worsening, in the metric's unit), limit_pct, spread (k x MAD used, time metrics),
+    rule, gated, verdict, note. Rows with metric ``status`` speak for a whole cell: its
+    presence in both runs and its status.
+    """
+    if gate not in GATES:
+        raise ValueError(f"gate: {gate!r} is not allowed (allowed: {', '.join(GATES)})")
+    explicit: dict[str, Rule] = {}
+    for rule in rules:  # later rules win
+        explicit.update({m: rule for m in rule.metrics})
+    base, cur = cell_table(baseline, per_rank), cell_table(new, per_rank)
+    spread = baseline_spread(baseline, per_rank)
+    metrics = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns]))
+    rows: list[dict] = []
+    for key in sorted(set(base.index) | set(cur.index), key=str):
+        cell_id, rank = (key if per_rank else (key, pd.NA))
+        ident = {"cell_id": cell_id, "rank": rank}
+        row = _status_row(base.loc[key] if key in base.index else None, cur.loc[key] if key in cur.index else None)
+        rows.append({**ident, "metric": CELL_ROW, "kind": "status", "gated": True, **row})
+        if row["verdict"] in ("missing", "new") or base.loc[key, "status"] != "ok" or cur.loc[key, "status"] != "ok":
+            continue
+        for name in metrics:
+            b = base.loc[key, name] if name in base.columns else float("nan")
+            n = cur.loc[key, name] if name in cur.columns else float("nan")
+            if pd.isna(b) and pd.isna(n):
+                continue  # not measured in either run (cuda_* on CPU, tokens for non-GPT models)
+            rule = explicit.get(name) or default_rule(name)
+            rel_spread = spread.get(key, float("nan")) if is_timelike(name) else float("nan")
+            rows.append({**ident, "metric": name, **_judge(name, float(b), float(n), rule, rel_spread),
+                         "gated": _is_gated(name, name in explicit, gate)})
+    cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
+            "limit_pct", "spread", "rule", "gated", "verdict", "note"]
+    out = pd.DataFrame(rows, columns=cols)
+    out["rank"] = out["rank"].astype("Int64")
+    for c in ("baseline", "new", "change", "change_pct", "limit", "limit_pct", "spread"):
+        out[c] = out[c].astype(float)
+    out["gated"] = out["gated"].astype(bool)
+    return out
+
+
+def _status_row(b: pd.Series | None, n: pd.Series | None) -> dict:
+    """Verdict on a cell's presence and status in the two runs."""
+    if b is None:
+        return {"verdict": "new", "note": f"only in the new run (status {n['status']})"}
+    if n is None:
+        return {"verdict": "missing", "note": f"in the baseline (status {b['status']}) but not in the new run"}
+    bs, ns = b["status"], n["status"]
+    note = f"{bs} -> {ns}" + (f": {n['error'][:200]}" if n["error"] else "")
+    if bs == ns:
+        verdict, note = "ok", (bs if bs == "ok" else f"{bs} in both runs")
+    elif ns == "failed":
+        verdict = "regression"
+    elif bs == "ok":  # ok -> skipped: nothing to compare against the baseline
+        verdict = "missing"
+    elif ns == "ok" and bs == "skipped":
+        verdict = "new"
+    else:  # failed -> ok, failed -> skipped
+        verdict = "improved" if ns == "ok" else "ok"
+    return {"verdict": verdict, "note": note}
+
+
+def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float) -> dict:
+    kind, better, _ = metric_info(name)
+    out = {"kind": kind, "baseline": b, "new": n, "rule": rule.text or str(rule.metrics), "note": ""}
+    if math.isnan(n):
+        return {**out, "verdict": "missing", "note": "measured in the baseline, not in the new run"}
+    if math.isnan(b):
+        return {**out, "verdict": "new", "note": "not measured in the baseline"}
+    change = n - b
+    pct = 100 * change / abs(b) if b != 0 else (0.0 if change == 0 else math.copysign(math.inf, change))
+    spread = rel_spread * abs(b) if rule.k is not None else float("nan")
+    limit = rule.allowed(b, spread)
+    if better == "none" and name.startswith("loss"):
+        worse = abs(change)  # a loss that moves either way means the numerics changed
+    else:
+        worse = -change if better == "higher" else change
+    if worse > limit:
+        verdict = "regression"
+    elif -worse > limit and better != "none":
+        verdict = "improved"
+    else:
+        verdict = "ok"
+    if kind == "context" and verdict != "ok" and rule.text.startswith("default"):
+        verdict = "ok"  # context metrics are reported, not judged, unless a rule names them
+    tol = max(rule.rel * abs(b), rule.abs)
+    note = ""
+    if rule.k is not None and not math.isnan(spread) and tol < worse <= limit:
+        note = f"worse than the tolerance but within {rule.k:g} x MAD of the baseline"
+    elif rule.k is not None and math.isnan(spread):
+        note = "no baseline spread (steps.csv or step_time_mad_s): tolerance only"
+    limit_pct = 100 * limit / abs(b) if b != 0 else (0.0 if limit == 0 else math.inf)
+    return {**out, "change": change, "change_pct": pct, "limit": limit, "limit_pct": limit_pct,
+            "spread": rule.k * spread if rule.k is not None else float("nan"), "verdict": verdict, "note": note}
+
+
+def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
+    """Configuration differences between cells with the same id, and between the runs.
+
+    ``severity`` is ``identity`` for an engine / world_size / dtype / axis column (the
+    two cells are not the same configuration: unusable input) and ``context`` for the
+    workload's fixed columns and meta.json (reported, e.g. a different torch version).
+    """
+    rows = []
+    b = baseline.results.drop_duplicates("cell_id").set_index("cell_id")
+    n = new.results.drop_duplicates("cell_id").set_index("cell_id")
+    columns = [(c, "identity") for c in dict.fromkeys([*baseline.config_columns, *new.config_columns])]
+    columns += [(c, "context") for c in CONTEXT_COLUMNS]
+    for cell_id in sorted(set(b.index) & set(n.index)):
+        for col, severity in columns:
+            bv = _text(b.loc[cell_id, col]) if col in b.columns else ""
+            nv = _text(n.loc[cell_id, col]) if col in n.columns else ""
+            if bv != nv:
+                rows.append({"cell_id": cell_id, "column": col, "baseline": bv, "new": nv, "severity": severity})
+    for key in ("torch_version", "torch", "backend", "machine", "hostname", "cpu", "git_commit", "workload"):
+        bv, nv = baseline.meta.get(key), new.meta.get(key)
+        if bv is not None and nv is not None and bv != nv:
+            rows.append({"cell_id": "(meta.json)", "column": key, "baseline": _text(bv), "new": _text(nv),
+                         "severity": "context"})
+    return pd.DataFrame(rows, columns=["cell_id", "column", "baseline", "new", "severity"])
+
+
+def _text(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def exit_code(comparison: pd.DataFrame, mismatches: pd.DataFrame | None = None) -> int:
+    """2 on unusable input, else 1 on a gated regression, else 0. See the module docstring."""
+    cells = comparison[comparison["metric"] == CELL_ROW]
+    unusable = (
+        cells.empty
+        or cells["verdict"].isin(["missing", "new"]).any()
+        or ((comparison["verdict"] == "missing") & comparison["gated"]).any()
+        or (mismatches is not None and (mismatches["severity"] == "identity").any())
+    )
+    if unusable:
+        return 2
+    return 1 if ((comparison["verdict"] == "regression") & comparison["gated"]).any() else 0
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``compare`` to a ``zerobench`` argparse subparsers object."""
+    p = subparsers.add_parser(
+        "compare", help="compare a run with a baseline; exit 0 ok, 1 regression, 2 unusable input",
+        description=__doc__.split("\n\n")[0] + " Exit codes: 0 within bounds, 1 regression, 2 unusable input.",
+    )
+    p.add_argument("baseline", type=Path, help="baseline run folder (e.g. results/baselines/cpu-quick)")
+    p.add_argument("run", type=Path, help="new run folder")
+    p.add_argument("--fail-on", action="append", default=[], metavar="RULE",
+                   help="gate METRIC with a tolerance: NAME:+TOL[%%][,k=K], e.g. peak_mem:+2%%, "
+                        "comm_total_bytes:+0, step_time:+15%%,k=3 (repeatable; always gates)")
+    p.add_argument("--gate", choices=GATES, default="deterministic",
+                   help="which default rules gate: deterministic metrics only (default; time is reported), "
+                        "all (time too: +10%%, k=3), none (only --fail-on rules)")
+    p.add_argument("--per-rank", action="store_true", help="compare rank by rank instead of per cell")
+    p.add_argument("--all", action="store_true", dest="show_all", help="show every compared row, not only changes")
+    p.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown report (for a CI summary)")
+    p.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of the changes")
+    p.add_argument("--csv", type=Path, metavar="PATH", help="write the comparison table as CSV")
+    p.set_defaults(func=run_compare)
+    return p
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """The ``compare`` subcommand: returns the exit code."""
+    from zerobench import compare_report as report  # rendering pulls in rich / matplotlib: only when asked
+
+    console = report.make_console()
+    try:
+        baseline, new = load_run(args.baseline), load_run(args.run)
+        names = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns,
+                                    *(m.name for m in METRICS)]))
+        rules = parse_rules(args.fail_on, names)
+    except (RunLoadError, ValueError) as e:
+        console.print(f"[bold red]compare: {e}[/]")
+        return 2
+    comparison = compare_runs(baseline, new, rules, gate=args.gate, per_rank=args.per_rank)
+    mismatches = config_mismatches(baseline, new)
+    code = exit_code(comparison, mismatches)
+    info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate,
+                             rules=[r.text for r in rules], exit_code=code)
+    report.print_report(console, comparison, mismatches, info, show_all=args.show_all)
+    if args.markdown:
+        report.write_markdown(args.markdown, comparison, mismatches, info)
+    if args.plot:
+        report.plot_changes(comparison, args.plot, title=f"{args.run.name} vs {args.baseline.name} -- "
+                                                        + report.summary_line(comparison, info))
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        comparison.to_csv(args.csv, index=False)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m zerobench.compare BASELINE RUN ...``, usable before the CLI wires it."""
+    parser = argparse.ArgumentParser(prog="zerobench")
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["compare", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
