@@ -291,3 +291,25 @@ def test_plot_with_nothing_changed(tmp_path):
 
     base = load_run(run_folder(tmp_path, "base"))
     assert plot_changes(compare_runs(base, base), tmp_path / "none.png").stat().st_size > 0
+
+
+def test_extra_engine_metrics_and_numeric_axes_as_the_harness_lays_them_out(tmp_path):
+    """The harness puts engine extras (limiter_stall_s) and axes (emulate_gbps) before the
+    schema metrics: extras are context metrics, axes are configuration."""
+    def layout(stall: float, gbps: float) -> Path:
+        results, steps = make_run()
+        results.insert(8, "emulate_gbps", gbps)
+        results = results.drop(columns="limiter_stall_s")
+        results.insert(9, "limiter_stall_s", stall)
+        return write_run(tmp_path / f"run-{stall}-{gbps}", results, steps)
+
+    base, slower = load_run(layout(0.001, 10.0)), load_run(layout(0.002, 10.0))
+    assert "limiter_stall_s" in base.metric_columns and "emulate_gbps" in base.config_columns
+    comparison = compare_runs(base, slower, gate="all")
+    r = _row(comparison, "limiter_stall_s")
+    assert r["kind"] == "context" and r["verdict"] == "ok" and not r["gated"]
+    assert exit_code(comparison, config_mismatches(base, slower)) == 0
+    gated = compare_runs(base, slower, [Rule.parse("limiter_stall:+10%", base.metric_columns)])
+    assert _row(gated, "limiter_stall_s")["verdict"] == "regression" and exit_code(gated) == 1
+    other_axis = load_run(layout(0.001, 5.0))
+    assert exit_code(compare_runs(base, other_axis), config_mismatches(base, other_axis)) == 2

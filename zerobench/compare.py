@@ -138,23 +138,26 @@ def load_run(path: str | Path) -> RunTables:
 def _classify_columns(results: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Split the columns into metrics and configuration.
 
-    Schema metrics are known by name. Unknown columns before the first schema metric are
-    engine axes (configuration); unknown numeric columns after it are extra engine
-    metrics (e.g. ``limiter_stall_s``), which compare reports as context.
+    Schema metrics are known by name. Other columns are engine axes (configuration),
+    except numeric ones named with a unit suffix (``_s``, ``_bytes``, ``_pct``,
+    ``_calls``, ``_count``: e.g. ``limiter_stall_s``), which are extra engine metrics,
+    reported as context. No axis is named that way (emulate_* axes aside).
     """
-    cols = list(results.columns)
-    first_metric = next((i for i, c in enumerate(cols) if c in METRIC_BY_NAME), len(cols))
     known = set(ID_COLUMNS) | set(CONTEXT_COLUMNS)
-    metrics = [c for c in cols if c in METRIC_BY_NAME]
+    metrics = [c for c in results.columns if c in METRIC_BY_NAME]
     config = ["engine", "world_size", "dtype"]
-    for i, c in enumerate(cols):
+    for c in results.columns:
         if c in known or c in METRIC_BY_NAME:
             continue
-        if i > first_metric and pd.api.types.is_numeric_dtype(results[c]):
+        if (c.endswith(_EXTRA_METRIC_SUFFIXES) and not c.startswith("emulate_")
+                and pd.api.types.is_numeric_dtype(results[c])):
             metrics.append(c)
         else:
             config.append(c)
-    return tuple(metrics), tuple(c for c in config if c in cols)
+    return tuple(metrics), tuple(c for c in config if c in results.columns)
+
+
+_EXTRA_METRIC_SUFFIXES = ("_s", "_bytes", "_pct", "_calls", "_count")
 
 
 # --------------------------------------------------------------------------- rules
@@ -361,7 +364,7 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
                 continue  # not measured in either run (cuda_* on CPU, tokens for non-GPT models)
             rule = explicit.get(name) or default_rule(name)
             rel_spread = spread.get(key, float("nan")) if is_timelike(name) else float("nan")
-            rows.append({**ident, "metric": name, **_judge(name, float(b), float(n), rule, rel_spread),
+            rows.append({**ident, "metric": name, **_judge(name, float(b), float(n), rule, rel_spread, name in explicit),
                          "gated": _is_gated(name, name in explicit, gate)})
     cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
             "limit_pct", "spread", "rule", "gated", "verdict", "note"]
@@ -394,7 +397,7 @@ def _status_row(b: pd.Series | None, n: pd.Series | None) -> dict:
     return {"verdict": verdict, "note": note}
 
 
-def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float) -> dict:
+def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float, explicit: bool) -> dict:
     kind, better, _ = metric_info(name)
     out = {"kind": kind, "baseline": b, "new": n, "rule": rule.text or str(rule.metrics), "note": ""}
     if math.isnan(n):
@@ -415,15 +418,15 @@ def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float) -> dict
         verdict = "improved"
     else:
         verdict = "ok"
-    if kind == "context" and verdict != "ok" and rule.text.startswith("default"):
-        verdict = "ok"  # context metrics are reported, not judged, unless a rule names them
+    if kind == "context" and not explicit:
+        verdict, limit = "ok", float("nan")  # context metrics are reported, not judged, unless a rule names them
     tol = max(rule.rel * abs(b), rule.abs)
     note = ""
-    if rule.k is not None and not math.isnan(spread) and tol < worse <= limit:
+    if rule.k is not None and not math.isnan(spread) and tol < worse <= limit and verdict == "ok":
         note = f"worse than the tolerance but within {rule.k:g} x MAD of the baseline"
     elif rule.k is not None and math.isnan(spread):
         note = "no baseline spread (steps.csv or step_time_mad_s): tolerance only"
-    limit_pct = 100 * limit / abs(b) if b != 0 else (0.0 if limit == 0 else math.inf)
+    limit_pct = 100 * limit / abs(b) if b != 0 else (limit if limit == 0 or math.isnan(limit) else math.inf)
     return {**out, "change": change, "change_pct": pct, "limit": limit, "limit_pct": limit_pct,
             "spread": rule.k * spread if rule.k is not None else float("nan"), "verdict": verdict, "note": note}
 
@@ -446,12 +449,16 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
             nv = _text(n.loc[cell_id, col]) if col in n.columns else ""
             if bv != nv:
                 rows.append({"cell_id": cell_id, "column": col, "baseline": bv, "new": nv, "severity": severity})
-    for key in ("torch_version", "torch", "backend", "machine", "hostname", "cpu", "git_commit", "workload"):
+    for key in _META_KEYS:
         bv, nv = baseline.meta.get(key), new.meta.get(key)
         if bv is not None and nv is not None and bv != nv:
             rows.append({"cell_id": "(meta.json)", "column": key, "baseline": _text(bv), "new": _text(nv),
                          "severity": "context"})
     return pd.DataFrame(rows, columns=["cell_id", "column", "baseline", "new", "severity"])
+
+
+#: meta.json fields whose difference is worth a line (git_commit, date, hostname always differ).
+_META_KEYS = ("torch_version", "python_version", "backend", "cpu_model", "cpu_count", "gpu_model", "gpu_count")
 
 
 def _text(v) -> str:
