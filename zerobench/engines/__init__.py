@@ -1,0 +1,25 @@
+"""The engine registry: name -> adapter class, imported on first use."""
+
+from __future__ import annotations
+
+import importlib
+
+from zerobench.engines.base import Axis, Engine, OptimizerSpec, RankContext
+
+__all__ = ["ENGINES", "get_engine", "Axis", "Engine", "OptimizerSpec", "RankContext"]
+
+#: engine name -> "module:Class"
+ENGINES: dict[str, str] = {
+    "ddp": "zerobench.engines.ddp:DDPEngine",
+    "torch-zero1": "zerobench.engines.torch_zero1:TorchZero1Engine",
+    "torch-fsdp1": "zerobench.engines.torch_fsdp1:TorchFSDP1Engine",
+    "torch-fsdp2": "zerobench.engines.torch_fsdp2:TorchFSDP2Engine",
+}
+
+
+def get_engine(name: str) -> type[Engine]:
+    """The adapter class of engine ``name``; ValueError naming the known engines otherwise."""
+    if name not in ENGINES:
+        raise ValueError(f"engine: {name!r} is not allowed (allowed: {', '.join(map(repr, ENGINES))})")
+    module, cls = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module), cls)

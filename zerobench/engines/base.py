@@ -96,6 +96,9 @@ class Engine:
     options: ClassVar[dict[str, Axis]] = {}
     #: dtypes ("fp32", "bf16") this engine can run
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
+    #: whether its collectives go through impl.comm, so the interconnect can be emulated
+    #: (the matrix then offers it the emulate_gbps / emulate_latency_us axes)
+    supports_emulation: ClassVar[bool] = False
 
     def __init__(self, options: dict[str, Any], ctx: RankContext, dtype: str):
         self.opts = options

@@ -1,0 +1,24 @@
+"""PyTorch DistributedDataParallel: every rank holds everything, gradients are all-reduced."""
+
+from __future__ import annotations
+
+from torch.nn.parallel import DistributedDataParallel
+
+from zerobench.engines.base import AutocastEngine, Axis
+
+
+def wrap_ddp(model, ctx, gradient_as_bucket_view: bool = False):
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view)
+
+
+class DDPEngine(AutocastEngine):
+    name = "ddp"
+    options = {
+        "gradient_as_bucket_view": Axis(False, choices=(False, True),
+                                        doc="gradients are views into DDP's all-reduce buckets (saves one gradient copy)"),
+    }
+
+    def wrap(self, model, blocks):
+        self.module = wrap_ddp(model, self.ctx, self.opts["gradient_as_bucket_view"])
+        return self.module

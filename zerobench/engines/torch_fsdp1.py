@@ -1,0 +1,48 @@
+"""PyTorch's FullyShardedDataParallel (FSDP1, flat parameters), one unit per block."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+
+from zerobench.engines.base import Axis, Engine
+
+_PREFETCH = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
+
+
+class TorchFSDP1Engine(Engine):
+    name = "torch-fsdp1"
+    options = {
+        "sharding_strategy": Axis("FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")),
+        "backward_prefetch": Axis("pre", choices=tuple(_PREFETCH)),
+        "forward_prefetch": Axis(False, choices=(False, True)),
+        "limit_all_gathers": Axis(True, choices=(True, False)),
+    }
+
+    @classmethod
+    def unsupported(cls, options, dtype, world_size, device_type):
+        if options.get("sharding_strategy") == "HYBRID_SHARD" and world_size < 2:
+            return "HYBRID_SHARD needs world_size >= 2"
+        return super().unsupported(options, dtype, world_size, device_type)
+
+    def wrap(self, model, blocks):
+        units = set(blocks)
+
+        def policy(module, recurse, nonwrapped_numel):
+            return recurse or module in units
+
+        mp = None
+        if self.dtype == "bf16":
+            mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+        self.module = FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=policy,
+            sharding_strategy=ShardingStrategy[self.opts["sharding_strategy"]],
+            backward_prefetch=_PREFETCH[self.opts["backward_prefetch"]],
+            forward_prefetch=self.opts["forward_prefetch"],
+            limit_all_gathers=self.opts["limit_all_gathers"],
+            mixed_precision=mp,
+            # FSDP1 refuses CPU-only execution unless told the device explicitly.
+            device_id=self.ctx.device if self.ctx.device.type == "cuda" else torch.device("cpu"),
+        )
+        return self.module

@@ -1,0 +1,29 @@
+"""PyTorch's ZeroRedundancyOptimizer over DDP: ZeRO stage 1 (optimizer state sharded)."""
+
+from __future__ import annotations
+
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from zerobench.engines.base import AutocastEngine, Axis
+from zerobench.engines.ddp import wrap_ddp
+
+
+class TorchZero1Engine(AutocastEngine):
+    name = "torch-zero1"
+    options = {
+        "parameters_as_bucket_view": Axis(False, choices=(False, True),
+                                          doc="pack each rank's parameters into one flat bucket per device"),
+    }
+
+    def wrap(self, model, blocks):
+        self.module = wrap_ddp(model, self.ctx)
+        return self.module
+
+    def build_optimizer(self, spec):
+        self.optimizer = ZeroRedundancyOptimizer(
+            self.module.parameters(),
+            optimizer_class=spec.cls,
+            parameters_as_bucket_view=self.opts["parameters_as_bucket_view"],
+            **spec.kwargs(),
+        )
+        return self.optimizer

@@ -1,0 +1,44 @@
+"""Atomic writes: a file is either whole or absent, even if the run is killed mid-write.
+
+Each writer writes a temporary file in the same folder, flushes it to disk and
+renames it over the destination (``os.replace`` is atomic on POSIX filesystems).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def write_atomic(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> None:
+    """Call ``write(fileobj)`` on a temporary file, then move it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    write_atomic(path, lambda f: json.dump(obj, f, indent=1, default=_default))
+
+
+def write_csv_atomic(path: str | Path, frame) -> None:
+    write_atomic(path, lambda f: frame.to_csv(f, index=False))
+
+
+def _default(value):
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")

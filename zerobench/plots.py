@@ -1,0 +1,201 @@
+"""Plots of a run (PNG, matplotlib), each with the reference engine beside the others.
+
+* ``step_time.png``: median step time per cell, each rank's median as a dot with its
+  p10-p90 range, one panel per (world size, dtype), the reference as a dashed line;
+* ``peak_memory.png``: the peak's composition (parameters, gradients, optimizer state,
+  unsharded parameters, activations, other) on the rank with the highest peak, every
+  rank's peak as a dot, the reference as a dashed line;
+* ``losses.png``: the mean loss over ranks per step, beside the single-process reference;
+* ``memory_timeline.png``: live tensor bytes over the measured step, by category (rank 0).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from zerobench.results import cell_records, load_results  # noqa: E402
+
+REFERENCE_ENGINE = "ddp"
+CATEGORY_COLORS = {
+    "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
+    "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
+}
+CATEGORY_COLUMNS = {
+    "params": "peak_mem_params_bytes", "grads": "peak_mem_grads_bytes", "optim": "peak_mem_optim_bytes",
+    "unsharded": "peak_mem_unsharded_bytes", "activations": "peak_mem_activations_bytes",
+}
+
+
+def _engine_colors(engines) -> dict[str, str]:
+    palette = plt.get_cmap("tab10").colors
+    return {e: palette[i % len(palette)] for i, e in enumerate(sorted(set(engines)))}
+
+
+def _groups(ok: pd.DataFrame):
+    """(title, frame) per world size x dtype, cells in matrix order."""
+    for (ws, dtype), frame in ok.groupby(["world_size", "dtype"], sort=True):
+        yield f"world size {ws}, {dtype}", frame
+
+
+def _reference_value(frame: pd.DataFrame, column: str, how: str) -> float | None:
+    ref = frame[frame["cell_id"].str.fullmatch(rf"{REFERENCE_ENGINE}-ws\d+-\w+")]
+    if ref.empty:
+        return None
+    return float(getattr(ref[column], how)())
+
+
+def _ok(results: pd.DataFrame, column: str) -> pd.DataFrame:
+    if column not in results.columns:
+        return results.iloc[0:0]
+    return results[(results["status"] == "ok") & results[column].notna()]
+
+
+def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
+    ok = _ok(results, "step_time_median_s")
+    if ok.empty:
+        return None
+    groups = list(_groups(ok))
+    colors = _engine_colors(ok["engine"])
+    n_cells = max(f["cell_id"].nunique() for _, f in groups)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 1.2 + 0.45 * n_cells * len(groups)), squeeze=False)
+    for ax, (title, frame) in zip(axes[:, 0], groups):
+        cells = list(dict.fromkeys(frame["cell_id"]))
+        for y, cell in enumerate(cells):
+            ranks = frame[frame["cell_id"] == cell]
+            ms = ranks["step_time_median_s"] * 1e3
+            engine = ranks["engine"].iloc[0]
+            ax.barh(y, ms.median(), color=colors[engine], alpha=0.35, height=0.7)
+            offsets = (ranks["rank"] - (len(ranks) - 1) / 2) * 0.15
+            ax.errorbar(ms, y + offsets, xerr=[ms - ranks["step_time_p10_s"] * 1e3, ranks["step_time_p90_s"] * 1e3 - ms],
+                        fmt="o", color=colors[engine], ms=4, capsize=2, lw=1)
+        ref = _reference_value(frame, "step_time_median_s", "median")
+        if ref is not None:
+            ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_yticks(range(len(cells)), cells, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
+    ok = _ok(results, "peak_mem_bytes")
+    if ok.empty:
+        return None
+    groups = list(_groups(ok))
+    n_cells = max(f["cell_id"].nunique() for _, f in groups)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 1.4 + 0.45 * n_cells * len(groups)), squeeze=False)
+    for ax, (title, frame) in zip(axes[:, 0], groups):
+        cells = list(dict.fromkeys(frame["cell_id"]))
+        for y, cell in enumerate(cells):
+            ranks = frame[frame["cell_id"] == cell]
+            top = ranks.loc[ranks["peak_mem_bytes"].idxmax()]
+            left = 0.0
+            parts = {k: float(top.get(c, 0) or 0) for k, c in CATEGORY_COLUMNS.items()}
+            parts["other"] = float(top["peak_mem_bytes"]) - sum(parts.values())
+            for cat, nbytes in parts.items():
+                mib = nbytes / 2**20
+                ax.barh(y, mib, left=left, color=CATEGORY_COLORS[cat], height=0.7,
+                        label=cat if y == 0 else None)
+                left += mib
+            ax.plot(ranks["peak_mem_bytes"] / 2**20, [y] * len(ranks), "k|", ms=14, mew=1.5,
+                    label="each rank's peak" if y == 0 else None)
+        ref = _reference_value(frame, "peak_mem_bytes", "max")
+        if ref is not None:
+            ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
+        ax.set_yticks(range(len(cells)), cells, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("peak live tensor memory (MiB), composition on the rank with the highest peak")
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(loc="lower right", fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path) -> Path | None:
+    steps_path = run_dir / "steps.csv"
+    if not steps_path.exists():
+        return None
+    steps = pd.read_csv(steps_path)
+    if steps.empty:
+        return None
+    config = results.drop_duplicates("cell_id").set_index("cell_id")
+    reference = json.loads((run_dir / "reference.json").read_text()) if (run_dir / "reference.json").exists() else {}
+    warmup = json.loads((run_dir / "workload.json").read_text())["data"]["warmup_steps"]
+    mean = steps.groupby(["cell_id", "step"], sort=False)["loss"].mean().reset_index()
+    groups = sorted({(int(config.loc[c, "world_size"]), config.loc[c, "dtype"]) for c in mean["cell_id"].unique()})
+    colors = _engine_colors(config["engine"])
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, (ws, dtype) in zip(axes[0], groups):
+        for cell, frame in mean.groupby("cell_id", sort=False):
+            if (int(config.loc[cell, "world_size"]), config.loc[cell, "dtype"]) != (ws, dtype):
+                continue
+            ax.plot(frame["step"] + warmup, frame["loss"], color=colors[config.loc[cell, "engine"]], lw=1, alpha=0.8,
+                    label=cell)
+        ref = reference.get(str(ws))
+        if ref:
+            ax.plot(range(len(ref)), ref, "k--", lw=1.5, label="single-process reference (fp32)")
+        ax.set_title(f"world size {ws}, {dtype}", fontsize=10)
+        ax.set_xlabel("step (warm-up included)")
+        ax.set_ylabel("loss (mean over ranks)")
+        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_memory_timelines(run_dir: Path, path: Path) -> Path | None:
+    records = [r for r in cell_records(run_dir) if r["status"] == "ok" and r["ranks"] and r["ranks"][0].get("timeline")]
+    if not records:
+        return None
+    ncols = 3
+    nrows = (len(records) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3 * nrows), squeeze=False, sharey=True)
+    for ax, rec in zip(axes.flat, records):
+        tl = pd.DataFrame(rec["ranks"][0]["timeline"])
+        cats = [c for c in CATEGORY_COLORS if c in tl.columns]
+        ax.stackplot(tl["t_s"] * 1e3, *[tl[c] / 2**20 for c in cats], labels=cats,
+                     colors=[CATEGORY_COLORS[c] for c in cats], step="post")
+        ax.set_title(rec["cell_id"], fontsize=8)
+        ax.set_xlabel("ms into the step (memory pass, tracker overhead included)", fontsize=7)
+        ax.set_ylabel("MiB (rank 0)", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(records):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Draw every plot of the run into ``<run>/plots/``; returns the files written."""
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    drawn = [
+        plot_step_time(results, out / "step_time.png"),
+        plot_peak_memory(results, out / "peak_memory.png"),
+        plot_losses(run_dir, results, out / "losses.png"),
+        plot_memory_timelines(run_dir, out / "memory_timeline.png"),
+    ]
+    return [p for p in drawn if p is not None]

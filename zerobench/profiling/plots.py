@@ -1,0 +1,122 @@
+"""Plots of a run's traces (opt-in: matplotlib is imported here only).
+
+* :func:`plot_timeline` -- per-rank Gantt of one traced step: compute, communication
+  and waits (impl labels) as lanes, ranks aligned on the machine clock;
+* :func:`plot_overlap` -- by cell: the step broken down into compute, exposed
+  communication and idle, and the overlap ratio.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from . import intervals as iv  # noqa: E402
+from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows  # noqa: E402
+from .trace import Trace, load_trace  # noqa: E402
+
+COLORS = {"compute": "#4C72B0", "comm hidden": "#DD8452", "comm exposed": "#C44E52", "wait": "#8C8C8C",
+          "idle": "#DDDDDD"}
+
+
+def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "", emulation=None) -> Path:
+    """Gantt of traced step ``step`` (default: the last) on every rank."""
+    path = Path(path)
+    ranks = sorted(traces)
+    windows = {r: step_windows(traces[r]).iloc[step] for r in ranks}
+    t0 = min(traces[r].base_ts + windows[r].ts for r in ranks)
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 1.1 * len(ranks)))
+    yticks, ylabels = [], []
+    for i, r in enumerate(ranks):
+        t, w = traces[r], windows[r]
+        comp, comm = compute_intervals(t), comm_intervals(t, emulation)
+        lanes = [
+            ("compute", [("compute", comp)]),
+            ("comm", [("comm hidden", iv.intersect(comm, comp)), ("comm exposed", iv.subtract(comm, comp))]),
+            ("wait", [("wait", iv.merge(t.named(WAIT_PREFIX, main_only=True)[["ts", "end"]].to_numpy()))]),
+        ]
+        base = -i * 4.0
+        shift = t.base_ts - t0
+        ax.broken_barh([((w.ts + shift) / 1e3, (w.end - w.ts) / 1e3)], (base - 0.1, 3.0),
+                       facecolors="none", edgecolors="#BBBBBB", linestyles="--")
+        for j, (lane, parts) in enumerate(lanes):
+            y = base + 2 - j
+            for kind, spans in parts:
+                spans = iv.clip(spans, w.ts, w.end)
+                bars = [((s + shift) / 1e3, (e - s) / 1e3) for s, e in spans]
+                ax.broken_barh(bars, (y, 0.8), facecolors=COLORS[kind], label=kind if i == 0 else None)
+            yticks.append(y + 0.4)
+            ylabels.append(f"rank {r}  {lane}")
+    ax.set_yticks(yticks, ylabels)
+    ax.set_xlabel("time (ms), ranks aligned on the machine clock; dashed box: the step")
+    ax.set_title(title or "one traced step per rank", loc="left")
+    ax.legend(loc="lower right", ncols=4, fontsize="small", frameon=False, bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_overlap(summary: pd.DataFrame, path) -> Path:
+    """By cell (means over ranks): step = compute + exposed comm + idle, and overlap ratio."""
+    path = Path(path)
+    by_cell = summary.groupby("cell_id", sort=False)[
+        ["compute_s", "exposed_comm_s", "idle_s", "overlap_ratio", "comm_s"]].mean()
+    cells = list(by_cell.index)
+    y = np.arange(len(cells))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 1.8 + 0.5 * len(cells)), sharey=True,
+                                   gridspec_kw={"width_ratios": [2, 1]})
+    left = np.zeros(len(cells))
+    for col, label, color in (("compute_s", "compute", COLORS["compute"]),
+                              ("exposed_comm_s", "exposed comm", COLORS["comm exposed"]),
+                              ("idle_s", "idle / overhead", COLORS["idle"])):
+        ms = by_cell[col].fillna(0).to_numpy() * 1e3
+        ax1.barh(y, ms, left=left, color=color, label=label)
+        left += ms
+    ax1.set_xlabel("time per traced step (ms), mean over ranks")
+    ax1.legend(loc="lower left", ncols=3, fontsize="small", frameon=False, bbox_to_anchor=(0.0, 1.0))
+    ax1.invert_yaxis()
+    ax1.set_yticks(y, cells)
+    ratio = by_cell["overlap_ratio"].to_numpy()
+    ax2.barh(y, np.nan_to_num(ratio), color=COLORS["comm hidden"])
+    for yi, r in zip(y, ratio):
+        ax2.text(min(np.nan_to_num(r), 1.0) + 0.02, yi, "n/a" if np.isnan(r) else f"{r:.0%}", va="center", fontsize="small")
+    ax2.set_xlim(0, 1.15)
+    ax2.set_xlabel("overlap: comm time hidden by compute")
+    for ax in (ax1, ax2):
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("compute / communication overlap by cell (HTA definition)", x=0.01, ha="left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_run(run_dir) -> list[Path]:
+    """Every plot of a run analysed by ``zerobench analyze``: one timeline per cell,
+    and the overlap chart. Returns the files written."""
+    from .analyze import _cell_config, _emulation_from, find_traces
+
+    run_dir = Path(run_dir)
+    written = []
+    by_cell: dict[str, dict[int, Path]] = {}
+    for cell_id, rank, p in find_traces(run_dir):
+        by_cell.setdefault(cell_id, {})[rank] = p
+    for cell_id, paths in by_cell.items():
+        traces = {r: load_trace(p, rank=r) for r, p in paths.items()}
+        emulation = _emulation_from(_cell_config(run_dir, cell_id))
+        written.append(plot_timeline(traces, run_dir / "plots" / f"timeline_{cell_id}.png",
+                                     title=f"{cell_id}: last traced step", emulation=emulation))
+    summary_path = run_dir / "analysis" / "summary.csv"
+    if summary_path.exists():
+        written.append(plot_overlap(pd.read_csv(summary_path), run_dir / "plots" / "overlap.png"))
+    return written

@@ -1,0 +1,86 @@
+"""Terminal summaries of runs: the per-cell table with each engine beside the reference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from zerobench.results import load_results, summary
+
+REFERENCE_ENGINE = "ddp"  # every figure is read beside plain data parallelism
+
+
+def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """Add step_time_x_ref and peak_mem_x_ref: each cell over the reference engine's
+    default cell of the same world size and dtype, from the same run."""
+    cells = cells.copy()
+    config = results.drop_duplicates("cell_id").set_index("cell_id")[["world_size", "dtype"]]
+    cells = cells.join(config, on="cell_id")
+    ref = cells[cells["cell_id"].str.fullmatch(rf"{REFERENCE_ENGINE}-ws\d+-\w+")].set_index(["world_size", "dtype"])
+    for col, out in (("step_time_median_s", "step_time_x_ref"), ("peak_mem_bytes", "peak_mem_x_ref")):
+        if col not in cells.columns or ref.empty:
+            cells[out] = float("nan")
+            continue
+        base = cells.apply(lambda r: ref[col].get((r["world_size"], r["dtype"]), float("nan")), axis=1)
+        cells[out] = cells[col] / base
+    return cells
+
+
+def wide_console() -> Console:
+    """A console at least 160 columns wide: cell ids are long, and logs are not terminals."""
+    probe = Console()
+    return Console(width=max(probe.width, 160)) if not probe.is_terminal else probe
+
+
+def print_summary(run_dir: Path, console: Console | None = None) -> None:
+    console = console or wide_console()
+    results = load_results(run_dir)
+    cells = with_reference_ratios(summary(results), results)
+    table = Table(title=f"{run_dir.name}  (x{REFERENCE_ENGINE}: ratio to {REFERENCE_ENGINE} at the same world size and dtype)")
+    for name in ("cell", "status", "step ms", f"x{REFERENCE_ENGINE}", "peak MiB", f"x{REFERENCE_ENGINE} ",
+                 "comm MiB/step", "loss dev", "note"):
+        table.add_column(name, justify="left" if name in ("cell", "status", "note") else "right",
+                         no_wrap=name == "cell")
+    for _, r in cells.iterrows():
+        if r["status"] != "ok":
+            style = "yellow" if r["status"] == "skipped" else "red"
+            reason = str(r.get("error") or "").splitlines()
+            note = " | ".join(dict.fromkeys([reason[0], reason[-1]])) if reason else ""
+            table.add_row(r["cell_id"], f"[{style}]{r['status']}[/]", *[""] * 6, note[:100])
+            continue
+        table.add_row(
+            r["cell_id"], "ok",
+            _num(r.get("step_time_median_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
+            _num(r.get("peak_mem_bytes"), 2**-20, "{:.1f}"), _num(r.get("peak_mem_x_ref"), 1, "{:.2f}"),
+            _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"), "",
+        )
+    console.print(table)
+
+
+def _num(value, scale, fmt) -> str:
+    if value is None or pd.isna(value):
+        return "-"
+    return fmt.format(value * scale)
+
+
+def list_runs(results_root: Path, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"runs under {results_root}")
+    for name in ("run", "workload", "date", "cells", "ok", "failed", "skipped", "git"):
+        table.add_column(name)
+    runs = sorted(p.parent for p in results_root.glob("**/meta.json"))
+    for run in runs:
+        meta = json.loads((run / "meta.json").read_text())
+        statuses = [json.loads(p.read_text())["status"] for p in (run / "cells").glob("*.json")] \
+            if (run / "cells").exists() else []
+        table.add_row(str(run.relative_to(results_root)), meta.get("workload", "?"), meta.get("date", "?"),
+                      str(len(meta.get("cells", []))), str(statuses.count("ok")), str(statuses.count("failed")),
+                      str(statuses.count("skipped")), (meta.get("git_commit") or "")[:8])
+    if not runs:
+        console.print(f"no runs under {results_root}")
+        return
+    console.print(table)

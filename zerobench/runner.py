@@ -1,0 +1,224 @@
+"""Running a workload's matrix: one real torch.distributed world per cell, with progress,
+resume, a timeout per cell, and failures recorded instead of stopping the matrix."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from zerobench import data as data_mod
+from zerobench.engines import OptimizerSpec
+from zerobench.files import write_json_atomic
+from zerobench.launch import launch_cell
+from zerobench.matrix import Cell, expand
+from zerobench.models import build_model, loss_fn
+from zerobench.results import write_tables
+from zerobench.workload import Workload, load_workload
+
+FINISHED = ("ok", "skipped")  # statuses --resume does not run again
+
+
+def new_run_dir(root: Path, workload: Workload) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = root / f"{stamp}-{workload.name}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = root / f"{stamp}-{workload.name}-{suffix}"
+    return run_dir
+
+
+def prepare_run(workload: Workload, run_dir: Path, cells: list[Cell], device: str) -> None:
+    """Write the run folder's workload.json and meta.json (what the ranks read)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "workload.json", workload.to_dict())
+    write_json_atomic(run_dir / "meta.json", run_metadata(workload, cells, device))
+
+
+def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
+    cuda = torch.cuda.is_available() and device != "cpu"
+    model = workload.model
+    return {
+        "workload": workload.name,
+        "workload_file": workload.source,
+        "description": workload.description,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "backend": "nccl" if cuda else "gloo",
+        "world_sizes": sorted({c.world_size for c in cells}),
+        "cpu_model": _cpu_model(),
+        "cpu_count": _cpu_count(),
+        "gpu_model": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "hostname": platform.node(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "cells": [c.id for c in cells],
+        "context": {
+            "workload": workload.name,
+            "model": f"{model.kind}(" + ", ".join(f"{k}={v}" for k, v in vars(model).items() if k != "kind") + ")",
+            "batch_size": workload.data.batch_size,
+            "steps": workload.data.steps,
+        },
+    }
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+# --------------------------------------------------------------------------------------
+# Single-process reference
+
+
+def reference_losses(workload: Workload, world_size: int) -> list[float]:
+    """Losses of plain single-process fp32 training on the global batch, every step
+    (warm-up included): what a correct data-parallel engine must reproduce."""
+    d = workload.data
+    model = build_model(workload.model, workload.seed)
+    o = workload.optimizer
+    opt = OptimizerSpec(o.kind, o.lr, o.hyper()).build(model.parameters())
+    loss_of = loss_fn(workload.model)
+    losses = []
+    for step in range(d.warmup_steps + d.steps):
+        inputs, targets = data_mod.global_batch(workload.model, d.batch_size * world_size, d.seed, step)
+        loss = loss_of(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def loss_deviation(record: dict, reference: list[float], warmup: int) -> float | None:
+    """max over measured steps of |mean over ranks of the rank losses - reference|."""
+    ranks = record.get("ranks") or []
+    if not ranks or not reference:
+        return None
+    steps = len(ranks[0]["losses"])
+    means = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(steps)]
+    return max(abs(m - reference[warmup + i]) for i, m in enumerate(means))
+
+
+# --------------------------------------------------------------------------------------
+
+
+def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"), resume: Path | None = None,
+               only: list[str] | None = None, profile: bool = False, device: str = "auto",
+               console: Console | None = None) -> Path:
+    """Run every cell of the workload (or the ``only`` ones); return the run folder."""
+    console = console or Console()
+    if resume is not None:
+        run_dir = resume
+        if not (run_dir / "workload.json").exists():
+            raise FileNotFoundError(f"--resume {run_dir}: not a zerobench run folder (no workload.json)")
+        from zerobench.worker import load_run
+
+        workload = load_run(run_dir)
+    else:
+        workload = load_workload(workload_path)
+        run_dir = new_run_dir(results_root, workload)
+    device_type = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    cells = expand(workload, device_type)
+    if only:
+        known = {c.id for c in cells}
+        unknown = [c for c in only if c not in known]
+        if unknown:
+            raise ValueError(f"--cell: {unknown[0]!r} is not a cell of {workload.name} (cells: {', '.join(sorted(known))})")
+        cells = [c for c in cells if c.id in only]
+    prepare_run(workload, run_dir, cells, device)
+
+    references: dict[int, list[float]] = {}
+    cells_dir = run_dir / "cells"
+    todo = []
+    for cell in cells:
+        path = cells_dir / f"{cell.id}.json"
+        if resume is not None and path.exists() and json.loads(path.read_text())["status"] in FINISHED:
+            continue
+        todo.append(cell)
+    console.print(f"[bold]{workload.name}[/]: {len(cells)} cells ({len(cells) - len(todo)} already done) -> {run_dir}")
+
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("cells", total=len(todo))
+        for i, cell in enumerate(todo, 1):
+            progress.update(task, description=f"cell {i}/{len(todo)} {cell.id}")
+            if workload.run.reference and cell.skip_reason is None and cell.world_size not in references:
+                references[cell.world_size] = reference_losses(workload, cell.world_size)
+                write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+            record = run_one(run_dir, workload, cell, profile, device, references.get(cell.world_size))
+            console.print(_one_line(record))
+            progress.advance(task)
+            write_tables(run_dir)
+    write_tables(run_dir)
+    return run_dir
+
+
+def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
+            reference: list[float] | None) -> dict:
+    path = run_dir / "cells" / f"{cell.id}.json"
+    path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
+    if cell.skip_reason is not None:
+        record = {"cell_id": cell.id, "status": "skipped", "error": cell.skip_reason, "config": cell.config(),
+                  "ranks": []}
+    else:
+        result = launch_cell(run_dir, cell.id, cell.world_size, workload.run.timeout_s,
+                             threads=workload.run.threads_per_rank, profile=profile, device=device)
+        if result.ok and path.exists():
+            record = json.loads(path.read_text())
+            record["loss_max_abs_diff_ref"] = loss_deviation(record, reference or [], workload.data.warmup_steps)
+        else:
+            error = result.error or "ranks exited without writing results"
+            record = {"cell_id": cell.id, "status": "failed", "error": error, "config": cell.config(), "ranks": []}
+        record["cell_wall_s"] = result.wall_s
+    write_json_atomic(path, record)
+    return record
+
+
+def _one_line(record: dict) -> str:
+    cid, status = record["cell_id"], record["status"]
+    if status == "skipped":
+        return f"[yellow]skip[/] {cid}: {record['error']}"
+    if status == "failed":
+        first = (record["error"] or "").splitlines()
+        return f"[red]FAIL[/] {cid}: {' | '.join(first[:1] + first[-1:])}"
+    m = [r["metrics"] for r in record["ranks"]]
+    step = sorted(x["step_time_median_s"] for x in m)[len(m) // 2] * 1e3
+    peak = max(x.get("peak_mem_bytes", 0) for x in m) / 2**20
+    dev = record.get("loss_max_abs_diff_ref")
+    dev_s = f", loss dev {dev:.1e}" if dev is not None else ""
+    return f"[green]ok[/]   {cid}: {step:.1f} ms/step, peak {peak:.1f} MiB{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"

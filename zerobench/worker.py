@@ -1,0 +1,330 @@
+"""The per-rank entry point: run one cell of a workload on this rank.
+
+It reads the standard torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same command runs under
+``zerobench run`` (which starts the ranks of each cell on this machine) and under
+``torchrun`` across nodes::
+
+    torchrun --nnodes 2 --nproc-per-node 8 -m zerobench.worker \\
+        --run-dir results/my-run --cell impl-fsdp-ws16-bf16
+
+(``zerobench run --prepare-only`` makes the run folder; ``zerobench cells WORKLOAD``
+lists the cell ids.) Rank 0 gathers every rank's measurements and writes
+``cells/<cell>.json``; traces are written by each rank into ``traces/``.
+
+A cell runs up to three passes, in this order, so that measuring never distorts
+what is measured:
+  1. timing: warm-up, then the measured steps, each timed on its own;
+  2. profiling (``--profile``): a few more steps under torch.profiler;
+  3. memory: a fresh model and engine built under the storage tracker, which slows
+     steps 1.5-2x; it yields the peak, its composition and the bytes communicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerobench import data as data_mod
+from zerobench.engines import OptimizerSpec, RankContext, get_engine
+from zerobench.files import write_json_atomic
+from zerobench.matrix import Cell, expand
+from zerobench.memory import StorageTracker
+from zerobench.models import build_model, loss_fn, samples_to_tokens
+from zerobench.workload import Workload, parse_workload
+
+TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
+
+
+def torchrun_env() -> tuple[int, int, int, int]:
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except KeyError as err:
+        raise SystemExit(
+            f"zerobench.worker: {err.args[0]} is not set. Run it under torchrun "
+            "(torchrun --nproc-per-node N -m zerobench.worker ...) or through `zerobench run`."
+        ) from None
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return rank, world, local_rank, local_world
+
+
+def pick_device(requested: str, local_rank: int, local_world: int) -> torch.device:
+    """CUDA (and so NCCL) when there is one device per local rank, else CPU (gloo)."""
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()
+                               and torch.cuda.device_count() >= local_world):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def load_run(run_dir: Path) -> Workload:
+    return parse_workload(json.loads((run_dir / "workload.json").read_text()), source=str(run_dir / "workload.json"))
+
+
+# --------------------------------------------------------------------------------------
+
+
+class CellRunner:
+    """Runs the passes of one cell on this rank and returns its measurements."""
+
+    def __init__(self, workload: Workload, cell: Cell, ctx: RankContext):
+        self.w = workload
+        self.cell = cell
+        self.ctx = ctx
+        self.engine_cls = get_engine(cell.engine)
+        self.loss = loss_fn(workload.model)
+        self.spec = OptimizerSpec(workload.optimizer.kind, workload.optimizer.lr, workload.optimizer.hyper())
+
+    def build(self):
+        engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
+        model = build_model(self.w.model, self.w.seed, self.ctx.device)
+        engine.wrap(model, list(model.blocks))
+        engine.build_optimizer(self.spec)
+        return engine
+
+    def batch(self, step: int):
+        d = self.w.data
+        return data_mod.rank_batch(self.w.model, d.batch_size, self.ctx.world_size, self.ctx.rank, d.seed, step,
+                                   self.ctx.device)
+
+    def sync(self):
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    # -- pass 1: timing -------------------------------------------------------------
+
+    def timing_pass(self, engine) -> dict:
+        d = self.w.data
+        for step in range(d.warmup_steps):
+            engine.train_step(*self.batch(step), self.loss)
+        engine.extra_metrics()  # discard what warm-up accumulated
+        cuda = self.ctx.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.ctx.device)
+        telemetry = _gpu_telemetry(self.ctx.device)
+        times, losses = [], []
+        dist.barrier()
+        with telemetry:
+            for step in range(d.warmup_steps, d.warmup_steps + d.steps):
+                inputs, targets = self.batch(step)
+                self.sync()
+                start = time.perf_counter()
+                loss = engine.train_step(inputs, targets, self.loss)
+                self.sync()
+                times.append(time.perf_counter() - start)
+                losses.append(float(loss))
+        metrics = _time_metrics(times, self.ctx.world_size * d.batch_size, samples_to_tokens(self.w.model))
+        metrics.update(engine.extra_metrics())
+        metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
+        if cuda:
+            stats = torch.cuda.memory_stats(self.ctx.device)
+            metrics.update(
+                cuda_peak_allocated_bytes=stats.get("allocated_bytes.all.peak", 0),
+                cuda_peak_reserved_bytes=stats.get("reserved_bytes.all.peak", 0),
+                cuda_alloc_retries=stats.get("num_alloc_retries", 0),
+                cuda_ooms=stats.get("num_ooms", 0),
+            )
+        metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
+        return {"metrics": metrics, "step_times": times, "losses": losses}
+
+    # -- pass 2: profiling ----------------------------------------------------------
+
+    def profile_pass(self, engine, trace_path: Path) -> None:
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        activities = [ProfilerActivity.CPU]
+        if self.ctx.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        first = self.w.data.warmup_steps + self.w.data.steps
+        batches = [self.batch(first + i) for i in range(self.w.run.profile_steps)]
+        dist.barrier()
+        with profile(activities=activities, record_shapes=True) as prof:
+            for inputs, targets in batches:
+                with record_function("zerobench::step"):
+                    engine.train_step(inputs, targets, self.loss)
+                    self.sync()
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = trace_path.with_name(trace_path.name + ".tmp.json")
+        prof.export_chrome_trace(str(tmp))
+        import gzip
+        import shutil
+
+        with open(tmp, "rb") as src, gzip.open(str(trace_path) + ".tmp", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(str(trace_path) + ".tmp", trace_path)
+        tmp.unlink()
+
+    # -- pass 3: memory and communication --------------------------------------------
+
+    def memory_pass(self) -> dict:
+        tracker = StorageTracker(self.ctx.device.type)
+        with tracker:
+            engine = self.build()
+            for step in range(self.w.run.memory_warmup_steps):
+                engine.train_step(*self.batch(step), self.loss)
+            inputs, targets = self.batch(self.w.run.memory_warmup_steps)
+
+            def on_phase(name):
+                tracker.set_phase(name)
+                if name == "optimizer":  # gradients are complete and not yet zeroed
+                    tracker.note_roles("grads", engine.gradient_tensors())
+
+            engine.on_phase = on_phase
+            dist.barrier()
+            tracker.reset_peak()
+            engine.train_step(inputs, targets, self.loss)
+            tracker.set_phase("after")
+            tracker.classify(params=engine.parameter_tensors(), optim=engine.optimizer_state_tensors())
+            steady = tracker.current_bytes
+            engine.on_phase = None
+        breakdown = tracker.peak_breakdown()
+        metrics = {
+            "peak_mem_bytes": tracker.peak_bytes,
+            "peak_mem_params_bytes": breakdown["params"],
+            "peak_mem_grads_bytes": breakdown["grads"],
+            "peak_mem_optim_bytes": breakdown["optim"],
+            "peak_mem_other_bytes": breakdown["unsharded"] + breakdown["activations"] + breakdown["other"],
+            "peak_mem_unsharded_bytes": breakdown["unsharded"],
+            "peak_mem_activations_bytes": breakdown["activations"],
+            "steady_mem_bytes": steady,
+        }
+        comm = tracker.comm
+        for kind in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other"):
+            metrics[f"comm_{kind}_bytes"] = comm.bytes.get(kind, 0)
+        metrics["comm_total_bytes"] = sum(comm.bytes.values())
+        metrics["comm_calls"] = sum(comm.calls.values())
+        timeline = tracker.timeline()
+        if len(timeline) > TIMELINE_POINTS:
+            timeline = timeline.iloc[:: len(timeline) // TIMELINE_POINTS + 1]
+        del engine
+        gc.collect()
+        return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+
+
+def _time_metrics(times: list[float], global_batch: int, tokens_per_sample: int) -> dict:
+    ordered = sorted(times)
+
+    def pct(q):
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    median = statistics.median(times)
+    return {
+        "step_time_median_s": median,
+        "step_time_p10_s": pct(0.10),
+        "step_time_p90_s": pct(0.90),
+        "step_time_mad_s": statistics.median(abs(t - median) for t in times),
+        "throughput_samples_s": global_batch / median,
+        "throughput_tokens_s": global_batch * tokens_per_sample / median if tokens_per_sample else None,
+    }
+
+
+def _gpu_telemetry(device: torch.device):
+    """NVML sampling during the timing pass where a GPU is present; a no-op otherwise."""
+    import contextlib
+
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    try:
+        from zerobench.profiling.telemetry import GpuTelemetry
+    except ImportError:
+        return contextlib.nullcontext()
+    return GpuTelemetry(device.index or 0)
+
+
+def _rss_max_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --------------------------------------------------------------------------------------
+
+
+def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
+    rank, world, local_rank, local_world = torchrun_env()
+    workload = load_run(run_dir)
+    cells = {c.id: c for c in expand(workload)}
+    if cell_id not in cells:
+        raise SystemExit(f"zerobench.worker: no cell {cell_id!r} in {run_dir} (cells: {', '.join(cells)})")
+    cell = cells[cell_id]
+    if cell.world_size != world:
+        raise SystemExit(f"zerobench.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {world}")
+
+    dev = pick_device(device, local_rank, local_world)
+    if dev.type == "cpu":
+        torch.set_num_threads(workload.run.threads_per_rank)
+    else:
+        torch.cuda.set_device(dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
+    ctx = RankContext(rank, world, local_rank, dev, backend)
+    _set_emulation(cell)
+    try:
+        started = time.perf_counter()
+        runner = CellRunner(workload, cell, ctx)
+        engine = runner.build()
+        record = runner.timing_pass(engine)
+        if profile:
+            runner.profile_pass(engine, run_dir / "traces" / f"{cell_id}.rank{rank}.json.gz")
+        del engine
+        gc.collect()
+        if workload.run.memory_pass:
+            mem = runner.memory_pass()
+            record["metrics"].update(mem["metrics"])
+            record["timeline"] = mem["timeline"]
+        record["metrics"]["rss_max_bytes"] = _rss_max_bytes()
+        record["rank"] = rank
+        record["pass_wall_s"] = time.perf_counter() - started
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(record, gathered, dst=0)
+        if rank == 0:
+            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", {
+                "cell_id": cell_id,
+                "status": "ok",
+                "error": None,
+                "config": cell.config(),
+                "backend": backend,
+                "device": dev.type,
+                "ranks": gathered,
+            })
+    finally:
+        dist.destroy_process_group()
+
+
+def _set_emulation(cell: Cell) -> None:
+    gbps = cell.opts.get("emulate_gbps", 0.0)
+    if gbps:
+        from impl import comm
+
+        comm.set_emulation(comm.InterconnectEmulation(gbps, cell.opts.get("emulate_latency_us", 0.0)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m zerobench.worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="run folder made by `zerobench run`")
+    parser.add_argument("--cell", required=True, help="cell id (see `zerobench cells WORKLOAD`)")
+    parser.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    try:
+        run_cell(args.run_dir, args.cell, args.profile, args.device)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        # Peers may be blocked in a collective with this rank: exit hard so the
+        # launcher (or torchrun) sees the failure at once and stops the others.
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
