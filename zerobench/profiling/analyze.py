@@ -137,17 +137,19 @@ def _cell_first(df: pd.DataFrame) -> pd.DataFrame:
     return df[lead + [c for c in df.columns if c not in lead]]
 
 
-def merge_into_results(run_dir: Path, summary: pd.DataFrame) -> None:
+def merge_into_results(run_dir: Path, summary: pd.DataFrame) -> bool:
     """Add the summary columns to ``results.csv`` (cell_id x rank); earlier values of
-    the same columns are replaced. No-op when the run has no results.csv."""
+    the same columns are replaced. Returns False (and does nothing) when the run has no
+    results.csv."""
     path = Path(run_dir) / "results.csv"
     if not path.exists():
-        return
+        return False
     results = pd.read_csv(path)
     new_cols = [c for c in summary.columns if c not in ("cell_id", "rank")]
     results = results.drop(columns=[c for c in new_cols if c in results.columns])
     merged = results.merge(summary, on=["cell_id", "rank"], how="left")
     write_csv_atomic(path, merged)
+    return True
 
 
 def _cmd_analyze(args) -> int:
@@ -160,7 +162,9 @@ def _cmd_analyze(args) -> int:
                         "max_inflight_all_gathers_trace") if c in summary.columns]
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary[cols].round(4).to_string(index=False))
-    print(f"wrote {Path(args.run) / 'analysis'}/ and merged the columns into results.csv")
+    run = Path(args.run)
+    merged = "merged into results.csv" if (run / "results.csv").exists() else "no results.csv to merge into"
+    print(f"wrote {run / 'analysis'}/ ({merged}); plots in {run / 'plots'}/")
     return 0
 
 

@@ -135,7 +135,8 @@ def collectives(trace: Trace, group_size: int | None = None) -> pd.DataFrame:
     """One row per collective instance on this rank.
 
     Columns: rank, kind, op (the c10d op, or the run event's name when no issue op is
-    in the trace), issue_s (when the main thread issued it), start_s / end_s /
+    in the trace), issue_s (when the main thread issued it: the start of its
+    ``impl::<kind>`` label, else of the c10d op), start_s / end_s /
     duration_s (when it ran: gloo worker or NCCL kernel; the issue op's own span when
     nothing ran elsewhere), bytes, group_size, algbw_gbps, busbw_gbps.
     Times are seconds from the start of the trace."""
@@ -178,7 +179,8 @@ def collectives(trace: Trace, group_size: int | None = None) -> pd.DataFrame:
                 fallback = dtype_bytes(rtypes[0]) if rtypes else math.nan
             nbytes = _op_bytes(op.args, fallback)
         start, end = (run["ts"], run["end"]) if run is not None else (op.ts, op.end)
-        rows.append((trace.rank, kind, op.name, op.ts, start, end, nbytes, n))
+        issue = label["ts"] if label is not None else op.ts
+        rows.append((trace.rank, kind, op.name, issue, start, end, nbytes, n))
 
     # Run events with no issue op in the trace (e.g. issued before profiling started).
     for j in np.flatnonzero(~run_taken):

@@ -15,6 +15,7 @@ one or more kernels ran -- not how busy the SMs were.
 
 from __future__ import annotations
 
+import os
 import threading
 
 
@@ -22,6 +23,8 @@ class GpuTelemetry:
     """Context manager sampling one GPU every ``interval_s`` seconds on a daemon thread."""
 
     def __init__(self, device_index: int = 0, interval_s: float = 0.1):
+        """``device_index``: the CUDA device index the rank uses (as torch numbers it:
+        mapped through ``CUDA_VISIBLE_DEVICES`` to NVML's numbering)."""
         self.device_index = device_index
         self.interval_s = interval_s
         # Samples, appended by the sampling thread only: (utilization %, memory used B, power W or None).
@@ -38,8 +41,8 @@ class GpuTelemetry:
             return self
         try:
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
-        except pynvml.NVMLError:
+            self._handle = _nvml_handle(pynvml, self.device_index)
+        except (pynvml.NVMLError, ValueError):
             return self
         self._nvml = pynvml
         self._sample()  # one sample even for a pass shorter than the interval
@@ -94,3 +97,15 @@ class GpuTelemetry:
         return out
 
 
+
+
+def _nvml_handle(pynvml, cuda_index: int):
+    """NVML handle of CUDA device ``cuda_index``: NVML numbers every GPU of the machine,
+    CUDA only the visible ones, in ``CUDA_VISIBLE_DEVICES`` order (indices or UUIDs)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    entry = visible[cuda_index]
+    if entry.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+    return pynvml.nvmlDeviceGetHandleByUUID(entry)
