@@ -1,0 +1,32 @@
+"""A reference FSDP (ZeRO stage 3) with PyTorch 1.13's API, on CPU/gloo and CUDA/NCCL.
+
+Read in this order: api.py (policies), flat_param.py (one flat parameter's tensors),
+collectives.py (the collectives), unit.py (unshard / wait_for_unshard / reshard),
+rate_limiter.py ([Note: rate limiter]), exec_order.py (prefetch order and its check),
+runtime.py (the hooks), fully_sharded.py (the constructor), wrap.py, utils.py.
+docs/fsdp.md explains how they fit together.
+"""
+
+from impl.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy, TrainingState
+from impl.fsdp.flat_param import ShardedState
+from impl.fsdp.fully_sharded import FullyShardedDataParallel
+from impl.fsdp.wrap import (
+    always_wrap_policy,
+    lambda_auto_wrap_policy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
+
+__all__ = [
+    "FullyShardedDataParallel",
+    "ShardingStrategy",
+    "BackwardPrefetch",
+    "MixedPrecision",
+    "CPUOffload",
+    "TrainingState",
+    "ShardedState",
+    "always_wrap_policy",
+    "lambda_auto_wrap_policy",
+    "size_based_auto_wrap_policy",
+    "transformer_auto_wrap_policy",
+]

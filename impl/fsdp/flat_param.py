@@ -1,0 +1,221 @@
+"""The life of one flat parameter: flatten a unit's parameters, shard, unshard, reshard.
+
+A unit's original parameters are concatenated into one 1-D tensor, right-padded to a
+multiple of the shard group's size, and split into equal shards; each rank keeps only
+its own (ZeRO, arXiv 1910.02054, stage 3; PyTorch 1.13's FlatParameter). The
+optimizer sees only the shard, ``sharded_flat``. While the unit runs, its parameters
+are all-gathered into ``all_gather_output`` and the module's original parameter
+attributes become views into it, so that gradients flow into one flat gradient.
+
+Tensors, for a unit of ``numel`` parameters at shard group size ``n``::
+
+    sharded_flat       nn.Parameter, 1-D (shard_numel,)       the optimizer's parameter
+    all_gather_output  1-D (n * shard_numel,), compute dtype   storage freed when sharded
+    unsharded_flat     autograd leaf aliasing all_gather_output's storage; the original
+                       parameters are views of it, and its .grad is the unsharded,
+                       padded gradient (the reduce-scatter input)
+
+``unsharded_flat`` is a separate tensor object over the same storage, so the
+all-gather writing ``all_gather_output`` never bumps the version counter that autograd
+checks on the views it saved for backward.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+class ShardedState(enum.Enum):
+    """Whether a flat parameter's unsharded storage exists and holds gathered data."""
+
+    SHARDED = enum.auto()
+    """Only ``sharded_flat`` exists; ``all_gather_output`` has no storage."""
+    UNSHARDING = enum.auto()
+    """An all-gather into ``all_gather_output`` was issued and not yet waited on."""
+    UNSHARDED = enum.auto()
+    """``all_gather_output`` holds the full parameters; the views may be used."""
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """Where one original parameter lives: on which module, under which name, and at
+    which offset of the flat parameter."""
+
+    fqn: str  # name relative to the wrapped module, e.g. "layers.0.weight"
+    module: nn.Module
+    name: str
+    shape: torch.Size
+    numel: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class SharedParamInfo:
+    """A second (third, ...) reference to an already-flattened parameter (tied weights)."""
+
+    fqn: str
+    module: nn.Module
+    name: str
+    primary: int  # index into FlatParamHandle.infos
+
+
+def _storage_nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def free_storage(t: torch.Tensor) -> None:
+    """Release ``t``'s memory but keep the tensor (and its aliases) usable after ``alloc_storage``."""
+    if _storage_nbytes(t) != 0:
+        t.untyped_storage().resize_(0)
+
+
+def alloc_storage(t: torch.Tensor) -> None:
+    nbytes = t.numel() * t.element_size()
+    if _storage_nbytes(t) != nbytes:
+        t.untyped_storage().resize_(nbytes)
+
+
+class FlatParamHandle:
+    """One unit's flat parameter: the shard this rank owns and the unsharded buffer.
+
+    ``params`` are ``(fqn, module, attribute name, parameter)`` in flattening order;
+    a parameter object that appears twice (tied weights) is flattened once and aliased.
+    Communication is not done here (see unit.py); this class only owns the tensors and
+    the views.
+    """
+
+    def __init__(
+        self,
+        params: list[tuple[str, nn.Module, str, nn.Parameter]],
+        shard_rank: int,
+        shard_world: int,
+        compute_dtype: torch.dtype | None,
+        keep_unsharded_alias: bool,
+    ):
+        """``keep_unsharded_alias``: NO_SHARD without a cast, where the unsharded
+        parameters are the sharded ones and are never freed."""
+        self.infos: list[ParamInfo] = []
+        self.shared: list[SharedParamInfo] = []
+        seen: dict[int, int] = {}  # id(parameter) -> index into self.infos
+        unique: list[nn.Parameter] = []
+        offset = 0
+        for fqn, module, name, param in params:
+            if id(param) in seen:
+                self.shared.append(SharedParamInfo(fqn, module, name, seen[id(param)]))
+                continue
+            seen[id(param)] = len(self.infos)
+            unique.append(param)
+            self.infos.append(ParamInfo(fqn, module, name, param.shape, param.numel(), offset))
+            offset += param.numel()
+        requires_grad = {p.requires_grad for p in unique}
+        if len(requires_grad) > 1:
+            names = [f"{i.fqn}(requires_grad={p.requires_grad})" for i, p in zip(self.infos, unique)]
+            raise ValueError(
+                "FlatParameter requires uniform requires_grad within one FSDP unit; wrap frozen and "
+                f"trainable parameters in different units. Got: {', '.join(names)}"
+            )
+        dtypes = {p.dtype for p in unique}
+        if len(dtypes) > 1:
+            raise ValueError(f"FlatParameter requires uniform dtype within one FSDP unit, got {sorted(map(str, dtypes))}")
+        self.requires_grad = requires_grad.pop()
+        self.dtype = dtypes.pop()
+        self.device = unique[0].device
+        self.numel = offset
+        self.shard_rank = shard_rank
+        self.shard_world = shard_world
+        self.shard_numel = math.ceil(self.numel / shard_world)  # per-rank numel, padding included
+        self.padded_numel = self.shard_numel * shard_world
+        self.compute_dtype = compute_dtype or self.dtype
+        # Split sizes for the views: every original parameter, then the right padding.
+        self._split_sizes = [i.numel for i in self.infos] + [self.padded_numel - self.numel]
+
+        with torch.no_grad():
+            full = torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
+            for info, param in zip(self.infos, unique):
+                full[info.offset : info.offset + info.numel].copy_(param.reshape(-1))
+            start = shard_rank * self.shard_numel
+            shard = full if shard_world == 1 else full[start : start + self.shard_numel].clone()
+        del full
+        # The optimizer's parameter: this rank's shard, in the original dtype.
+        self.sharded_flat = nn.Parameter(shard, requires_grad=self.requires_grad)
+
+        # All-gather destination; its storage exists only while unsharded. When the
+        # unsharded parameters are the shard itself (NO_SHARD, no cast) it aliases the shard.
+        self.keeps_unsharded = keep_unsharded_alias
+        if keep_unsharded_alias:
+            self.all_gather_output = self.sharded_flat.detach()
+        else:
+            self.all_gather_output = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=self.device)
+            free_storage(self.all_gather_output)
+        # The autograd leaf the views hang from (see the module docstring for why it is a
+        # separate tensor object).
+        self.unsharded_flat = (
+            torch.empty(0, dtype=self.compute_dtype, device=self.device)
+            .set_(self.all_gather_output.untyped_storage(), 0, (self.padded_numel,))
+            .requires_grad_(self.requires_grad)
+        )
+        self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
+
+        # The original parameters leave the module; the views replace them while unsharded.
+        for info in self.infos:
+            del info.module._parameters[info.name]
+        for s in self.shared:
+            del s.module._parameters[s.name]
+
+    # -- storage -------------------------------------------------------------------
+
+    def alloc_unsharded(self) -> torch.Tensor:
+        """Give ``all_gather_output`` its storage back; returns it for the all-gather to fill."""
+        alloc_storage(self.all_gather_output)
+        return self.all_gather_output
+
+    def free_unsharded(self) -> None:
+        if not self.keeps_unsharded:
+            free_storage(self.all_gather_output)
+
+    @property
+    def unsharded_allocated(self) -> bool:
+        return _storage_nbytes(self.all_gather_output) != 0
+
+    # -- views ---------------------------------------------------------------------
+
+    def use_unsharded_views(self) -> None:
+        """Point the module attributes at views of ``unsharded_flat`` (differentiable when
+        grad mode is on, so that the gradients of all parameters land in one flat .grad)."""
+        self._set_views(torch.split(self.unsharded_flat, self._split_sizes))
+
+    def use_views_of(self, full: torch.Tensor) -> None:
+        """Point the module attributes at views of ``full`` (1-D, at least ``numel``),
+        e.g. a full-precision copy for ``summon_full_params``."""
+        self._set_views(torch.split(full[: self.padded_numel], self._split_sizes))
+
+    def _set_views(self, pieces) -> None:
+        views = [piece.view(info.shape) for piece, info in zip(pieces, self.infos)]
+        for view, info in zip(views, self.infos):
+            info.module.__dict__[info.name] = view
+        for s in self.shared:
+            s.module.__dict__[s.name] = views[s.primary]
+
+    def views_snapshot(self) -> list:
+        """The current attribute values, to put back with ``restore_views``."""
+        return [i.module.__dict__.get(i.name) for i in self.infos] + [s.module.__dict__.get(s.name) for s in self.shared]
+
+    def restore_views(self, snapshot: list) -> None:
+        for ref, value in zip([*self.infos, *self.shared], snapshot):
+            if value is None:
+                ref.module.__dict__.pop(ref.name, None)
+            else:
+                ref.module.__dict__[ref.name] = value
+
+    def param_fqns(self) -> list[str]:
+        return [i.fqn for i in self.infos]
+
+    def shard_slice(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of a padded, unsharded flat tensor."""
+        start = self.shard_rank * self.shard_numel
+        return full[start : start + self.shard_numel]

@@ -1,0 +1,57 @@
+"""Process groups for the sharding strategies: one group, or HYBRID_SHARD's pair."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+# Groups built automatically for HYBRID_SHARD, by (world size, shard size, default group). new_group is
+# a collective over the whole world, so building them once per process also keeps every
+# rank's calls in step when many FSDP instances are created (tests build dozens).
+_hybrid_cache: dict[tuple, tuple] = {}
+
+
+def default_shard_size(world_size: int) -> int:
+    """HYBRID_SHARD's shard group size when no groups are given: the ranks of one node
+    (``LOCAL_WORLD_SIZE``, as torchrun sets it) when that leaves at least two replicas,
+    else the largest divisor of the world size that is at most half of it (4 -> 2x2,
+    8 -> 4x2, 2 -> 1x2)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if 0 < local < world_size and world_size % local == 0:
+        return local
+    for d in range(world_size // 2, 0, -1):
+        if world_size % d == 0:
+            return d
+    return 1
+
+
+def hybrid_groups(process_group) -> tuple:
+    """(shard_group, replicate_group) from a given pair, or built over the default group."""
+    if process_group is not None:
+        if not (isinstance(process_group, tuple) and len(process_group) == 2):
+            raise ValueError(
+                "HYBRID_SHARD expects process_group to be None or a (shard_group, replicate_group) tuple, "
+                f"got {type(process_group).__name__}"
+            )
+        shard, replicate = process_group
+        if dist.get_world_size(shard) * dist.get_world_size(replicate) != dist.get_world_size():
+            raise ValueError(
+                "HYBRID_SHARD: shard group size x replicate group size must equal the world size, got "
+                f"{dist.get_world_size(shard)} x {dist.get_world_size(replicate)} != {dist.get_world_size()}"
+            )
+        return shard, replicate
+    world, rank = dist.get_world_size(), dist.get_rank()
+    size = default_shard_size(world)
+    key = (world, size, id(dist.distributed_c10d._get_default_group()))
+    if key not in _hybrid_cache:
+        shard_groups = [dist.new_group(list(range(r * size, (r + 1) * size))) for r in range(world // size)]
+        replicate_groups = [dist.new_group(list(range(i, world, size))) for i in range(size)]
+        _hybrid_cache[key] = (shard_groups, replicate_groups, size)
+    shard_groups, replicate_groups, size = _hybrid_cache[key]
+    return shard_groups[rank // size], replicate_groups[rank % size]
+
+
+def forget_cached_groups() -> None:
+    """Drop the cached HYBRID_SHARD groups (call before destroying the default group)."""
+    _hybrid_cache.clear()

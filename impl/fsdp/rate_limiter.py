@@ -1,0 +1,126 @@
+"""``limit_all_gathers``: a bound on the unsharded units in flight.
+
+[Note: rate limiter]
+PyTorch 1.13 records a CUDA event at every free of a unit's unsharded parameters and,
+before issuing an all-gather, blocks the CPU on the oldest recorded event once two are
+queued. The CPU thread, which otherwise runs far ahead of the GPU, can then be at most
+two frees ahead of it, so the caching allocator holds about two units' unsharded
+parameters at a time instead of every unit the CPU has already issued gathers for.
+
+On a CPU compute device there is no device queue for the main thread to run ahead of:
+a free happens when the main thread reaches it. What does run ahead is a *prefetch*
+(forward prefetch, BACKWARD_PRE/BACKWARD_POST), whose all-gather allocates the next
+unit's unsharded buffer while the current unit still holds its own. So this limiter
+counts what the bound is about, directly:
+
+* a *ticket* is taken when an all-gather is issued for a unit that the schedule will
+  free again (FULL_SHARD/HYBRID_SHARD units other than the root in forward; every
+  sharded unit in backward) and returned when that unit frees. Units the strategy
+  deliberately keeps unsharded (the root through forward, SHARD_GRAD_OP from forward to
+  backward) hold no ticket: they are held, not in flight, and a memory budget counts
+  them separately;
+* before issuing an all-gather, if ``depth`` tickets are out, the new all-gather waits
+  for the oldest free. A prefetch waits without blocking: it is queued here and issued
+  by the very reshard that returns the oldest ticket (the moment PyTorch's CPU thread
+  would return from its event wait). A unit that needs its parameters *now* cannot wait
+  for a free that only this thread can perform later, so it is issued at once and
+  counted as an overrun (this happens with nesting deeper than ``depth`` or with units
+  that stay unsharded until the end of backward, e.g. frozen ones);
+* the cost is recorded as a stall: when a unit later blocks on an all-gather that the
+  limiter held back, that wait runs under ``impl::rate_limiter_wait`` and its time is
+  ``stall_s``. Without the limiter that gather would have been in flight earlier.
+
+With the 1-ahead prefetch of PyTorch 1.13, at most two units are in flight at once
+(the current one and the prefetched one), so the default depth 2 rarely binds; depth 1
+turns every prefetch into "issue right after the current unit frees", which is the
+configuration to study. ``max_in_flight`` is counted whether or not the limit is on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Protocol
+
+
+class _Gatherable(Protocol):
+    def issue_deferred_all_gather(self) -> None: ...
+
+
+class RateLimiter:
+    """Shared by every unit under one root. See [Note: rate limiter]."""
+
+    def __init__(self, enabled: bool, depth: int):
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+            raise ValueError(f"limiter_depth must be an int >= 1, got {depth!r}")
+        self.enabled = enabled
+        self.depth = depth
+        # Units holding a ticket, oldest first: the frees the next all-gather may wait for.
+        self._in_flight: deque = deque()
+        # Prefetches held back until a ticket is returned, in request order.
+        self._deferred: deque = deque()
+        # Metrics since the last take_metrics() (read by the harness through the engine).
+        self.max_in_flight = 0
+        self.stalls = 0  # all-gathers held back
+        self.stall_s = 0.0  # time blocked on all-gathers that were held back
+        self.overruns = 0  # required all-gathers issued beyond depth
+        self.all_gathers = 0
+
+    # -- issue ---------------------------------------------------------------------
+
+    def admit(self, unit, prefetch: bool, ticketed: bool) -> bool:
+        """May ``unit`` issue its all-gather now? False means it was queued (prefetch only)."""
+        if ticketed and self.enabled and len(self._in_flight) >= self.depth:
+            if prefetch:
+                self._deferred.append(unit)
+                self.stalls += 1
+                return False
+            self.overruns += 1
+        return True
+
+    def is_deferred(self, unit) -> bool:
+        return unit in self._deferred
+
+    def cancel(self, unit) -> None:
+        """``unit`` needs its parameters now: it leaves the queue and issues itself."""
+        self._deferred.remove(unit)
+
+    def on_issue(self, unit, ticketed: bool) -> None:
+        self.all_gathers += 1
+        if ticketed:
+            self._in_flight.append(unit)
+            self.max_in_flight = max(self.max_in_flight, len(self._in_flight))
+
+    # -- free ----------------------------------------------------------------------
+
+    def on_free(self, unit) -> None:
+        """``unit`` freed its unsharded parameters: return its ticket, release queued prefetches."""
+        try:
+            self._in_flight.remove(unit)
+        except ValueError:
+            pass  # it held no ticket
+        while self._deferred and len(self._in_flight) < self.depth:
+            self._deferred.popleft().issue_deferred_all_gather()
+
+    def record_stall(self, seconds: float) -> None:
+        self.stall_s += seconds
+
+    def end_of_backward(self) -> None:
+        """Prefetches still queued are dropped: their units were not needed this iteration."""
+        self._deferred.clear()
+
+    def take_metrics(self) -> dict[str, float]:
+        out = {
+            "limiter_stall_s": self.stall_s,
+            "limiter_stalls": float(self.stalls),
+            "limiter_overruns": float(self.overruns),
+            "max_inflight_all_gathers": float(self.max_in_flight),
+            "all_gathers": float(self.all_gathers),
+        }
+        self.stall_s, self.stalls, self.overruns, self.all_gathers = 0.0, 0, 0, 0
+        self.max_in_flight = len(self._in_flight)
+        return out
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,165 @@
+"""One communication unit: a flat parameter and the collectives that move it.
+
+``unshard`` starts the all-gather (or queues it behind the rate limiter),
+``wait_for_unshard`` makes the gathered parameters usable, ``reshard`` frees them, and
+``reduce_grad`` starts averaging the unit's gradient. Which of these runs when is the
+business of the hooks (runtime.py); this class only knows how.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.profiler import record_function
+
+from impl.fsdp import collectives
+from impl.fsdp.api import MixedPrecision, ShardingStrategy
+from impl.fsdp.flat_param import FlatParamHandle, ShardedState
+from impl.fsdp.rate_limiter import RateLimiter, now
+
+_SHARDED = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.HYBRID_SHARD)
+
+
+class FlatParamUnit:
+    """The flat parameter of one FSDP instance and its communication."""
+
+    def __init__(
+        self,
+        handle: FlatParamHandle,
+        strategy: ShardingStrategy,
+        shard_group,
+        replicate_group,
+        world_size: int,
+        mixed_precision: MixedPrecision | None,
+        index: int,
+    ):
+        self.handle = handle
+        self.strategy = strategy
+        self.shard_group = shard_group  # all-gathers and reduce-scatters run here
+        self.replicate_group = replicate_group  # HYBRID_SHARD's cross-replica all-reduce, else None
+        # Ranks in shard_group: equals handle.shard_world when sharded; NO_SHARD keeps the
+        # whole flat parameter (shard_world 1) and all-reduces over the group.
+        self.group_size = torch.distributed.get_world_size(shard_group)
+        self.world_size = world_size  # ranks the gradient is averaged over (shard x replicate)
+        self.mp = mixed_precision
+        self.index = index  # construction order; identical on every rank, used by the order check
+        # Set at lazy init to the root's limiter, shared by every unit under it.
+        self.limiter: RateLimiter | None = None
+        # The all-gather in flight, while UNSHARDING.
+        self._all_gather: collectives.comm.Handle | None = None
+        # Its input (a low-precision copy of the shard under mixed precision): must stay
+        # alive until the gather completes.
+        self._all_gather_input: torch.Tensor | None = None
+        # Whether the gather in flight holds a limiter ticket, and whether the limiter held
+        # it back (then waiting for it counts as a limiter stall).
+        self._ticketed = False
+        self._was_deferred = False
+        self._reduce_dtype = (mixed_precision.effective_reduce_dtype if mixed_precision else None) or handle.dtype
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in _SHARDED
+
+    @property
+    def state(self) -> ShardedState:
+        return self.handle.sharded_state
+
+    # -- unshard -------------------------------------------------------------------
+
+    def unshard(self, prefetch: bool = False, ticketed: bool = True) -> None:
+        """Start making the unsharded parameters available. Returns before they are."""
+        h = self.handle
+        if h.sharded_state is not ShardedState.SHARDED:
+            return
+        if not self.sharded:  # NO_SHARD under mixed precision: a local cast, no collective
+            h.alloc_unsharded().copy_(h.sharded_flat.detach())
+            h.sharded_state = ShardedState.UNSHARDED
+            return
+        limiter = self.limiter
+        if limiter.is_deferred(self):
+            if prefetch:
+                return
+            limiter.cancel(self)
+        elif not limiter.admit(self, prefetch, ticketed):
+            self._ticketed, self._was_deferred = ticketed, True
+            return
+        else:
+            self._ticketed, self._was_deferred = ticketed, False
+        self._issue_all_gather()
+
+    def issue_deferred_all_gather(self) -> None:
+        """Called by the limiter when a ticket frees up for this queued prefetch."""
+        self._issue_all_gather()
+
+    def _issue_all_gather(self) -> None:
+        h = self.handle
+        output = h.alloc_unsharded()
+        shard = h.sharded_flat.detach()
+        self._all_gather_input = shard if shard.dtype == output.dtype else shard.to(output.dtype)
+        self._all_gather = collectives.all_gather_flat(output, self._all_gather_input, self.shard_group, h.shard_world)
+        h.sharded_state = ShardedState.UNSHARDING
+        self.limiter.on_issue(self, self._ticketed)
+
+    def wait_for_unshard(self) -> None:
+        """Block until the unsharded parameters hold the gathered data."""
+        h = self.handle
+        if h.sharded_state is ShardedState.SHARDED:
+            self.unshard(prefetch=False)
+        if h.sharded_state is ShardedState.UNSHARDING:
+            if self._was_deferred:
+                with record_function("impl::rate_limiter_wait"):
+                    start = now()
+                    self._wait_all_gather()
+                    self.limiter.record_stall(now() - start)
+            else:
+                self._wait_all_gather()
+
+    def _wait_all_gather(self) -> None:
+        if self._all_gather is not None:
+            self._all_gather.wait()
+        self._all_gather = None
+        self._all_gather_input = None
+        self.handle.sharded_state = ShardedState.UNSHARDED
+
+    # -- reshard -------------------------------------------------------------------
+
+    def reshard(self, free: bool) -> None:
+        """Free the unsharded parameters if ``free`` (and the strategy ever frees them)."""
+        h = self.handle
+        if not free or h.keeps_unsharded or h.sharded_state is ShardedState.SHARDED:
+            if self.limiter is not None and self.limiter.is_deferred(self) and free:
+                self.limiter.cancel(self)
+            return
+        if h.sharded_state is ShardedState.UNSHARDING:  # prefetched but unused: let the write land
+            self._wait_all_gather()
+        h.free_unsharded()
+        h.sharded_state = ShardedState.SHARDED
+        if self.sharded:
+            self.limiter.on_free(self)
+
+    # -- gradients -----------------------------------------------------------------
+
+    def reduce_grad(self, unsharded_grad: torch.Tensor) -> collectives.PendingReduction:
+        """Start averaging this rank's unsharded gradient (1-D, padded) across ranks."""
+        return collectives.reduce_gradient(
+            unsharded_grad,
+            sharded=self.sharded,
+            shard_group=self.shard_group,
+            shard_size=self.group_size,
+            replicate_group=self.replicate_group,
+            reduce_dtype=self._reduce_dtype,
+            world_size=self.world_size,
+        )
+
+    def accumulate_sharded_grad(self, reduced: torch.Tensor) -> None:
+        """Store a reduced gradient shard as ``sharded_flat.grad`` (adding to an existing one)."""
+        param = self.handle.sharded_flat
+        if self.mp is not None and self.mp.keep_low_precision_grads and self.mp.param_dtype is not None:
+            reduced = reduced.to(self.mp.param_dtype)
+        if reduced.dtype != param.dtype:
+            reduced = reduced.to(param.dtype)
+        if reduced.device != param.device:  # CPU offload on an accelerator
+            reduced = reduced.to(param.device, non_blocking=True)
+        if param.grad is None:
+            param.grad = reduced
+        else:
+            param.grad += reduced

@@ -1,0 +1,130 @@
+"""Utilities over a whole FSDP tree: gradient clipping and summoning the full parameters."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from impl import comm
+from impl.fsdp.api import ShardingStrategy, TrainingState
+from impl.fsdp.runtime import _check_state
+
+
+def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Scale all gradients so that their global norm is at most ``max_norm``; return the
+    global norm (PyTorch 1.13 returns None despite its docstring; we return it, as
+    fairscale and later PyTorch do).
+
+    Sharded gradients are disjoint across the shard group, so their ``norm**p`` is
+    summed over it; NO_SHARD gradients and parameters outside any unit (ignored modules)
+    are identical on every rank and counted once.
+    """
+    if root._root_state is None:
+        root._lazy_init()
+    if not root._is_root:
+        raise RuntimeError("clip_grad_norm_ should only be called on the root FSDP instance")
+    _check_state(root, TrainingState.IDLE)
+    p = float(norm_type)
+    sharded, replicated, groups = [], [], set()
+    for inst in root.fsdp_instances():
+        unit = inst._unit
+        if unit is None or unit.handle.sharded_flat.grad is None:
+            continue
+        if unit.sharded and unit.handle.shard_world > 1:
+            sharded.append(unit.handle.sharded_flat.grad)
+            groups.add(unit.shard_group)
+        else:
+            replicated.append(unit.handle.sharded_flat.grad)
+    flat_ids = {id(inst._unit.handle.sharded_flat) for inst in root.fsdp_instances() if inst._unit is not None}
+    others = [q.grad for q in root.parameters() if id(q) not in flat_ids and q.grad is not None]
+    replicated += others
+    if len(groups) > 1:
+        raise NotImplementedError("clip_grad_norm_ with units in different shard groups is not supported")
+    device = root.compute_device
+
+    def local(grads):
+        if not grads:
+            return torch.zeros((), device=device)
+        if math.isinf(p):
+            return torch.stack([g.detach().abs().max().float() for g in grads]).max()
+        norms = torch.stack([torch.linalg.vector_norm(g.detach(), p, dtype=torch.float32) for g in grads])
+        return (norms**p).sum()
+
+    sharded_part = local(sharded)
+    if groups:
+        op = dist.ReduceOp.MAX if math.isinf(p) else dist.ReduceOp.SUM
+        comm.all_reduce(sharded_part, op=op, group=next(iter(groups)), async_op=False)
+    replicated_part = local(replicated)
+    if math.isinf(p):
+        total = torch.maximum(sharded_part, replicated_part)
+    else:
+        total = (sharded_part + replicated_part) ** (1.0 / p)
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for g in sharded + replicated:
+            g.detach().mul_(coef.to(g.dtype))
+    return total
+
+
+@contextlib.contextmanager
+def summon_full_params(
+    module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False, offload_to_cpu: bool = False
+):
+    """Make the full, full-precision parameters of every FSDP instance in ``module``
+    (or only ``module`` itself if not ``recurse``) available as the original attributes.
+
+    On exit, with ``writeback``, each rank copies its own slice of any edits back into its
+    shard (NO_SHARD edits persist directly). Not allowed during forward or backward.
+    """
+    from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
+
+    if writeback and rank0_only:
+        raise ValueError("writeback=True and rank0_only=True is not supported, as model parameter shapes differ across ranks")
+    if offload_to_cpu and not rank0_only:
+        warnings.warn("offload_to_cpu=True without rank0_only=True keeps a full copy in CPU memory on every rank")
+    if recurse:
+        instances = [m for m in module.modules() if isinstance(m, FSDP)]
+    else:
+        instances = [module] if isinstance(module, FSDP) else []
+    is_rank0 = dist.get_rank() == 0
+    full_copies = []
+    for inst in instances:
+        _check_state(inst, TrainingState.IDLE)
+        inst.training_state = TrainingState.SUMMON_FULL_PARAMS
+    try:
+        for inst in instances:
+            unit = inst._unit
+            if unit is None:
+                full_copies.append(None)
+                continue
+            h = unit.handle
+            shard = h.sharded_flat.detach()
+            if unit.sharded and h.shard_world > 1:
+                full = torch.empty(h.padded_numel, dtype=shard.dtype, device=shard.device)
+                comm.all_gather(full, shard, group=unit.shard_group, async_op=False)
+            else:
+                full = shard  # NO_SHARD (or a one-rank shard group): the shard is the full parameter
+            if offload_to_cpu and full.device.type != "cpu":
+                full = full.cpu()
+            full_copies.append((full, h.views_snapshot()))
+            if rank0_only and not is_rank0:
+                continue
+            with torch.no_grad():
+                h.use_views_of(full)
+        yield
+    finally:
+        for inst, copy in zip(instances, full_copies):
+            unit = inst._unit
+            if unit is not None and copy is not None:
+                full, snapshot = copy
+                h = unit.handle
+                if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
+                    with torch.no_grad():
+                        h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
+                h.restore_views(snapshot)  # drop the references to the full copy
+            inst.training_state = TrainingState.IDLE
