@@ -70,10 +70,9 @@ def check_same_dense_type(params: list[torch.Tensor], owner: str) -> None:
 
 def check_optimizer_class(optimizer_class: type) -> None:
     """Functional optimizers (``torch.distributed.optim.functional_*``) only make sense
-    with ``overlap_with_ddp=True``, which this implementation does not provide."""
-    from torch.distributed.optim.utils import functional_optim_map
-
-    if optimizer_class in set(functional_optim_map.values()):
+    with ``overlap_with_ddp=True``, which this implementation does not provide.
+    Recognised by module, so that the (TorchScript) functional classes are never imported."""
+    if getattr(optimizer_class, "__module__", "").startswith("torch.distributed.optim.functional_"):
         raise ValueError(f"Passing in a functional optimizer {optimizer_class} when `overlap_with_ddp=False`")
 
 
