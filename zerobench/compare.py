@@ -312,10 +312,11 @@ def baseline_spread(run: RunTables, per_rank: bool = False) -> pd.Series:
     columns. A cell's spread is the median of its ranks' spreads.
     """
     if run.steps is not None and len(run.steps):
-        g = run.steps.groupby(["cell_id", "rank"])["step_time_s"]
-        med = g.median()
-        mad = g.apply(lambda s: (s - s.median()).abs().median())
-        rel = mad / med
+        keys = [run.steps["cell_id"], run.steps["rank"]]
+        times = pd.to_numeric(run.steps["step_time_s"], errors="coerce")
+        g = times.groupby(keys)
+        deviation = (times - g.transform("median")).abs()
+        rel = deviation.groupby(keys).median() / g.median()
     elif {"step_time_mad_s", "step_time_median_s"} <= set(run.results.columns):
         r = run.results.set_index(["cell_id", "rank"])
         rel = pd.to_numeric(r["step_time_mad_s"], errors="coerce") / pd.to_numeric(r["step_time_median_s"], errors="coerce")
@@ -346,25 +347,28 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
     explicit: dict[str, Rule] = {}
     for rule in rules:  # later rules win
         explicit.update({m: rule for m in rule.metrics})
-    base, cur = cell_table(baseline, per_rank), cell_table(new, per_rank)
-    spread = baseline_spread(baseline, per_rank)
+    # plain dicts: per-value DataFrame.loc is the slow part on a large matrix
+    base = cell_table(baseline, per_rank).to_dict("index")
+    cur = cell_table(new, per_rank).to_dict("index")
+    spread = baseline_spread(baseline, per_rank).to_dict()
     metrics = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns]))
+    nan = float("nan")
     rows: list[dict] = []
-    for key in sorted(set(base.index) | set(cur.index), key=str):
+    for key in sorted(set(base) | set(cur), key=str):
         cell_id, rank = (key if per_rank else (key, pd.NA))
         ident = {"cell_id": cell_id, "rank": rank}
-        row = _status_row(base.loc[key] if key in base.index else None, cur.loc[key] if key in cur.index else None)
+        b_cell, n_cell = base.get(key), cur.get(key)
+        row = _status_row(b_cell, n_cell)
         rows.append({**ident, "metric": CELL_ROW, "kind": "status", "gated": True, **row})
-        if row["verdict"] in ("missing", "new") or base.loc[key, "status"] != "ok" or cur.loc[key, "status"] != "ok":
+        if row["verdict"] in ("missing", "new") or b_cell["status"] != "ok" or n_cell["status"] != "ok":
             continue
         for name in metrics:
-            b = base.loc[key, name] if name in base.columns else float("nan")
-            n = cur.loc[key, name] if name in cur.columns else float("nan")
-            if pd.isna(b) and pd.isna(n):
+            b, n = float(b_cell.get(name, nan)), float(n_cell.get(name, nan))
+            if math.isnan(b) and math.isnan(n):
                 continue  # not measured in either run (cuda_* on CPU, tokens for non-GPT models)
             rule = explicit.get(name) or default_rule(name)
-            rel_spread = spread.get(key, float("nan")) if is_timelike(name) else float("nan")
-            rows.append({**ident, "metric": name, **_judge(name, float(b), float(n), rule, rel_spread, name in explicit),
+            rel_spread = spread.get(key, nan) if is_timelike(name) else nan
+            rows.append({**ident, "metric": name, **_judge(name, b, n, rule, rel_spread, name in explicit),
                          "gated": _is_gated(name, name in explicit, gate)})
     cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
             "limit_pct", "spread", "rule", "gated", "verdict", "note"]
@@ -376,7 +380,7 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
     return out
 
 
-def _status_row(b: pd.Series | None, n: pd.Series | None) -> dict:
+def _status_row(b: dict | None, n: dict | None) -> dict:
     """Verdict on a cell's presence and status in the two runs."""
     if b is None:
         return {"verdict": "new", "note": f"only in the new run (status {n['status']})"}
