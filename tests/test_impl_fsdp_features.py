@@ -1,0 +1,371 @@
+"""impl.fsdp beyond parity: the rate limiter, what each strategy keeps unsharded, the
+first-iteration order check, no_sync, clip_grad_norm_, summon_full_params, frozen and
+ignored modules, and the errors the seeds document (seed-behaviours §2)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_impl_fsdp_common import (  # noqa: E402
+    TOL,
+    MLP,
+    batches,
+    get_by_name,
+    loss_fn,
+    make_model,
+    make_optimizer,
+    max_param_diff,
+    rank_slice,
+    reference_train,
+    train,
+    unit_policy,
+    warm_up_imports,
+)
+from zerobench.testing import run_ranks  # noqa: E402
+
+from impl import comm  # noqa: E402
+from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy  # noqa: E402
+from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+
+warm_up_imports()
+
+FULL, GRAD_OP, NO_SHARD, HYBRID = (
+    ShardingStrategy.FULL_SHARD,
+    ShardingStrategy.SHARD_GRAD_OP,
+    ShardingStrategy.NO_SHARD,
+    ShardingStrategy.HYBRID_SHARD,
+)
+
+
+def wrapped_mlp(**kwargs):
+    raw = make_model("mlp")
+    return FSDP(raw, auto_wrap_policy=unit_policy(raw), **kwargs)
+
+
+def states(model):
+    return [inst._unit.state for inst in model.fsdp_instances() if inst._unit is not None]
+
+
+# -- the rate limiter and the strategies' unsharded lifetimes -----------------------------
+
+
+def limiter_body(rank, world_size):
+    out = {}
+    prefetch = dict(sharding_strategy=FULL, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)
+    # A slow emulated interconnect, so that waiting on a held-back all-gather takes time.
+    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=0.05, latency_us=1000))
+    try:
+        for label, kwargs in {
+            "off": dict(limit_all_gathers=False),
+            "depth1": dict(limit_all_gathers=True, limiter_depth=1),
+            "depth2": dict(limit_all_gathers=True, limiter_depth=2),
+        }.items():
+            model = wrapped_mlp(**prefetch, **kwargs)
+            train(model, "mlp", rank, world_size, steps=3)
+            out[label] = model.limiter_metrics()
+    finally:
+        comm.set_emulation(None)
+
+    # What stays unsharded between forward and backward, and after backward.
+    for strategy in (FULL, GRAD_OP, NO_SHARD):
+        model = wrapped_mlp(sharding_strategy=strategy)
+        x, y = batches("mlp", 1)[0]
+        model.limiter_metrics()
+        loss = loss_fn("mlp", model(rank_slice(x, rank, world_size)), rank_slice(y, rank, world_size))
+        after_forward = states(model)
+        loss.backward()
+        out[strategy.name] = (after_forward, states(model), model.limiter_metrics()["all_gathers"])
+    return out
+
+
+def test_limiter_bounds_units_in_flight_and_strategies_keep_what_they_should():
+    out = run_ranks(limiter_body, 2)[0]
+    # Without a limit, a prefetch puts a second unit in flight beside the current one.
+    assert out["off"]["max_inflight_all_gathers"] == 2
+    assert out["off"]["limiter_stalls"] == 0
+    # Depth 1: never more than one; the prefetches were held back, and waiting for them
+    # (on a slow emulated interconnect) was recorded as stall time.
+    assert out["depth1"]["max_inflight_all_gathers"] <= 1
+    assert out["depth1"]["limiter_stalls"] > 0
+    assert out["depth1"]["limiter_stall_s"] > 0
+    assert out["depth1"]["limiter_overruns"] == 0
+    # Depth 2 (PyTorch's) does not bind with one-ahead prefetch.
+    assert out["depth2"]["max_inflight_all_gathers"] <= 2
+    assert out["depth2"]["limiter_stalls"] == 0
+    # Every configuration gathered the same number of times: held back is not skipped.
+    assert out["off"]["all_gathers"] == out["depth1"]["all_gathers"] == out["depth2"]["all_gathers"]
+
+    unsharded, sharded = ShardedState.UNSHARDED, ShardedState.SHARDED
+    # FULL_SHARD: the root (first) stays unsharded after forward, the four blocks are freed;
+    # everything is freed after backward. 1 + 2 x 4 all-gathers.
+    after_forward, after_backward, gathers = out["FULL_SHARD"]
+    assert after_forward == [unsharded] + [sharded] * 4
+    assert after_backward == [sharded] * 5 and gathers == 9
+    # SHARD_GRAD_OP keeps every unit unsharded from forward to backward: 5 all-gathers.
+    after_forward, after_backward, gathers = out["SHARD_GRAD_OP"]
+    assert after_forward == [unsharded] * 5
+    assert after_backward == [sharded] * 5 and gathers == 5
+    # NO_SHARD never shards and never all-gathers.
+    after_forward, after_backward, gathers = out["NO_SHARD"]
+    assert after_forward == after_backward == [unsharded] * 5 and gathers == 0
+
+
+# -- the first-iteration order check ------------------------------------------------------
+
+
+class RankDependentOrder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        first, second = (self.a, self.b) if dist.get_rank() == 0 else (self.b, self.a)
+        return second(first(x))
+
+
+def order_body(rank, world_size):
+    torch.manual_seed(0)
+    raw = RankDependentOrder()
+    model = FSDP(raw, auto_wrap_policy=lambda module, recurse, unwrapped_params: recurse or isinstance(module, nn.Linear))
+    with pytest.raises(RuntimeError, match="Forward order differs across ranks") as info:
+        model(torch.randn(2, 4))
+    return str(info.value)
+
+
+def test_first_iteration_order_check_raises_on_every_rank():
+    messages = run_ranks(order_body, 2)
+    assert all("rank 0 is all-gathering the unit with index" in m for m in messages)
+
+
+# -- no_sync, clip_grad_norm_, summon_full_params ----------------------------------------
+
+
+def no_sync_body(rank, world_size):
+    failures = []
+    steps = 2
+    micro = batches("mlp", 2 * steps, seed=5)
+    # Reference: each step's gradient is the sum of two global micro-batches' gradients.
+    ref = make_model("mlp")
+    ref_opt = make_optimizer(ref.parameters())
+    for s in range(steps):
+        for x, y in micro[2 * s : 2 * s + 2]:
+            loss_fn("mlp", ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    ref_params = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    for strategy in (FULL, GRAD_OP, NO_SHARD, HYBRID):
+        model = wrapped_mlp(sharding_strategy=strategy, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+        opt = make_optimizer(model.parameters())
+        for s in range(steps):
+            (x1, y1), (x2, y2) = micro[2 * s : 2 * s + 2]
+            with model.no_sync():
+                loss_fn("mlp", model(rank_slice(x1, rank, world_size)), rank_slice(y1, rank, world_size)).backward()
+            assert all(p.grad is None for p in model.parameters()), "no_sync must not reduce"
+            loss_fn("mlp", model(rank_slice(x2, rank, world_size)), rank_slice(y2, rank, world_size)).backward()
+            opt.step()
+            opt.zero_grad()
+        diff = max_param_diff(model, ref_params)
+        if diff > TOL:
+            failures.append(f"no_sync {strategy.name}: param diff {diff:.3g}")
+    return failures
+
+
+def test_no_sync_accumulation_equals_the_big_batch():
+    failures = run_ranks(no_sync_body, 2)[0]
+    assert not failures, "\n".join(failures)
+
+
+def clip_body(rank, world_size):
+    failures = []
+    for strategy in (FULL, NO_SHARD, HYBRID):
+        for norm_type in (2.0, math.inf):
+            ref = make_model("mlp")
+            ref_opt = make_optimizer(ref.parameters())
+            model = wrapped_mlp(sharding_strategy=strategy)
+            opt = make_optimizer(model.parameters())
+            for x, y in batches("mlp", 2):
+                loss_fn("mlp", ref(x), y).backward()
+                ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05, norm_type)
+                ref_opt.step()
+                ref_opt.zero_grad()
+                loss_fn("mlp", model(rank_slice(x, rank, world_size)), rank_slice(y, rank, world_size)).backward()
+                norm = model.clip_grad_norm_(0.05, norm_type)
+                opt.step()
+                opt.zero_grad()
+                if abs(norm.item() - ref_norm.item()) > TOL:
+                    failures.append(f"clip {strategy.name} p={norm_type}: norm {norm.item()} vs {ref_norm.item()}")
+            diff = max_param_diff(model, {n: p.detach() for n, p in ref.named_parameters()})
+            if diff > TOL:
+                failures.append(f"clip {strategy.name} p={norm_type}: param diff {diff:.3g}")
+    return failures
+
+
+def test_clip_grad_norm_returns_the_single_process_total_norm():
+    failures = run_ranks(clip_body, 2)[0]
+    assert not failures, "\n".join(failures)
+
+
+def summon_body(rank, world_size):
+    out = {}
+    for strategy in (FULL, GRAD_OP, NO_SHARD):
+        model = wrapped_mlp(sharding_strategy=strategy)
+        train(model, "mlp", rank, world_size, steps=1)
+        with FSDP.summon_full_params(model):
+            w = get_by_name(model, "blocks.1.0.weight")
+            assert w.shape == (30, 30)
+            w.fill_(0.5)
+            get_by_name(model, "head.bias").fill_(-1.0)
+        with FSDP.summon_full_params(model, writeback=False):
+            assert torch.all(get_by_name(model, "blocks.1.0.weight") == 0.5)
+            assert torch.all(get_by_name(model, "head.bias") == -1.0)
+            get_by_name(model, "head.bias").fill_(7.0)  # not written back
+        with FSDP.summon_full_params(model, writeback=False):
+            assert torch.all(get_by_name(model, "head.bias") == -1.0) or strategy is NO_SHARD
+        with FSDP.summon_full_params(model, writeback=False, rank0_only=True, offload_to_cpu=True):
+            pass
+        with pytest.raises(ValueError, match="writeback=True and rank0_only=True is not supported"):
+            with FSDP.summon_full_params(model, writeback=True, rank0_only=True):
+                pass
+        train(model, "mlp", rank, world_size, steps=1)  # still trains afterwards
+        out[strategy.name] = True
+    return out
+
+
+def test_summon_full_params_writeback():
+    assert run_ranks(summon_body, 2)[0] == {"FULL_SHARD": True, "SHARD_GRAD_OP": True, "NO_SHARD": True}
+
+
+# -- frozen and ignored modules --------------------------------------------------------
+
+
+def frozen_ignored_body(rank, world_size):
+    failures = []
+    # Frozen: block 1 is its own unit with requires_grad=False.
+    ref = make_model("mlp")
+    ref.blocks[1].requires_grad_(False)
+    ref_opt = make_optimizer([p for p in ref.parameters() if p.requires_grad])
+    for x, y in batches("mlp"):
+        loss_fn("mlp", ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    ref_params = {n: p.detach() for n, p in ref.named_parameters()}
+    for strategy in (FULL, GRAD_OP, NO_SHARD):
+        raw = make_model("mlp")
+        raw.blocks[1].requires_grad_(False)
+        model = FSDP(raw, auto_wrap_policy=unit_policy(raw), sharding_strategy=strategy,
+                     backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True, limit_all_gathers=True)
+        train(model, "mlp", rank, world_size)
+        diff = max_param_diff(model, ref_params)
+        if diff > TOL:
+            failures.append(f"frozen {strategy.name}: param diff {diff:.3g}")
+        if states(model) != [ShardedState.SHARDED] * 5 and strategy is not NO_SHARD:
+            failures.append(f"frozen {strategy.name}: units left unsharded after backward: {states(model)}")
+
+    # Ignored: the head stays an ordinary parameter of every rank; the user averages it.
+    ref_losses, ref_params, _ = reference_train("mlp")
+    raw = make_model("mlp")
+    model = FSDP(raw, auto_wrap_policy=unit_policy(raw), ignored_modules=[raw.head])
+    assert isinstance(raw.head.weight, nn.Parameter) and raw.head.weight.shape == (5, 30)
+
+    def average_head(step):
+        for p in raw.head.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world_size
+
+    losses = train(model, "mlp", rank, world_size, between=average_head)
+    diff = max_param_diff(model, ref_params)
+    if diff > TOL or max(abs(a - b) for a, b in zip(losses, ref_losses)) > TOL:
+        failures.append(f"ignored head: param diff {diff:.3g}")
+    return failures
+
+
+def test_frozen_and_ignored_modules():
+    failures = run_ranks(frozen_ignored_body, 2)[0]
+    assert not failures, "\n".join(failures)
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+class SummonsInForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.root = None
+
+    def forward(self, x):
+        with FSDP.summon_full_params(self.root):
+            pass
+        return self.lin(x)
+
+
+def errors_body(rank, world_size):
+    with pytest.raises(TypeError, match="`ignored_modules` should be an iterable of `torch.nn.Module`s"):
+        FSDP(MLP(), ignored_modules=5)
+    with pytest.raises(TypeError, match="`ignored_modules` should be an iterable of `torch.nn.Module`s"):
+        FSDP(MLP(), ignored_modules=[5])
+    inner = FSDP(nn.Linear(3, 3))
+    with pytest.raises(ValueError, match="should not include FSDP modules"):
+        FSDP(nn.Sequential(inner, nn.Linear(3, 3)), ignored_modules=[inner])
+    with pytest.raises(ValueError, match="to NOT be FullyShardedDataParallel"):
+        FSDP(nn.Sequential(FSDP(nn.Linear(3, 3)), nn.Linear(3, 3)), auto_wrap_policy=unit_policy(MLP()))
+    mixed = nn.Linear(3, 3)
+    mixed.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="uniform requires_grad"):
+        FSDP(mixed)
+    with pytest.raises(ValueError, match="limiter_depth must be an int >= 1"):
+        FSDP(nn.Linear(3, 3), limit_all_gathers=True, limiter_depth=0)
+    with pytest.raises(ValueError, match="Expected param_init_fn to be a callable"):
+        FSDP(nn.Linear(3, 3, device="meta"), param_init_fn=5)
+    with pytest.raises(ValueError, match="only valid with HYBRID_SHARD"):
+        FSDP(nn.Linear(3, 3), process_group=(dist.group.WORLD, dist.group.WORLD))
+    with pytest.raises(ValueError, match="HYBRID_SHARD expects process_group"):
+        FSDP(nn.Linear(3, 3), sharding_strategy=HYBRID, process_group=dist.group.WORLD)
+    tied = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    tied[1].weight = tied[0].weight
+    with pytest.raises(ValueError, match="shared .tied. parameters must be wrapped in the same unit"):
+        FSDP(tied, auto_wrap_policy=lambda module, recurse, unwrapped_params: recurse or module is tied[0])
+
+    model = wrapped_mlp()
+    train(model, "mlp", rank, world_size, steps=1)  # the first forward decides which instance is the root
+    child = model.blocks[0]
+    with pytest.raises(RuntimeError, match="root"):
+        child.clip_grad_norm_(1.0)
+    with pytest.raises(RuntimeError, match="must be called on the root"):
+        with child.no_sync():
+            pass
+    inner = SummonsInForward()
+    root = FSDP(inner)
+    inner.root = root
+    with pytest.raises(ValueError, match="expected to be in states"):
+        root(torch.randn(2, 4))
+    return True
+
+
+def test_documented_errors():
+    assert run_ranks(errors_body, 2) == [True, True]
+
+
+def meta_body(rank, world_size):
+    torch.manual_seed(rank)  # different initial values per rank: sync_module_states must fix them
+    with torch.device("meta"):
+        raw = MLP()
+    model = FSDP(raw, auto_wrap_policy=unit_policy(raw), sync_module_states=True)
+    assert not any(p.is_meta for p in model.parameters())
+    with FSDP.summon_full_params(model, writeback=False):
+        w = get_by_name(model, "blocks.0.0.weight").clone()
+    everyone = [torch.empty_like(w) for _ in range(world_size)]
+    dist.all_gather(everyone, w)
+    return all(torch.equal(everyone[0], e) for e in everyone)
+
+
+def test_meta_init_and_sync_module_states():
+    assert run_ranks(meta_body, 2) == [True, True]
