@@ -64,7 +64,7 @@ def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
     groups = list(_groups(ok))
     colors = _engine_colors(ok["engine"])
     n_cells = max(f["cell_id"].nunique() for _, f in groups)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 1.2 + 0.45 * n_cells * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.2 + 0.45 * n_cells * len(groups)), squeeze=False)
     for ax, (title, frame) in zip(axes[:, 0], groups):
         cells = list(dict.fromkeys(frame["cell_id"]))
         for y, cell in enumerate(cells):
@@ -78,7 +78,7 @@ def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
         ref = _reference_value(frame, "step_time_median_s", "median")
         if ref is not None:
             ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
-            ax.legend(loc="lower right", fontsize=8)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         ax.set_yticks(range(len(cells)), cells, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
@@ -96,7 +96,7 @@ def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
         return None
     groups = list(_groups(ok))
     n_cells = max(f["cell_id"].nunique() for _, f in groups)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 1.4 + 0.45 * n_cells * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.4 + 0.45 * n_cells * len(groups)), squeeze=False)
     for ax, (title, frame) in zip(axes[:, 0], groups):
         cells = list(dict.fromkeys(frame["cell_id"]))
         for y, cell in enumerate(cells):
@@ -120,7 +120,7 @@ def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xlabel("peak live tensor memory (MiB), composition on the rank with the highest peak")
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(loc="lower right", fontsize=7, ncol=2)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,30 @@
+"""Atomic writes leave whole files or nothing; --resume skips finished cells."""
+
+import json
+import os
+
+import pytest
+
+from zerobench.files import write_atomic, write_json_atomic
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "out.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert os.listdir(tmp_path) == ["out.json"]  # no temporary file left behind
+
+
+def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+
+    def explode(f):
+        f.write("half of the new con")
+        raise KeyboardInterrupt  # as when a run is killed mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, explode)
+    assert path.read_text() == "old"
+    assert os.listdir(tmp_path) == ["out.txt"]

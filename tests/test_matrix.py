@@ -1,0 +1,55 @@
+"""Matrix expansion: engine-specific axes multiply only their engines, no duplicates."""
+
+import pytest
+
+from zerobench.matrix import expand
+from zerobench.workload import WorkloadError, parse_workload
+
+
+def cells(matrix):
+    return expand(parse_workload({"matrix": matrix}))
+
+
+def test_engine_axes_apply_only_to_their_engines():
+    out = cells({"engine": ["ddp", "torch-fsdp1", "torch-fsdp2"], "world_size": [2, 4], "dtype": ["fp32", "bf16"],
+                 "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"], "reshard_after_forward": [True, False]})
+    by_engine = {}
+    for c in out:
+        by_engine.setdefault(c.engine, []).append(c)
+    assert len(by_engine["ddp"]) == 2 * 2          # world sizes x dtypes, not x strategies
+    assert len(by_engine["torch-fsdp1"]) == 2 * 2 * 2
+    assert len(by_engine["torch-fsdp2"]) == 2 * 2 * 2
+    assert len({c.id for c in out}) == len(out)  # ids are unique
+    assert "sharding_strategy" not in dict(by_engine["ddp"][0].options)
+
+
+def test_ids_name_only_non_default_axes():
+    out = cells({"engine": ["torch-fsdp1"], "sharding_strategy": ["FULL_SHARD", "NO_SHARD"]})
+    assert [c.id for c in out] == ["torch-fsdp1-ws2-fp32", "torch-fsdp1-ws2-fp32-sharding_strategy=NO_SHARD"]
+
+
+def test_shared_axis_value_unsupported_by_one_engine_is_skipped_with_reason():
+    out = cells({"engine": ["torch-fsdp1", "torch-fsdp2"], "backward_prefetch": ["pre", "post"]})
+    skipped = [c for c in out if c.skip_reason]
+    assert [c.id for c in skipped] == ["torch-fsdp2-ws2-fp32-backward_prefetch=post"]
+    assert "backward_prefetch: 'post' is not allowed (allowed: 'pre')" in skipped[0].skip_reason
+
+
+def test_value_no_engine_allows_is_an_error():
+    with pytest.raises(WorkloadError, match=r"sharding_strategy: 'FULL' is not allowed \(allowed: 'FULL_SHARD'"):
+        cells({"engine": ["torch-fsdp1"], "sharding_strategy": ["FULL"]})
+
+
+def test_axis_of_no_engine_is_an_error():
+    with pytest.raises(WorkloadError, match=r"matrix.sharding_strategy: no engine of matrix.engine has this axis"):
+        cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"]})
+
+
+def test_unknown_engine_is_an_error():
+    with pytest.raises(WorkloadError, match=r"matrix.engine: 'deepspeed' is not allowed \(allowed: 'ddp'"):
+        cells({"engine": ["deepspeed"]})
+
+
+def test_engine_refusing_a_combination_is_skipped():
+    out = cells({"engine": ["torch-fsdp1"], "world_size": [1], "sharding_strategy": ["HYBRID_SHARD"]})
+    assert out[0].skip_reason == "HYBRID_SHARD needs world_size >= 2"

@@ -1,0 +1,124 @@
+"""Workload files: every kind of bad input is an error naming the field and what it allows."""
+
+import textwrap
+
+import pytest
+
+from zerobench.workload import WorkloadError, load_workload, parse_workload
+
+GOOD = {
+    "model": {"kind": "gpt", "layers": 2, "d_model": 64, "heads": 4, "seq_len": 16, "vocab": 128},
+    "data": {"batch_size": 2, "warmup_steps": 1, "steps": 3},
+    "optimizer": {"kind": "adamw", "lr": 1e-3, "betas": [0.9, 0.95]},
+    "matrix": {"engine": ["ddp", "torch-fsdp2"], "world_size": [2, 4], "dtype": ["fp32"]},
+}
+
+
+def with_(section, **changes):
+    raw = {k: dict(v) for k, v in GOOD.items()}
+    raw[section].update(changes)
+    return raw
+
+
+def test_good_workload_parses():
+    w = parse_workload(GOOD)
+    assert w.model.heads == 4 and w.optimizer.betas == (0.9, 0.95)
+    assert w.matrix["world_size"] == [2, 4]
+
+
+@pytest.mark.parametrize("raw, match", [
+    (with_("model", heads=5), r"model.heads: 5 does not divide model.d_model=64 \(allowed: a divisor"),
+    (with_("model", kind="cnn"), r"model.kind: 'cnn' is not allowed \(allowed: 'mlp', 'gpt'\)"),
+    (with_("model", depth=3), r"unknown key model.depth \(allowed in model: .*d_model.*heads"),
+    (with_("model", layers=0), r"model.layers: 0 is not allowed \(allowed: int >= 1\)"),
+    (with_("model", seq_len=1), r"model.seq_len: 1 is not allowed \(allowed: int >= 2\)"),
+    (with_("model", d_model="64"), r"model.d_model: expected int, got str '64'"),
+    (with_("data", steps=-1), r"data.steps: -1 is not allowed \(allowed: int >= 1\)"),
+    (with_("data", warmup_steps=-2), r"data.warmup_steps: -2 is not allowed \(allowed: int >= 0\)"),
+    (with_("data", batch_size=1.5), r"data.batch_size: expected int, got float"),
+    (with_("data", batch=4), r"unknown key data.batch \(allowed in data: batch_size, seed, steps, warmup_steps\)"),
+    (with_("optimizer", kind="lion"), r"optimizer.kind: 'lion' is not allowed \(allowed: 'adam', 'adamw', 'sgd'\)"),
+    (with_("optimizer", lr=0), r"optimizer.lr: 0.0 is not allowed \(allowed: float > 0\)"),
+    (with_("optimizer", betas=[0.9, 1.5]), r"optimizer.betas: .* \(allowed: two floats in \[0, 1\)\)"),
+    (with_("optimizer", kind="sgd", momentum=0.9), r"optimizer.betas: not an argument of 'sgd'"),
+    (with_("optimizer", momentum=0.9), r"optimizer.momentum: not an argument of 'adamw' \(it applies to: sgd\)"),
+    (with_("matrix", world_size=[0]), r"matrix.world_size: 0 is not allowed \(allowed: int >= 1\)"),
+    (with_("matrix", world_size=[True]), r"matrix.world_size: expected int, got bool"),
+    (with_("matrix", dtype=["fp16"]), r"matrix.dtype: 'fp16' is not allowed \(allowed: 'fp32', 'bf16'\)"),
+    (with_("matrix", engine=[]), r"matrix.engine: empty list"),
+    (with_("matrix", world_size=[2, 2]), r"matrix.world_size: repeated values"),
+    ({**GOOD, "modle": {}}, r"unknown key modle \(allowed in the top level: "),
+    ({**GOOD, "run": {"timeout_s": 0}}, r"run.timeout_s: 0.0 is not allowed \(allowed: float > 0\)"),
+    ({**GOOD, "run": {"memory_pass": "yes"}}, r"run.memory_pass: expected bool, got str"),
+])
+def test_bad_input_names_field_and_allowed_values(raw, match):
+    with pytest.raises(WorkloadError, match=match):
+        parse_workload(raw)
+
+
+def test_error_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[data]\nsteps = 0\n")
+    with pytest.raises(WorkloadError, match=r"bad.toml: data.steps: 0 is not allowed"):
+        load_workload(path)
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[data\n")
+    with pytest.raises(WorkloadError, match=r"broken.toml: not valid TOML"):
+        load_workload(path)
+
+
+def test_extends_overrides_fields_and_merges_tables(tmp_path):
+    (tmp_path / "base.toml").write_text(textwrap.dedent("""
+        name = "base"
+        [model]
+        kind = "mlp"
+        depth = 3
+        width = 32
+        [data]
+        steps = 7
+        batch_size = 4
+        [matrix]
+        engine = ["ddp", "torch-fsdp1"]
+        sharding_strategy = ["FULL_SHARD", "NO_SHARD"]
+    """))
+    (tmp_path / "variant.toml").write_text(textwrap.dedent("""
+        extends = "base.toml"
+        [model]
+        width = 64
+        [matrix]
+        sharding_strategy = ["SHARD_GRAD_OP"]
+    """))
+    w = load_workload(tmp_path / "variant.toml")
+    assert w.name == "variant"  # a variant never inherits its parent's name
+    assert (w.model.depth, w.model.width) == (3, 64)
+    assert (w.data.steps, w.data.batch_size) == (7, 4)
+    assert w.matrix["engine"] == ["ddp", "torch-fsdp1"]
+    assert w.matrix["sharding_strategy"] == ["SHARD_GRAD_OP"]
+
+
+def test_extends_to_another_model_kind_replaces_the_model_table(tmp_path):
+    (tmp_path / "base.toml").write_text('[model]\nkind = "mlp"\ndepth = 3\n')
+    (tmp_path / "gpt.toml").write_text('extends = "base.toml"\n[model]\nkind = "gpt"\nlayers = 1\n')
+    w = load_workload(tmp_path / "gpt.toml")
+    assert w.model.kind == "gpt" and w.model.layers == 1
+
+
+def test_circular_extends_is_an_error(tmp_path):
+    (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
+    with pytest.raises(WorkloadError, match="circular"):
+        load_workload(tmp_path / "a.toml")
+
+
+def test_every_shipped_workload_loads():
+    from pathlib import Path
+
+    from zerobench.matrix import expand
+
+    files = sorted((Path(__file__).parent.parent / "workloads").glob("*.toml"))
+    assert files
+    for path in files:
+        assert expand(load_workload(path)), path
