@@ -214,3 +214,24 @@ def test_names_and_dtypes():
     assert kind_of("c10d::alltoall_base_") == "other"
     assert dtype_bytes("c10::BFloat16") == 2 and dtype_bytes("float") == 4 and dtype_bytes("Float") == 4
     assert math.isnan(dtype_bytes("TensorList"))
+
+
+def test_list_based_all_gather_size_is_n_times_the_shard():
+    # c10d::allgather_ (gloo, FSDP1) records its list-of-lists output without dims.
+    events = [
+        X("zerobench::step", 0, 100, cat="user_annotation"),
+        X("c10d::allgather_", 1, 2, **{"Input Dims": [[], [[100]], [], []], "Input type": ["", "TensorList", "", "Scalar"]}),
+        X("gloo:all_gather", 3, 10, tid=GLOO_A, cat="user_annotation", **{"Input Dims": [[100]], "Input type": ["float"]}),
+    ]
+    (c,) = zp.collectives(trace(events, world_size=4)).to_dict("records")
+    assert c["kind"] == "all_gather" and c["bytes"] == 4 * 100 * 4
+
+
+def test_fsdp1_rate_limiter_label_counts_as_limiter_wait():
+    events = [X("zerobench::step", 0, 100, cat="user_annotation"),
+              X("FullyShardedDataParallel.rate_limiter", 10, 7, cat="user_annotation"),
+              X("aten::mm", 12, 3)]  # inside the limiter span: not compute
+    (row,) = zp.step_breakdown(trace(events)).to_dict("records")
+    assert row["limiter_wait_s"] == pytest.approx(7e-6)
+    assert row["compute_s"] == 0.0
+    assert math.isnan(row["collective_wait_s"])

@@ -79,6 +79,23 @@ def find_traces(run_dir) -> list[tuple[str, int, Path]]:
     return found
 
 
+def _matrix_order(run_dir: Path) -> dict[str, int]:
+    """cell_id -> position in the matrix (meta.json), so tables and plots follow it;
+    cells it does not list go last, by name."""
+    listed = []
+    try:
+        listed = json.loads((run_dir / "meta.json").read_text()).get("cells", [])
+    except (OSError, json.JSONDecodeError):
+        pass
+    order = {cid: i for i, cid in enumerate(listed)}
+    return _Order(order)
+
+
+class _Order(dict):
+    def __missing__(self, key):
+        return len(self)
+
+
 def _cell_config(run_dir: Path, cell_id: str) -> dict:
     path = run_dir / "cells" / f"{cell_id}.json"
     if path.exists():
@@ -119,6 +136,9 @@ def analyze_run(run_dir, plots: bool = True) -> pd.DataFrame:
         inflight.append(all_gathers_in_flight(trace).assign(cell_id=cell_id))
 
     summary = _cell_first(pd.DataFrame(summaries))
+    order = _matrix_order(run_dir)
+    summary = summary.sort_values(["cell_id", "rank"], key=lambda c: c.map(order) if c.name == "cell_id" else c,
+                                  kind="stable").reset_index(drop=True)
     out = run_dir / "analysis"
     write_csv_atomic(out / "summary.csv", summary)
     write_csv_atomic(out / "steps.csv", _cell_first(pd.concat(steps, ignore_index=True)))

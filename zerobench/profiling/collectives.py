@@ -99,14 +99,21 @@ def _tensor_bytes(dims, type_name, fallback_elem=math.nan) -> float:
     return _numel(dims) * elem
 
 
-def _op_bytes(args: dict, fallback_elem=math.nan) -> float:
+def _op_bytes(args: dict, fallback_elem=math.nan, kind: str = "other", n: int = 1) -> float:
     """nccl-tests size of a c10d op: its largest tensor argument (the gathered output,
-    the full reduce-scatter input, the all-reduced buffer)."""
+    the full reduce-scatter input, the all-reduced buffer). For all-gather and
+    reduce-scatter, also ``n`` times the smallest one: the list-based ops
+    (``c10d::allgather_``, which gloo and FSDP1 use) record their list-of-lists side
+    without dims, leaving only the per-rank tensor."""
     dims = args.get("Input Dims") or []
     types = args.get("Input type") or []
     sizes = [_tensor_bytes(d, types[i] if i < len(types) else None, fallback_elem) for i, d in enumerate(dims)]
-    sizes = [s for s in sizes if s == s]  # drop NaN
-    return max(sizes) if sizes else math.nan
+    sizes = [s for s in sizes if s == s and s > 0]  # drop NaN and non-tensors
+    if not sizes:
+        return math.nan
+    if kind in ("all_gather", "reduce_scatter"):
+        return max(max(sizes), n * min(sizes))
+    return max(sizes)
 
 
 def _run_events(trace: Trace) -> pd.DataFrame:
@@ -177,7 +184,7 @@ def collectives(trace: Trace, group_size: int | None = None) -> pd.DataFrame:
             if run is not None:
                 rtypes = run["args"].get("Input type") or []
                 fallback = dtype_bytes(rtypes[0]) if rtypes else math.nan
-            nbytes = _op_bytes(op.args, fallback)
+            nbytes = _op_bytes(op.args, fallback, kind, n)
         start, end = (run["ts"], run["end"]) if run is not None else (op.ts, op.end)
         issue = label["ts"] if label is not None else op.ts
         rows.append((trace.rank, kind, op.name, issue, start, end, nbytes, n))

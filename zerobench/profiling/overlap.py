@@ -22,7 +22,7 @@ What counts as what (see docs/profiling.md for the caveats):
   collective (see [Note: interconnect emulation] in impl/comm.py).
 * computation -- on GPU, kernels that are neither communication nor memcpy/memset. On
   CPU, ``aten::*`` ops on the main thread, except those inside ``c10d::*`` ops and
-  inside wait or rate-limiter spans.
+  inside wait or rate-limiter spans (``LIMITER_LABELS``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from .collectives import collectives
 from .trace import PHASE_LABELS, STEP_LABEL, Trace
 
 WAIT_PREFIX = "impl::wait_"
-LIMITER_LABEL = "impl::rate_limiter_wait"
+# Where a rate limiter blocks: impl's, and FSDP1's ``limit_all_gathers``.
+LIMITER_LABELS = ("impl::rate_limiter_wait", "FullyShardedDataParallel.rate_limiter")
 
 
 def _spans(df: pd.DataFrame) -> np.ndarray:
@@ -80,7 +81,7 @@ def compute_intervals(trace: Trace) -> np.ndarray:
         return iv.merge(_spans(k))
     main = trace.main
     ops = main[(main["cat"] == "cpu_op") & main["name"].str.startswith("aten::")]
-    excluded = main[main["name"].str.startswith(("c10d::", WAIT_PREFIX, LIMITER_LABEL))]
+    excluded = main[main["name"].str.startswith(("c10d::", WAIT_PREFIX, *LIMITER_LABELS))]
     return iv.subtract(_spans(ops), _spans(excluded))
 
 
@@ -110,16 +111,19 @@ def _has_impl_labels(trace: Trace) -> bool:
 
 def step_breakdown(trace: Trace, emulation=None) -> pd.DataFrame:
     """One row per step: step_s, compute_s, comm_s, overlapped_s, exposed_comm_s,
-    idle_s (= step - compute - exposed comm), overlap_ratio, limiter_wait_s and
-    collective_wait_s (time in ``impl::rate_limiter_wait`` / ``impl::wait_*``; NaN for
-    engines that do not write impl labels)."""
+    idle_s (= step - compute - exposed comm), overlap_ratio, limiter_wait_s (time in
+    ``impl::rate_limiter_wait`` or FSDP1's ``FullyShardedDataParallel.rate_limiter``)
+    and collective_wait_s (time in ``impl::wait_*``); NaN for engines that write no
+    such labels."""
     comm = comm_intervals(trace, emulation)
     comp = compute_intervals(trace)
     overlapped = iv.intersect(comm, comp)
     exposed = iv.subtract(comm, comp)
     labelled = _has_impl_labels(trace)
     waits = iv.merge(_spans(trace.named(WAIT_PREFIX, main_only=True)))
-    limiter = iv.merge(_spans(trace.named(LIMITER_LABEL, main_only=True)))
+    limiter_spans = trace.main[trace.main["name"].isin(LIMITER_LABELS)]
+    limiter = iv.merge(_spans(limiter_spans))
+    has_limiter = labelled or len(limiter_spans) > 0
     rows = []
     for w in step_windows(trace).itertuples():
         clipped = lambda a: iv.total(iv.clip(a, w.ts, w.end)) * 1e-6  # noqa: E731
@@ -136,7 +140,7 @@ def step_breakdown(trace: Trace, emulation=None) -> pd.DataFrame:
             "exposed_comm_s": exp_s,
             "idle_s": max(step_s - comp_s - exp_s, 0.0),
             "overlap_ratio": ov_s / comm_s if comm_s > 0 else math.nan,
-            "limiter_wait_s": clipped(limiter) if labelled else math.nan,
+            "limiter_wait_s": clipped(limiter) if has_limiter else math.nan,
             "collective_wait_s": clipped(waits) if labelled else math.nan,
         })
     return pd.DataFrame(rows)

@@ -31,7 +31,10 @@ def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "
     ranks = sorted(traces)
     windows = {r: step_windows(traces[r]).iloc[step] for r in ranks}
     t0 = min(traces[r].base_ts + windows[r].ts for r in ranks)
-    fig, ax = plt.subplots(figsize=(11, 0.9 + 1.1 * len(ranks)))
+    # The wait lane only where the engine labels its waits (impl engines).
+    show_wait = any(len(traces[r].named(WAIT_PREFIX, main_only=True)) for r in ranks)
+    n_lanes = 3 if show_wait else 2
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.4 * n_lanes * len(ranks)))
     yticks, ylabels = [], []
     for i, r in enumerate(ranks):
         t, w = traces[r], windows[r]
@@ -40,13 +43,13 @@ def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "
             ("compute", [("compute", comp)]),
             ("comm", [("comm hidden", iv.intersect(comm, comp)), ("comm exposed", iv.subtract(comm, comp))]),
             ("wait", [("wait", iv.merge(t.named(WAIT_PREFIX, main_only=True)[["ts", "end"]].to_numpy()))]),
-        ]
-        base = -i * 4.0
+        ][:n_lanes]
+        base = -i * (n_lanes + 1.0)
         shift = t.base_ts - t0
-        ax.broken_barh([((w.ts + shift) / 1e3, (w.end - w.ts) / 1e3)], (base - 0.1, 3.0),
+        ax.broken_barh([((w.ts + shift) / 1e3, (w.end - w.ts) / 1e3)], (base - 0.1, n_lanes),
                        facecolors="none", edgecolors="#BBBBBB", linestyles="--")
         for j, (lane, parts) in enumerate(lanes):
-            y = base + 2 - j
+            y = base + n_lanes - 1 - j
             for kind, spans in parts:
                 spans = iv.clip(spans, w.ts, w.end)
                 bars = [((s + shift) / 1e3, (e - s) / 1e3) for s, e in spans]
@@ -86,11 +89,16 @@ def plot_overlap(summary: pd.DataFrame, path) -> Path:
     ax1.invert_yaxis()
     ax1.set_yticks(y, cells)
     ratio = by_cell["overlap_ratio"].to_numpy()
-    ax2.barh(y, np.nan_to_num(ratio), color=COLORS["comm hidden"])
+    ax2.barh(y, np.nan_to_num(ratio), color=COLORS["comm hidden"], label="mean over ranks")
+    # Ranks can differ a lot (the rank that arrives first at a collective waits in it).
+    pos = {c: k for k, c in enumerate(cells)}
+    per_rank = summary.dropna(subset=["overlap_ratio"])
+    ax2.plot(per_rank["overlap_ratio"], per_rank["cell_id"].map(pos), "k|", markersize=12, label="one rank")
+    ax2.legend(loc="lower left", ncols=2, fontsize="small", frameon=False, bbox_to_anchor=(0.0, 1.0))
     for yi, r in zip(y, ratio):
-        ax2.text(min(np.nan_to_num(r), 1.0) + 0.02, yi, "n/a" if np.isnan(r) else f"{r:.0%}", va="center", fontsize="small")
-    ax2.set_xlim(0, 1.15)
-    ax2.set_xlabel("overlap: comm time hidden by compute")
+        ax2.text(1.02, yi, "n/a" if np.isnan(r) else f"{r:.0%}", va="center", fontsize="small")
+    ax2.set_xlim(0, 1.2)
+    ax2.set_xlabel("overlap ratio: comm hidden / comm")
     for ax in (ax1, ax2):
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle("compute / communication overlap by cell (HTA definition)", x=0.01, ha="left")
