@@ -158,6 +158,19 @@ class ZeroStage2Optimizer(Optimizer):
         self._flush_queued = False
         self.bucketer.flush()
 
+    def rank_numels(self) -> list[int]:
+        """Parameter elements each rank steps (its chunks, without padding)."""
+        numels = [0] * self.world_size
+        for shard in self._shards.values():
+            for rank in range(self.world_size):
+                start = min(rank * shard.chunk_numel, shard.numel)
+                numels[rank] += min(start + shard.chunk_numel, shard.numel) - start
+        return numels
+
+    def gradient_shards(self) -> list[torch.Tensor]:
+        """This rank's reduced gradient shards (views of the reduce-scatter outputs)."""
+        return [s.sharded.grad for s in self._shards.values() if s.sharded.grad is not None]
+
     def remove_hooks(self) -> None:
         """Detach from the parameters (the optimizer is unusable afterwards)."""
         for handle in self._hook_handles:
