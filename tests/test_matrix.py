@@ -53,3 +53,14 @@ def test_unknown_engine_is_an_error():
 def test_engine_refusing_a_combination_is_skipped():
     out = cells({"engine": ["torch-fsdp1"], "world_size": [1], "sharding_strategy": ["HYBRID_SHARD"]})
     assert out[0].skip_reason == "HYBRID_SHARD needs world_size >= 2"
+
+
+def test_axis_that_depends_on_another_makes_no_duplicate_cells():
+    from zerobench.engines.base import Axis
+
+    axes = {"limit": Axis(False, choices=(False, True)),
+            "depth": Axis(2, type=int, minimum=1, applies_when=("limit", True))}
+    from zerobench.matrix import _pin_inapplicable
+
+    assert _pin_inapplicable(axes, [("limit", False), ("depth", 4)]) == [("limit", False), ("depth", 2)]
+    assert _pin_inapplicable(axes, [("limit", True), ("depth", 4)]) == [("limit", True), ("depth", 4)]

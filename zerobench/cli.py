@@ -17,23 +17,20 @@ def cmd_run(args) -> int:
 
     console = wide_console()
     run_dir = run_matrix(args.workload, results_root=args.results, resume=args.resume, only=args.cell,
-                         profile=args.profile, device=args.device, console=console)
+                         profile=args.profile, device=args.device, prepare_only=args.prepare_only, console=console)
+    if args.prepare_only:
+        return 0
     print_summary(run_dir, console)
     if not args.no_plots:
         for path in plot_run(run_dir):
             console.print(f"plot: {path}")
     if args.profile:
-        _maybe_analyze(run_dir, console)
+        from zerobench.profiling.analyze import analyze_run
+
+        analyze_run(run_dir, plots=not args.no_plots)
+        console.print(f"traces: {run_dir / 'traces'} (analysis: {run_dir / 'analysis'}, see docs/profiling.md)")
     console.print(f"results: {run_dir / 'results.csv'}")
     return 0
-
-
-def _maybe_analyze(run_dir: Path, console) -> None:
-    try:
-        analyze = importlib.import_module("zerobench.profiling.analyze")
-    except ImportError:
-        return
-    console.print(f"traces: {run_dir / 'traces'} (run `zerobench analyze {run_dir}` for overlap and bandwidth)")
 
 
 def cmd_plot(args) -> int:
@@ -94,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA+NCCL when there is a GPU per rank, else CPU+gloo")
     p.add_argument("--no-plots", action="store_true", help="skip drawing plots")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="write the run folder and print the torchrun command of each cell, run nothing")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("plot", help="redraw a run's plots")

@@ -20,7 +20,8 @@ from zerobench.workload import Workload, WorkloadError
 #: Axes the matrix offers to engines whose collectives go through impl.comm.
 EMULATION_AXES = {
     "emulate_gbps": Axis(0.0, type=float, minimum=0.0, doc="emulated bus bandwidth in GB/s (0: off)"),
-    "emulate_latency_us": Axis(0.0, type=float, minimum=0.0, doc="emulated latency per collective in µs"),
+    "emulate_latency_us": Axis(0.0, type=float, minimum=0.0, applies_when=("emulate_gbps", lambda gbps: bool(gbps)),
+                               doc="emulated latency per collective in µs (with emulate_gbps > 0)"),
 }
 COMMON_AXES = ("engine", "world_size", "dtype")
 
@@ -71,6 +72,17 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _pin_inapplicable(axes: dict[str, Axis], values: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Set axes whose ``applies_when`` condition does not hold to their defaults."""
+    chosen = dict(values)
+    out = []
+    for name, value in values:
+        if not axes[name].applies(chosen):
+            value = axes[name].default
+        out.append((name, value))
+    return out
+
+
 def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
     """The cells of the workload's matrix, in a stable order, unsupported ones marked."""
     matrix = workload.matrix
@@ -115,6 +127,7 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
                     except ValueError as err:
                         reason = f"{engine}: {err}"
                         values.append((n, v))
+                values = _pin_inapplicable(axes, values)
                 cell = Cell(engine, ws, dtype, tuple(values))
                 if reason is None:
                     reason = cls.unsupported(cell.opts, dtype, ws, device_type)

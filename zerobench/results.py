@@ -14,11 +14,12 @@ from zerobench.schema import ID_COLUMNS, METRICS
 def cell_records(run_dir: Path) -> list[dict]:
     """Every cell file of the run, in the order the matrix listed them when known."""
     records = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("*.json"))]
-    order = _matrix_order(run_dir)
+    order = matrix_order(run_dir)
     return sorted(records, key=lambda r: order.get(r["cell_id"], len(order)))
 
 
-def _matrix_order(run_dir: Path) -> dict[str, int]:
+def matrix_order(run_dir: Path) -> dict[str, int]:
+    """cell_id -> position in the matrix, from meta.json (tables and plots follow it)."""
     meta = run_dir / "meta.json"
     if not meta.exists():
         return {}
@@ -52,6 +53,12 @@ def build_tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     metrics = [c for c in metric_names if c in results.columns]
     rest = [c for c in results.columns if c not in leading and c not in metrics]
     results = results[leading + rest + metrics] if len(results) else results
+    analysis = run_dir / "analysis" / "summary.csv"
+    if analysis.exists() and len(results):  # columns added by `zerobench analyze` survive rebuilds
+        extra = pd.read_csv(analysis)
+        results = results.merge(extra.drop(columns=[c for c in extra.columns if c in results.columns
+                                                    and c not in ("cell_id", "rank")]),
+                                on=["cell_id", "rank"], how="left")
     steps = pd.DataFrame(step_rows, columns=["cell_id", "rank", "step", "step_time_s", "loss"])
     return results, steps
 

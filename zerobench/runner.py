@@ -9,7 +9,6 @@ import platform
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -138,8 +137,10 @@ def loss_deviation(record: dict, reference: list[float], warmup: int) -> float |
 
 def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"), resume: Path | None = None,
                only: list[str] | None = None, profile: bool = False, device: str = "auto",
-               console: Console | None = None) -> Path:
-    """Run every cell of the workload (or the ``only`` ones); return the run folder."""
+               prepare_only: bool = False, console: Console | None = None) -> Path:
+    """Run every cell of the workload (or the ``only`` ones); return the run folder.
+    With ``prepare_only``, write the run folder and list the cells without running them
+    (for launching each cell under torchrun yourself)."""
     console = console or Console()
     if resume is not None:
         run_dir = resume
@@ -160,6 +161,13 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
             raise ValueError(f"--cell: {unknown[0]!r} is not a cell of {workload.name} (cells: {', '.join(sorted(known))})")
         cells = [c for c in cells if c.id in only]
     prepare_run(workload, run_dir, cells, device)
+    if prepare_only:
+        console.print(f"prepared {run_dir} ({len(cells)} cells); run each under torchrun:")
+        for cell in cells:
+            if cell.skip_reason is None:
+                console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
+                              f"--run-dir {run_dir} --cell {cell.id}", soft_wrap=True)
+        return run_dir
 
     references: dict[int, list[float]] = {}
     cells_dir = run_dir / "cells"

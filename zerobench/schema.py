@@ -82,3 +82,14 @@ METRICS: tuple[Metric, ...] = (
 METRIC_BY_NAME = {m.name: m for m in METRICS}
 
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
+
+
+def _with_analysis_metrics() -> tuple[Metric, ...]:
+    # The profiling layer defines its own columns next to the code that computes them.
+    from zerobench.profiling.columns import ANALYSIS_METRICS, GPU_TELEMETRY_METRICS, bandwidth_metrics
+
+    return METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
+
+
+METRICS = _with_analysis_metrics()
+METRIC_BY_NAME = {m.name: m for m in METRICS}

@@ -174,7 +174,7 @@ class CellRunner:
                 engine.train_step(*self.batch(step), self.loss)
             inputs, targets = self.batch(self.w.run.memory_warmup_steps)
 
-            def on_phase(name):
+            def on_phase(name, engine=engine):
                 tracker.set_phase(name)
                 if name == "optimizer":  # gradients are complete and not yet zeroed
                     tracker.note_roles("grads", engine.gradient_tensors())

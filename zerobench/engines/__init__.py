@@ -14,6 +14,7 @@ ENGINES: dict[str, str] = {
     "torch-zero1": "zerobench.engines.torch_zero1:TorchZero1Engine",
     "torch-fsdp1": "zerobench.engines.torch_fsdp1:TorchFSDP1Engine",
     "torch-fsdp2": "zerobench.engines.torch_fsdp2:TorchFSDP2Engine",
+    "impl-fsdp": "zerobench.engines.impl_fsdp:FSDPEngine",
 }
 
 

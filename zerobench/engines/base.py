@@ -30,6 +30,17 @@ class Axis:
     type: type | None = None
     minimum: float | None = None
     doc: str = ""
+    applies_when: tuple[str, Any] | None = None
+    """(other axis, value or predicate): this axis only means something when the other
+    axis has that value (``limiter_depth`` only with ``limit_all_gathers=True``);
+    otherwise the matrix pins it to its default so that no two cells run the same
+    configuration."""
+
+    def applies(self, chosen: dict[str, Any]) -> bool:
+        if self.applies_when is None:
+            return True
+        other, want = self.applies_when
+        return want(chosen.get(other)) if callable(want) else chosen.get(other) == want
 
     def check(self, name: str, value: Any) -> Any:
         """Return ``value`` if allowed, else raise ValueError naming the axis and what it allows."""

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from zerobench.files import write_csv_atomic
+from zerobench.results import matrix_order
 
 from .collectives import bandwidth_summary, collectives
 from .inflight import all_gathers_in_flight, max_all_gathers_in_flight
@@ -79,23 +80,6 @@ def find_traces(run_dir) -> list[tuple[str, int, Path]]:
     return found
 
 
-def _matrix_order(run_dir: Path) -> dict[str, int]:
-    """cell_id -> position in the matrix (meta.json), so tables and plots follow it;
-    cells it does not list go last, by name."""
-    listed = []
-    try:
-        listed = json.loads((run_dir / "meta.json").read_text()).get("cells", [])
-    except (OSError, json.JSONDecodeError):
-        pass
-    order = {cid: i for i, cid in enumerate(listed)}
-    return _Order(order)
-
-
-class _Order(dict):
-    def __missing__(self, key):
-        return len(self)
-
-
 def _cell_config(run_dir: Path, cell_id: str) -> dict:
     path = run_dir / "cells" / f"{cell_id}.json"
     if path.exists():
@@ -104,18 +88,6 @@ def _cell_config(run_dir: Path, cell_id: str) -> dict:
         except (OSError, json.JSONDecodeError):
             pass
     return {}
-
-
-def write_csv_atomic(path: Path, df: pd.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def analyze_run(run_dir, plots: bool = True) -> pd.DataFrame:
@@ -136,8 +108,8 @@ def analyze_run(run_dir, plots: bool = True) -> pd.DataFrame:
         inflight.append(all_gathers_in_flight(trace).assign(cell_id=cell_id))
 
     summary = _cell_first(pd.DataFrame(summaries))
-    order = _matrix_order(run_dir)
-    summary = summary.sort_values(["cell_id", "rank"], key=lambda c: c.map(order) if c.name == "cell_id" else c,
+    order = matrix_order(run_dir)
+    summary = summary.sort_values(["cell_id", "rank"], key=lambda c: c.map(lambda cid: order.get(cid, len(order))) if c.name == "cell_id" else c,
                                   kind="stable").reset_index(drop=True)
     out = run_dir / "analysis"
     write_csv_atomic(out / "summary.csv", summary)
