@@ -313,3 +313,22 @@ def test_extra_engine_metrics_and_numeric_axes_as_the_harness_lays_them_out(tmp_
     assert _row(gated, "limiter_stall_s")["verdict"] == "regression" and exit_code(gated) == 1
     other_axis = load_run(layout(0.001, 5.0))
     assert exit_code(compare_runs(base, other_axis), config_mismatches(base, other_axis)) == 2
+
+
+def test_report_only_ungates_defaults_but_not_rules(tmp_path):
+    base = run_folder(tmp_path, "base")
+    worse = run_folder(tmp_path, "worse", peak_mem=40 * MiB * 1.03)
+    assert cli(base, worse, "--report-only", "peak_mem") == 0
+    assert cli(base, worse, "--report-only", "peak_mem_*", "--fail-on", "peak_mem:+2%") == 1
+    assert cli(base, worse, "--report-only", "peak_mem_*", "--fail-on", "peak_mem:+5%") == 0
+    assert cli(base, worse, "--report-only", "bogus") == 2
+
+
+def test_failed_cell_error_becomes_one_line(tmp_path):
+    results, steps = make_run(status={"ddp-ws2-fp32": "failed"})
+    results.loc[results["status"] == "failed", "error"] = "Traceback:\n  File x\nRuntimeError: boom\n"
+    new = load_run(write_run(tmp_path / "new", results, steps))
+    base = load_run(run_folder(tmp_path, "base"))
+    row = _row(compare_runs(base, new), "status")
+    assert row["note"] == "ok -> failed: Traceback: File x RuntimeError: boom"
+    assert config_mismatches(base, new).empty  # a failed cell's missing context is not a difference

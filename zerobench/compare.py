@@ -325,22 +325,26 @@ def baseline_spread(run: RunTables, per_rank: bool = False) -> pd.Series:
     return rel if per_rank else rel.groupby(level="cell_id").median()
 
 
-def _is_gated(name: str, explicit: bool, gate: str) -> bool:
+def _is_gated(name: str, explicit: bool, gate: str, report_only: set[str]) -> bool:
     if explicit:
         return True
+    if name in report_only:
+        return False
     kind = metric_info(name)[0]
     return (gate == "all" and kind in ("time", "deterministic")) or (gate == "deterministic" and kind == "deterministic")
 
 
 def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = (),
-                 gate: Gate = "deterministic", per_rank: bool = False) -> pd.DataFrame:
+                 gate: Gate = "deterministic", per_rank: bool = False,
+                 report_only: Sequence[str] = ()) -> pd.DataFrame:
     """Line up the two runs' cells and judge every metric. See [Note: compare rules].
 
     Returns one row per cell (x rank) x metric with columns cell_id, rank (NA when
     aggregated), metric, kind, baseline, new, change, change_pct, limit (the allowed
     worsening, in the metric's unit), limit_pct, spread (k x MAD used, time metrics),
     rule, gated, verdict, note. Rows with metric ``status`` speak for a whole cell: its
-    presence in both runs and its status.
+    presence in both runs and its status. ``report_only`` names metric columns that are
+    judged and shown but not gated by ``gate``'s defaults (a rule naming one still gates it).
     """
     if gate not in GATES:
         raise ValueError(f"gate: {gate!r} is not allowed (allowed: {', '.join(GATES)})")
@@ -369,7 +373,7 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
             rule = explicit.get(name) or default_rule(name)
             rel_spread = spread.get(key, nan) if is_timelike(name) else nan
             rows.append({**ident, "metric": name, **_judge(name, b, n, rule, rel_spread, name in explicit),
-                         "gated": _is_gated(name, name in explicit, gate)})
+                         "gated": _is_gated(name, name in explicit, gate, set(report_only))})
     cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
             "limit_pct", "spread", "rule", "gated", "verdict", "note"]
     out = pd.DataFrame(rows, columns=cols)
@@ -387,7 +391,8 @@ def _status_row(b: dict | None, n: dict | None) -> dict:
     if n is None:
         return {"verdict": "missing", "note": f"in the baseline (status {b['status']}) but not in the new run"}
     bs, ns = b["status"], n["status"]
-    note = f"{bs} -> {ns}" + (f": {n['error'][:200]}" if n["error"] else "")
+    error = " ".join(str(n["error"]).split())[:200]  # one line: tracebacks end up in tables
+    note = f"{bs} -> {ns}" + (f": {error}" if error else "")
     if bs == ns:
         verdict, note = "ok", (bs if bs == "ok" else f"{bs} in both runs")
     elif ns == "failed":
@@ -448,7 +453,10 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
     columns = [(c, "identity") for c in dict.fromkeys([*baseline.config_columns, *new.config_columns])]
     columns += [(c, "context") for c in CONTEXT_COLUMNS]
     for cell_id in sorted(set(b.index) & set(n.index)):
+        both_ok = b.loc[cell_id, "status"] == "ok" and n.loc[cell_id, "status"] == "ok"
         for col, severity in columns:
+            if severity == "context" and not both_ok:
+                continue  # a failed cell records no backend / device: not a difference worth a line
             bv = _text(b.loc[cell_id, col]) if col in b.columns else ""
             nv = _text(n.loc[cell_id, col]) if col in n.columns else ""
             if bv != nv:
@@ -504,6 +512,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     p.add_argument("--gate", choices=GATES, default="deterministic",
                    help="which default rules gate: deterministic metrics only (default; time is reported), "
                         "all (time too: +10%%, k=3), none (only --fail-on rules)")
+    p.add_argument("--report-only", action="append", default=[], metavar="METRIC",
+                   help="judge and show METRIC but do not gate on it by default (name, prefix or glob; "
+                        "repeatable; a --fail-on rule still gates it), e.g. --report-only 'peak_mem_*' "
+                        "--fail-on peak_mem:+5%% gates peak_mem_bytes alone")
     p.add_argument("--per-rank", action="store_true", help="compare rank by rank instead of per cell")
     p.add_argument("--all", action="store_true", dest="show_all", help="show every compared row, not only changes")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown report (for a CI summary)")
@@ -523,14 +535,16 @@ def run_compare(args: argparse.Namespace) -> int:
         names = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns,
                                     *(m.name for m in METRICS)]))
         rules = parse_rules(args.fail_on, names)
+        report_only = [m for text in args.report_only for m in resolve_metric(text, names, rule=text)]
     except (RunLoadError, ValueError) as e:
         console.print(f"[bold red]compare: {e}[/]")
         return 2
-    comparison = compare_runs(baseline, new, rules, gate=args.gate, per_rank=args.per_rank)
+    comparison = compare_runs(baseline, new, rules, gate=args.gate, per_rank=args.per_rank, report_only=report_only)
     mismatches = config_mismatches(baseline, new)
     code = exit_code(comparison, mismatches)
     info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate,
-                             rules=[r.text for r in rules], exit_code=code)
+                             rules=[r.text for r in rules] + [f"report-only {t}" for t in args.report_only],
+                             exit_code=code)
     report.print_report(console, comparison, mismatches, info, show_all=args.show_all)
     if args.markdown:
         report.write_markdown(args.markdown, comparison, mismatches, info)

@@ -263,7 +263,17 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(10, 1.9 + 0.3 * max(len(c), 1)))
+    labels = [f"{cid}{'' if pd.isna(r) else f' r{r}'}  ·  {m}" for cid, r, m in zip(c["cell_id"], c["rank"], c["metric"])]
+    width = 7 + 0.065 * max((len(s) for s in labels), default=0)  # inches: the bars keep ~7 whatever the labels
+    heading = [title or "zerobench compare"]
+    cells = comparison[(comparison["metric"] == CELL_ROW) & (comparison["verdict"] != "ok")]
+    if len(cells):
+        heading.append("cells: " + "; ".join(f"{cid} {v} ({note.split(':')[0]})"
+                                             for cid, v, note in zip(cells["cell_id"], cells["verdict"], cells["note"])))
+    if dropped:
+        heading.append(f"{dropped} less severe rows not shown")
+    heading_text = "\n".join(textwrap.fill(h, int(width * 12)) for h in heading)
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.3 * max(len(c), 1) + 0.18 * heading_text.count("\n")))
     if c.empty:
         ax.text(0.5, 0.5, "no metric changed", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
@@ -275,8 +285,6 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
         x = c["worse"].clip(-cap, cap)
         lim = c["limit_pct"].clip(upper=cap)
         y = list(range(len(c)))
-        labels = [f"{cid}{'' if pd.isna(r) else f' r{r}'}  ·  {m}"
-                  for cid, r, m in zip(c["cell_id"], c["rank"], c["metric"])]
         ax.barh(y, x, color=[_COLOURS.get(v, "grey") for v in c["label"]], height=0.7)
         ax.scatter(lim, y, marker="|", s=220, color="black", linewidths=2, zorder=3)
         for yi, xi, li, pct in zip(y, x, lim, c["change_pct"]):
@@ -289,16 +297,14 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
         ax.set_xscale("symlog", linthresh=1.0)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:+g}%" if v else "0"))
         ax.set_xlim(-cap * 2 if (x < 0).any() else -0.3, cap * 2)
-        ax.set_xlabel("change vs baseline, % (positive = worse; losses: |change|)  ·  symlog, linear within ±1%")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.set_xlabel("change vs baseline, % (positive = worse; losses: |change|; symlog axis)", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         handles = [Patch(color=_COLOURS[v], label=v) for v in dict.fromkeys(c["label"].iloc[::-1]) if v in _COLOURS]
         handles.append(plt.Line2D([], [], marker="|", color="black", linestyle="", markersize=12,
                                   markeredgewidth=2, label="allowed worsening"))
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    heading = title or "zerobench compare"
-    if dropped:
-        heading += f"  ({dropped} less severe rows not shown)"
-    ax.set_title(textwrap.fill(heading, 100), fontsize=10, loc="left")
+    fig.suptitle(heading_text, x=0.01, ha="left", fontsize=10)
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
