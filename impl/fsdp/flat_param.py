@@ -96,9 +96,12 @@ class FlatParamHandle:
         shard_world: int,
         compute_dtype: torch.dtype | None,
         keep_unsharded_alias: bool,
+        offload_to_cpu: bool = False,
     ):
         """``keep_unsharded_alias``: NO_SHARD without a cast, where the unsharded
-        parameters are the sharded ones and are never freed."""
+        parameters are the sharded ones and are never freed. ``offload_to_cpu``: keep
+        ``sharded_flat`` in (pinned) CPU memory while the unsharded parameters live on
+        the parameters' (accelerator) device."""
         self.infos: list[ParamInfo] = []
         self.shared: list[SharedParamInfo] = []
         seen: dict[int, int] = {}  # id(parameter) -> index into self.infos
@@ -124,7 +127,7 @@ class FlatParamHandle:
             raise ValueError(f"FlatParameter requires uniform dtype within one FSDP unit, got {sorted(map(str, dtypes))}")
         self.requires_grad = requires_grad.pop()
         self.dtype = dtypes.pop()
-        self.device = unique[0].device
+        self.device = unique[0].device  # the compute device: where the unsharded parameters live
         self.numel = offset
         self.shard_rank = shard_rank
         self.shard_world = shard_world
@@ -141,6 +144,8 @@ class FlatParamHandle:
             start = shard_rank * self.shard_numel
             shard = full if shard_world == 1 else full[start : start + self.shard_numel].clone()
         del full
+        if offload_to_cpu and self.device.type != "cpu":
+            shard = shard.cpu().pin_memory()
         # The optimizer's parameter: this rank's shard, in the original dtype.
         self.sharded_flat = nn.Parameter(shard, requires_grad=self.requires_grad)
 

@@ -177,7 +177,10 @@ class FullyShardedDataParallel(nn.Module):
                 shard_rank=dist.get_rank(shard_group) if sharded else 0,
                 shard_world=dist.get_world_size(shard_group) if sharded else 1,
                 compute_dtype=param_dtype,
-                keep_unsharded_alias=not sharded and (param_dtype is None or param_dtype == managed[0][3].dtype),
+                keep_unsharded_alias=not sharded
+                and (param_dtype is None or param_dtype == managed[0][3].dtype)
+                and not (self._cpu_offload.offload_params and self.compute_device.type != "cpu"),
+                offload_to_cpu=self._cpu_offload.offload_params,
             )
             for _, _, _, p in managed:
                 p._impl_fsdp_flattened = True

@@ -94,7 +94,8 @@ class FlatParamUnit:
         h = self.handle
         output = h.alloc_unsharded()
         shard = h.sharded_flat.detach()
-        self._all_gather_input = shard if shard.dtype == output.dtype else shard.to(output.dtype)
+        # Cast for mixed precision and copy host-to-device under CPU offload, in one op.
+        self._all_gather_input = shard.to(device=output.device, dtype=output.dtype, non_blocking=True)
         self._all_gather = collectives.all_gather_flat(output, self._all_gather_input, self.shard_group, h.shard_world)
         h.sharded_state = ShardedState.UNSHARDING
         self.limiter.on_issue(self, self._ticketed)
@@ -157,8 +158,8 @@ class FlatParamUnit:
             reduced = reduced.to(self.mp.param_dtype)
         if reduced.dtype != param.dtype:
             reduced = reduced.to(param.dtype)
-        if reduced.device != param.device:  # CPU offload on an accelerator
-            reduced = reduced.to(param.device, non_blocking=True)
+        if reduced.device != param.device:  # CPU offload on an accelerator: a blocking copy,
+            reduced = reduced.to(param.device)  # so the optimizer may read it at once
         if param.grad is None:
             param.grad = reduced
         else:

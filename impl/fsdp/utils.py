@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from impl import comm
-from impl.fsdp.api import ShardingStrategy, TrainingState
+from impl.fsdp.api import TrainingState
 from impl.fsdp.runtime import _check_state
 
 
@@ -55,11 +55,11 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
         norms = torch.stack([torch.linalg.vector_norm(g.detach(), p, dtype=torch.float32) for g in grads])
         return (norms**p).sum()
 
-    sharded_part = local(sharded)
+    sharded_part = local(sharded).to(device)  # offloaded gradients are on the CPU
     if groups:
         op = dist.ReduceOp.MAX if math.isinf(p) else dist.ReduceOp.SUM
         comm.all_reduce(sharded_part, op=op, group=next(iter(groups)), async_op=False)
-    replicated_part = local(replicated)
+    replicated_part = local(replicated).to(device)
     if math.isinf(p):
         total = torch.maximum(sharded_part, replicated_part)
     else:
@@ -67,7 +67,7 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
     coef = max_norm / (total + 1e-6)
     if coef < 1:
         for g in sharded + replicated:
-            g.detach().mul_(coef.to(g.dtype))
+            g.detach().mul_(coef.to(device=g.device, dtype=g.dtype))
     return total
 
 
@@ -103,7 +103,7 @@ def summon_full_params(
                 full_copies.append(None)
                 continue
             h = unit.handle
-            shard = h.sharded_flat.detach()
+            shard = h.sharded_flat.detach().to(h.device)  # from CPU under offload
             if unit.sharded and h.shard_world > 1:
                 full = torch.empty(h.padded_numel, dtype=shard.dtype, device=shard.device)
                 comm.all_gather(full, shard, group=unit.shard_group, async_op=False)

@@ -8,7 +8,6 @@ import torch
 
 from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from impl.fsdp import FullyShardedDataParallel as FSDP
-from impl.fsdp import lambda_auto_wrap_policy
 from impl.fsdp.process_groups import default_shard_size
 from zerobench.engines.base import Axis, Engine
 
