@@ -14,6 +14,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import profile
+from torch.distributed.algorithms.join import Join
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+# torch's constructor imports its TorchScript functional optimizers (seconds, and
+# deprecation warnings): import them once here, before the ranks fork.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.distributed.optim.utils import functional_optim_map  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_impl_zero_common import (  # noqa: E402
@@ -115,8 +124,6 @@ def _torch_comparison_world(rank, world_size):
     """Ours and torch's on the same inputs: same partition, same parameters, same
     consolidated state dict — through add_param_group, a trainability change with
     bucket views, and an LR change. Returns rank 0's state dicts."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
-
     out = {}
     for kind in OPTIMIZERS:
         cls, kwargs = OPTIMIZERS[kind]
@@ -187,10 +194,6 @@ def _join_world(rank, world_size):
     """Uneven inputs under torch's Join (with DDP first, as torch documents): a rank
     that runs out keeps stepping through the join hook, so its parameters still reach
     the others. Ours and torch's agree."""
-    from torch.distributed.algorithms.join import Join
-    from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     finals = []
     for impl_cls in (ZeroRedundancyOptimizer, TorchZero):
         model = make_model()
