@@ -67,6 +67,16 @@ def _engines_world(rank, world_size):
             "params": _numel(engine.parameter_tensors()),
             "metrics": engine.extra_metrics(),
         }
+    # bf16 is autocast over fp32 parameters: gradients, shards and state stay fp32.
+    for engine_cls, options in configs[::2]:
+        model = make_model()
+        engine = engine_cls(options, ctx, "bf16")
+        engine.wrap(model, blocks=[])
+        engine.build_optimizer(SPEC)
+        for x, y in data:
+            loss = engine.train_step(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size), nn.functional.mse_loss)
+            assert torch.isfinite(loss), engine_cls.name
+        assert all(t.dtype == torch.float32 for t in engine.optimizer_state_tensors() if t.dim() > 0)
     return report
 
 
