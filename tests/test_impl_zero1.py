@@ -25,7 +25,7 @@ with warnings.catch_warnings():
     from torch.distributed.optim.utils import functional_optim_map  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import (  # noqa: E402
+from test_impl_zero_common import (
     OPTIMIZERS,
     batches,
     loss_fn,
@@ -37,9 +37,9 @@ from test_impl_zero_common import (  # noqa: E402
     reference_train,
     state_max_abs_diff,
 )
-from zerobench.testing import run_ranks  # noqa: E402
 
-from impl.zero import ZeroRedundancyOptimizer  # noqa: E402
+from impl.zero import ZeroRedundancyOptimizer
+from zerobench.testing import run_ranks
 
 TOL = 1e-5
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.autograd.profiler import profile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import (  # noqa: E402
+from test_impl_zero_common import (
     OPTIMIZERS,
     batches,
     loss_fn,
@@ -23,9 +23,9 @@ from test_impl_zero_common import (  # noqa: E402
     reference_train,
     state_max_abs_diff,
 )
-from zerobench.testing import run_ranks  # noqa: E402
 
-from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer  # noqa: E402
+from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer
+from zerobench.testing import run_ranks
 
 TOL = 1e-5
 
@@ -146,8 +146,11 @@ def _stage2_parity_world(rank, world_size):
         reference_train(kind, data[:2], ref_model, ref_opt)
         ref_opt.param_groups[1]["lr"] *= 0.5
         reference_train(kind, data[2:], ref_model, ref_opt)
-        configs = [dict(bucket_cap_mb=cap) for cap in BUCKET_CAPS]
-        configs += [dict(bucket_cap_mb=0.004, micro_batches=2), dict(bucket_cap_mb=0.004, micro_batches=3, use_no_sync=False)]
+        configs = [{"bucket_cap_mb": cap} for cap in BUCKET_CAPS]
+        configs += [
+            {"bucket_cap_mb": 0.004, "micro_batches": 2},
+            {"bucket_cap_mb": 0.004, "micro_batches": 3, "use_no_sync": False},
+        ]
         for config in configs:
             model, opt = _train_stage2(kind, data, rank, world_size, **config)
             diff = max_abs_diff(params_of(model), params_of(ref_model))

@@ -11,7 +11,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import (  # noqa: E402
+from test_impl_zero1 import average_grads
+from test_impl_zero_common import (
     OPTIMIZERS,
     batches,
     loss_fn,
@@ -21,10 +22,9 @@ from test_impl_zero_common import (  # noqa: E402
     params_of,
     rank_slice,
 )
-from test_impl_zero1 import average_grads  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
 
-from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer  # noqa: E402
+from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
+from zerobench.testing import run_ranks
 
 TOL = 1e-5
 DATA = batches(5, seed=11)

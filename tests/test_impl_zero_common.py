@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 # The first torch.optim optimizer a process builds imports torch._dynamo (3-6 s on this
 # machine). Importing it here, in the parent, means the forked ranks inherit it instead
 # of each paying for it in every world.
-import torch._dynamo  # noqa: F401
+import torch._dynamo
+import torch.nn.functional as F
+from torch import nn
 
-from impl.zero.partition import imbalance, manual_partition, rank_numels, sorted_greedy_partition
+from impl.zero.partition import (
+    imbalance,
+    manual_partition,
+    rank_numels,
+    sorted_greedy_partition,
+)
 
 GLOBAL_BATCH = 24  # divisible by world sizes 2 and 4, and by 2 micro-batches at each
 OPTIMIZERS = {

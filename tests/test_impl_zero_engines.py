@@ -8,19 +8,36 @@ import sys
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import batches, make_model, max_abs_diff, params_of, rank_slice  # noqa: E402
-from zerobench.engines.base import OptimizerSpec, RankContext  # noqa: E402
-from zerobench.engines.impl_zero import Zero1Engine, Zero2Engine  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from test_impl_zero_common import (
+    batches,
+    make_model,
+    max_abs_diff,
+    params_of,
+    rank_slice,
+)
+
+from zerobench.engines.base import OptimizerSpec, RankContext
+from zerobench.engines.impl_zero import Zero1Engine, Zero2Engine
+from zerobench.testing import run_ranks
 
 SPEC = OptimizerSpec("adam", lr=1e-2, hyper={})
 
 
 def _numel(tensors):
     return sum(t.numel() for t in tensors)
+
+
+def _gradient_counter(engine, seen):
+    """on_phase hook: record the gradient elements the memory pass would see."""
+
+    def on_phase(phase):
+        if phase == "optimizer":
+            seen.append(_numel(engine.gradient_tensors()))
+
+    return on_phase
 
 
 def _engines_world(rank, world_size):
@@ -46,7 +63,7 @@ def _engines_world(rank, world_size):
         engine.build_optimizer(SPEC)
         grads_seen = []
         for x, y in data:
-            engine.on_phase = lambda phase: phase == "optimizer" and grads_seen.append(_numel(engine.gradient_tensors()))
+            engine.on_phase = _gradient_counter(engine, grads_seen)
             engine.train_step(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size), nn.functional.mse_loss)
         params = params_of(model)
         if engine_cls is Zero2Engine:

@@ -30,8 +30,9 @@ rank (equal shapes); the reduction's result on this rank — the sum over ranks 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

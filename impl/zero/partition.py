@@ -17,7 +17,8 @@ dict translation rely on that).
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -43,7 +43,8 @@ as in FSDP and fairscale.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,10 +52,18 @@ from torch.optim import Optimizer
 
 from impl import comm
 from impl.zero.bucketer import ReduceScatterBucketer
-from impl.zero.optimizer import check_optimizer_class, check_same_dense_type, materialize_params
 from impl.zero.sharded_param import ShardedParam
-from impl.zero.state_dict import check_param_groups_match, index_to_param, sync_hyperparams
+from impl.zero.state_dict import (
+    check_param_groups_match,
+    index_to_param,
+    sync_hyperparams,
+)
 from impl.zero.transport import copy_to_device
+from impl.zero.validation import (
+    check_optimizer_class,
+    check_same_dense_type,
+    materialize_params,
+)
 
 
 def plan_gather_buckets(shards: list[ShardedParam], bucket_cap_mb: float) -> list[list[ShardedParam]]:
