@@ -10,6 +10,7 @@ docs/fsdp.md explains how they fit together.
 from impl.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy, TrainingState
 from impl.fsdp.flat_param import ShardedState
 from impl.fsdp.fully_sharded import FullyShardedDataParallel
+from impl.fsdp.state_dict import FullStateDictConfig, LocalStateDictConfig, ShardedStateDictConfig, StateDictType
 from impl.fsdp.wrap import (
     always_wrap_policy,
     lambda_auto_wrap_policy,
@@ -24,6 +25,10 @@ __all__ = [
     "MixedPrecision",
     "CPUOffload",
     "TrainingState",
+    "StateDictType",
+    "FullStateDictConfig",
+    "LocalStateDictConfig",
+    "ShardedStateDictConfig",
     "ShardedState",
     "always_wrap_policy",
     "lambda_auto_wrap_policy",

@@ -32,7 +32,9 @@ from impl.fsdp.api import (
     ShardingStrategy,
     TrainingState,
 )
+from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.flat_param import FlatParamHandle
+from impl.fsdp.state_dict import FullStateDictConfig, StateDictType
 from impl.fsdp.rate_limiter import RateLimiter
 from impl.fsdp.unit import FlatParamUnit
 from impl.fsdp.wrap import recursive_wrap
@@ -159,6 +161,11 @@ class FullyShardedDataParallel(nn.Module):
         self._root_state: runtime.RootState | None = None
         # Whether this backward already ran this instance's pre-backward hook.
         self._ran_pre_backward = False
+        # What state_dict() returns; set with FSDP.state_dict_type (state_dict.py).
+        self._state_dict_type = StateDictType.FULL_STATE_DICT
+        self._state_dict_config = FullStateDictConfig()
+        # (id(module), buffer name) -> dtype before mixed precision cast it, for FULL state dicts.
+        self._original_buffer_dtypes: dict[tuple[int, str], torch.dtype] = {}
 
         # 9. flatten and shard.
         self._fsdp_wrapped_module = module
@@ -229,7 +236,8 @@ class FullyShardedDataParallel(nn.Module):
             return
         for module in _managed_modules(self._fsdp_wrapped_module, self._ignored_modules):
             for name, buf in module._buffers.items():
-                if buf is not None and buf.is_floating_point():
+                if buf is not None and buf.is_floating_point() and buf.dtype != mp.buffer_dtype:
+                    self._original_buffer_dtypes[(id(module), name)] = buf.dtype
                     module._buffers[name] = buf.to(mp.buffer_dtype)
 
     def __getattr__(self, name: str) -> Any:
@@ -284,6 +292,30 @@ class FullyShardedDataParallel(nn.Module):
         from impl.fsdp.utils import clip_grad_norm_
 
         return clip_grad_norm_(self, max_norm, norm_type)
+
+    # -- state dicts (state_dict.py) ----------------------------------------------------
+
+    @staticmethod
+    def state_dict_type(module: nn.Module, state_dict_type: StateDictType, state_dict_config=None):
+        """Context manager: what ``state_dict()`` / ``load_state_dict()`` of every FSDP
+        instance in ``module`` produce and accept (FULL by default)."""
+        return state_dict_module.state_dict_type(module, state_dict_type, state_dict_config)
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        if self.training_state is not TrainingState.IDLE:
+            runtime._check_state(self, TrainingState.IDLE)
+        out = state_dict_module.model_state_dict(self)
+        if destination is None:
+            return out
+        for k, v in out.items():
+            destination[prefix + k] = v
+        return destination
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        from torch.nn.modules.module import _IncompatibleKeys
+
+        missing, unexpected = state_dict_module.load_model_state_dict(self, state_dict, strict)
+        return _IncompatibleKeys(missing, unexpected)
 
     @staticmethod
     def summon_full_params(

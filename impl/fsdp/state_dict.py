@@ -1,0 +1,260 @@
+"""Model state dicts of an FSDP tree: FULL, LOCAL and SHARDED (seed-behaviours §2.9).
+
+Keys are those of the unwrapped model (FSDP's ``_fsdp_wrapped_module.`` prefixes are
+stripped), except LOCAL's ``<unit>.flat_param`` entries:
+
+* FULL: every original parameter and buffer, unsharded, full precision (buffers back in
+  their original dtype under mixed precision). ``rank0_only`` returns ``{}`` elsewhere;
+  ``offload_to_cpu`` copies to the CPU.
+* LOCAL: each unit's ``flat_param`` shard as this rank holds it (padded, 1-D), plus
+  buffers and unmanaged parameters. Sharded strategies only.
+* SHARDED: each original parameter as a ``DTensor`` sharded on dim 0 over the unit's
+  shard group (torch.chunk's split, as 1.13's ShardedTensor), plus buffers. Sharded
+  strategies only. PyTorch 1.13 used ShardedTensor, since deprecated in favour of DTensor.
+
+Use it as in PyTorch::
+
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        sd = model.state_dict()
+        model.load_state_dict(sd)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from impl.fsdp.api import ShardingStrategy
+
+
+class StateDictType(enum.Enum):
+    FULL_STATE_DICT = enum.auto()
+    LOCAL_STATE_DICT = enum.auto()
+    SHARDED_STATE_DICT = enum.auto()
+
+
+@dataclass(frozen=True)
+class FullStateDictConfig:
+    offload_to_cpu: bool = False
+    """Copy the full tensors to the CPU."""
+    rank0_only: bool = False
+    """Only rank 0 returns (and keeps in memory) the full state dict; others get ``{}``."""
+
+
+@dataclass(frozen=True)
+class LocalStateDictConfig:
+    pass
+
+
+@dataclass(frozen=True)
+class ShardedStateDictConfig:
+    pass
+
+
+_CONFIG_OF = {
+    StateDictType.FULL_STATE_DICT: FullStateDictConfig,
+    StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
+    StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig,
+}
+
+
+def _instances(module: nn.Module) -> list:
+    from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
+
+    return [m for m in module.modules() if isinstance(m, FSDP)]
+
+
+@contextlib.contextmanager
+def state_dict_type(module: nn.Module, type: StateDictType, config=None):
+    """Set the state dict type (and config) of every FSDP instance in ``module``."""
+    if not isinstance(type, StateDictType):
+        raise ValueError(f"Unknown StateDictType {type!r}")
+    config = config if config is not None else _CONFIG_OF[type]()
+    if not isinstance(config, _CONFIG_OF[type]):
+        raise RuntimeError(f"Expected state_dict_config of type {_CONFIG_OF[type].__name__} but got {config.__class__.__name__}")
+    instances = _instances(module)
+    previous = [(m._state_dict_type, m._state_dict_config) for m in instances]
+    if len({t for t, _ in previous}) > 1:
+        raise RuntimeError("All FSDP module should the same state_dict_type.")
+    for m in instances:
+        m._state_dict_type, m._state_dict_config = type, config
+    try:
+        yield
+    finally:
+        for m, (t, c) in zip(instances, previous):
+            m._state_dict_type, m._state_dict_config = t, c
+
+
+# -- naming ---------------------------------------------------------------------------
+
+
+def _clean(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "").strip(".")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class _Entries:
+    """Where each state-dict entry of an FSDP tree lives, under its unwrapped name."""
+
+    def __init__(self, root: nn.Module):
+        from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
+
+        self.managed = []  # (name, instance, ParamInfo or SharedParamInfo)
+        self.unmanaged = []  # (name, module, attribute): parameters outside every unit
+        self.buffers = []  # (name, module, attribute, owning instance)
+        owner = {}
+        for mod_name, mod in root.named_modules(remove_duplicate=False):
+            if isinstance(mod, FSDP):
+                owner[id(mod._fsdp_wrapped_module)] = mod
+                if mod._unit is not None:
+                    h = mod._unit.handle
+                    for ref in [*h.infos, *h.shared]:
+                        self.managed.append((_join(_clean(mod_name), ref.fqn), mod, ref))
+                continue
+            prefix = _clean(mod_name)
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    self.unmanaged.append((_join(prefix, name), mod, name))
+            for name, b in mod._buffers.items():
+                if b is not None and name not in mod._non_persistent_buffers_set:
+                    self.buffers.append((_join(prefix, name), mod, name))
+        self.instances = _instances(root)
+        # Buffers cast by mixed precision are saved in their original dtype.
+        self.buffer_dtypes = {k: v for inst in self.instances for k, v in inst._original_buffer_dtypes.items()}
+
+    def buffer_value(self, mod: nn.Module, name: str) -> torch.Tensor:
+        b = mod._buffers[name].detach()
+        original = self.buffer_dtypes.get((id(mod), name))
+        return b.to(original) if original is not None and original != b.dtype else b.clone()
+
+
+def _check_sharded(instances, what: str) -> None:
+    for m in instances:
+        if m._unit is not None and not m._unit.sharded:
+            raise RuntimeError(
+                "sharded_state_dict/local_state_dict can only be called when parameters are flatten and sharded."
+                f" ({what} with {m._unit.strategy.name})"
+            )
+
+
+# -- save -----------------------------------------------------------------------------
+
+
+def model_state_dict(root) -> dict[str, torch.Tensor]:
+    from impl.fsdp.utils import summon_full_params
+
+    kind, config = root._state_dict_type, root._state_dict_config
+    entries = _Entries(root)
+    out: dict[str, torch.Tensor] = {}
+    if kind is StateDictType.FULL_STATE_DICT:
+        rank0_only = config.rank0_only
+        with summon_full_params(root, writeback=False, rank0_only=rank0_only, offload_to_cpu=config.offload_to_cpu):
+            if rank0_only and dist.get_rank() != 0:
+                return {}
+            for name, _, ref in entries.managed:
+                out[name] = ref.module.__dict__[ref.name].detach().clone()
+            for name, mod, attr in entries.unmanaged:
+                out[name] = mod._parameters[attr].detach().clone()
+            for name, mod, attr in entries.buffers:
+                out[name] = entries.buffer_value(mod, attr)
+        if config.offload_to_cpu:
+            out = {k: v.cpu() for k, v in out.items()}
+        return out
+    if kind is StateDictType.LOCAL_STATE_DICT:
+        _check_sharded(entries.instances, "LOCAL_STATE_DICT")
+        for inst in entries.instances:
+            if inst._unit is not None:
+                name = _join(_clean(_name_of(root, inst)), "flat_param")
+                out[name] = inst._unit.handle.sharded_flat.detach().clone()
+    elif kind is StateDictType.SHARDED_STATE_DICT:
+        _check_sharded(entries.instances, "SHARDED_STATE_DICT")
+        with summon_full_params(root, writeback=False):
+            for name, inst, ref in entries.managed:
+                out[name] = _to_dtensor(ref.module.__dict__[ref.name].detach(), inst._unit)
+    else:
+        raise ValueError(f"Unknown StateDictType {kind!r}")
+    for name, mod, attr in entries.unmanaged:
+        out[name] = mod._parameters[attr].detach().clone()
+    for name, mod, attr in entries.buffers:
+        out[name] = entries.buffer_value(mod, attr)
+    return out
+
+
+def _name_of(root, module) -> str:
+    for name, m in root.named_modules():
+        if m is module:
+            return name
+    raise KeyError("module not in tree")
+
+
+def _mesh(unit):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if getattr(unit, "_mesh", None) is None:
+        unit._mesh = DeviceMesh.from_group(unit.shard_group, unit.handle.device.type)
+    return unit._mesh
+
+
+def _to_dtensor(full: torch.Tensor, unit):
+    from torch.distributed.tensor import DTensor, Shard
+
+    if full.dim() == 0:
+        return full.clone()
+    world, rank = unit.handle.shard_world, unit.handle.shard_rank
+    chunks = torch.chunk(full, world, dim=0)
+    local = chunks[rank].clone() if rank < len(chunks) else full.new_empty((0, *full.shape[1:]))
+    return DTensor.from_local(local, _mesh(unit), [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
+
+
+# -- load -----------------------------------------------------------------------------
+
+
+def load_model_state_dict(root, state_dict: dict, strict: bool = True):
+    from impl.fsdp.utils import summon_full_params
+
+    kind = root._state_dict_type
+    entries = _Entries(root)
+    if kind is StateDictType.LOCAL_STATE_DICT:
+        _check_sharded(entries.instances, "LOCAL_STATE_DICT")
+        expected = {_join(_clean(_name_of(root, i)), "flat_param"): i for i in entries.instances if i._unit is not None}
+    elif kind in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
+        if kind is StateDictType.SHARDED_STATE_DICT:
+            _check_sharded(entries.instances, "SHARDED_STATE_DICT")
+        expected = {name: (inst, ref) for name, inst, ref in entries.managed}
+    else:
+        raise ValueError(f"Unknown StateDictType {kind!r}")
+    names = set(expected) | {n for n, _, _ in entries.unmanaged} | {n for n, _, _ in entries.buffers}
+    missing, unexpected = sorted(names - set(state_dict)), sorted(set(state_dict) - names)
+    if strict and (missing or unexpected):
+        raise RuntimeError(f"Error(s) in loading state_dict: missing keys {missing}, unexpected keys {unexpected}")
+
+    def value(v):
+        from torch.distributed.tensor import DTensor
+
+        return v.full_tensor() if isinstance(v, DTensor) else v
+
+    with torch.no_grad():
+        if kind is StateDictType.LOCAL_STATE_DICT:
+            for name, inst in expected.items():
+                if name in state_dict:
+                    inst._unit.handle.sharded_flat.copy_(state_dict[name])
+        else:
+            with summon_full_params(root, writeback=True):
+                for name, (inst, ref) in expected.items():
+                    if name in state_dict:
+                        ref.module.__dict__[ref.name].copy_(value(state_dict[name]))
+        for name, mod, attr in entries.unmanaged:
+            if name in state_dict:
+                mod._parameters[attr].copy_(value(state_dict[name]))
+        for name, mod, attr in entries.buffers:
+            if name in state_dict:
+                mod._buffers[attr].copy_(value(state_dict[name]))
+    return missing, unexpected
