@@ -332,3 +332,14 @@ def test_failed_cell_error_becomes_one_line(tmp_path):
     row = _row(compare_runs(base, new), "status")
     assert row["note"] == "ok -> failed: Traceback: File x RuntimeError: boom"
     assert config_mismatches(base, new).empty  # a failed cell's missing context is not a difference
+
+
+def test_committed_baseline_loads_and_passes_against_itself(tmp_path):
+    """results/baselines/cpu-quickstart stays readable by compare as the schema moves on."""
+    path = Path(__file__).parents[1] / "results" / "baselines" / "cpu-quickstart"
+    if not (path / "results.csv").exists():
+        pytest.skip("no committed baseline")
+    baseline = load_run(path)
+    assert {"peak_mem_bytes", "comm_total_bytes", "loss_last", "steady_mem_bytes"} <= set(baseline.metric_columns)
+    assert baseline.steps is not None and len(baseline.steps)
+    assert cli(path, path, "--fail-on", "peak_mem:+10%", "--report-only", "peak_mem_*", "--gate", "all") == 0
