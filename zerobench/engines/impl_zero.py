@@ -9,8 +9,11 @@
   parameters are all-gathered after the step. Every collective goes through
   ``impl.comm``.
 
-Both report ``zero_partition_imbalance``: the largest rank's stepped elements over the
-mean (1.0 is perfect; stage 1 never splits a parameter, stage 2 always does).
+Both report, per rank, ``zero_partition_imbalance_pct``: how far the largest rank's
+stepped elements exceed the mean, in percent (0 is perfect; stage 1 never splits a
+parameter, stage 2 always does), and ``zero_rank_numel_count``: the elements this rank
+steps (and holds optimizer state for). Named with unit suffixes so the comparison
+classifies them as metrics (zerobench/compare.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
 from impl.zero.partition import imbalance
 from zerobench.engines.base import AutocastEngine, Axis
 from zerobench.engines.ddp import wrap_ddp
+
+
+def partition_metrics(rank_numels: list[int], rank: int) -> dict[str, float]:
+    return {
+        "zero_partition_imbalance_pct": 100.0 * (imbalance(rank_numels) - 1.0),
+        "zero_rank_numel_count": float(rank_numels[rank]),
+    }
 
 
 class Zero1Engine(AutocastEngine):
@@ -45,7 +55,7 @@ class Zero1Engine(AutocastEngine):
         return self.optimizer
 
     def extra_metrics(self):
-        return {"zero_partition_imbalance": imbalance(self.optimizer.rank_numels())}
+        return partition_metrics(self.optimizer.rank_numels(), self.ctx.rank)
 
 
 class Zero2Engine(AutocastEngine):
@@ -83,4 +93,4 @@ class Zero2Engine(AutocastEngine):
         return full + self.optimizer.gradient_shards()
 
     def extra_metrics(self):
-        return {"zero_partition_imbalance": imbalance(self.optimizer.rank_numels())}
+        return partition_metrics(self.optimizer.rank_numels(), self.ctx.rank)
