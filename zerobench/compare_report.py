@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.compare import CELL_ROW, metric_info
+from zerobench.compare import CELL_ROW
+from zerobench.compare_rules import metric_info
 
 #: Verdicts always shown; deterministic metrics are also shown whenever they moved at all.
 SHOW_VERDICTS = ("regression", "improved", "missing", "new")
