@@ -202,6 +202,18 @@ def _stage2_memory_world(rank, world_size):
     assert all(torch.equal(g, flat) for g in gathered)
     with pytest.raises(NotImplementedError, match="add_param_group"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    opt.remove_hooks()
+
+    # Reductions overlap backward: with every gradient sent alone, the first
+    # reduce-scatter is issued before the last backward op has run.
+    model = make_model()
+    opt = ZeroStage2Optimizer(model.parameters(), torch.optim.Adam, bucket_cap_mb=0, lr=1e-3)
+    with profile() as prof:
+        loss_fn(model, rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
+    events = [(e.name, e.time_range.start) for e in prof.function_events]
+    first_reduce = min(t for name, t in events if name == "impl::reduce_scatter")
+    last_backward_op = max(t for name, t in events if name.startswith("autograd::engine::evaluate_function"))
+    assert first_reduce < last_backward_op
     return True
 
 
