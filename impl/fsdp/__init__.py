@@ -10,6 +10,15 @@ docs/fsdp.md explains how they fit together.
 from impl.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy, TrainingState
 from impl.fsdp.flat_param import ShardedState
 from impl.fsdp.fully_sharded import FullyShardedDataParallel
+from impl.fsdp.optim_state import (
+    OptimStateKeyType,
+    flatten_sharded_optim_state_dict,
+    full_optim_state_dict,
+    rekey_optim_state_dict,
+    scatter_full_optim_state_dict,
+    shard_full_optim_state_dict,
+    sharded_optim_state_dict,
+)
 from impl.fsdp.state_dict import FullStateDictConfig, LocalStateDictConfig, ShardedStateDictConfig, StateDictType
 from impl.fsdp.wrap import (
     always_wrap_policy,
@@ -29,6 +38,13 @@ __all__ = [
     "FullStateDictConfig",
     "LocalStateDictConfig",
     "ShardedStateDictConfig",
+    "OptimStateKeyType",
+    "full_optim_state_dict",
+    "sharded_optim_state_dict",
+    "shard_full_optim_state_dict",
+    "flatten_sharded_optim_state_dict",
+    "scatter_full_optim_state_dict",
+    "rekey_optim_state_dict",
     "ShardedState",
     "always_wrap_policy",
     "lambda_auto_wrap_policy",

@@ -32,6 +32,7 @@ from impl.fsdp.api import (
     ShardingStrategy,
     TrainingState,
 )
+from impl.fsdp import optim_state
 from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.flat_param import FlatParamHandle
 from impl.fsdp.state_dict import FullStateDictConfig, StateDictType
@@ -316,6 +317,14 @@ class FullyShardedDataParallel(nn.Module):
 
         missing, unexpected = state_dict_module.load_model_state_dict(self, state_dict, strict)
         return _IncompatibleKeys(missing, unexpected)
+
+    # Optimizer state dicts, as static methods like PyTorch's (optim_state.py).
+    full_optim_state_dict = staticmethod(optim_state.full_optim_state_dict)
+    sharded_optim_state_dict = staticmethod(optim_state.sharded_optim_state_dict)
+    shard_full_optim_state_dict = staticmethod(optim_state.shard_full_optim_state_dict)
+    flatten_sharded_optim_state_dict = staticmethod(optim_state.flatten_sharded_optim_state_dict)
+    scatter_full_optim_state_dict = staticmethod(optim_state.scatter_full_optim_state_dict)
+    rekey_optim_state_dict = staticmethod(optim_state.rekey_optim_state_dict)
 
     @staticmethod
     def summon_full_params(

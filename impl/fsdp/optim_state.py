@@ -1,0 +1,237 @@
+"""Optimizer state dicts of an FSDP tree (seed-behaviours §2.10 and §3).
+
+The optimizer holds state for each unit's flat shard (``exp_avg`` of shape
+``(shard_numel,)``, a scalar ``step``, ...). These functions translate between that
+and the *unflattened* view a checkpoint wants: one entry per original parameter, keyed
+by its name in the unwrapped model.
+
+* ``full_optim_state_dict``: all-gather each positive-dimension state over the unit's
+  shard group, trim the padding, split per original parameter; scalars and non-tensors
+  are replicated to each parameter. Rank 0 only by default.
+* ``sharded_optim_state_dict``: the same per-parameter states as DTensors sharded on
+  dim 0 (1.13 used ShardedTensor, since deprecated).
+* ``shard_full_optim_state_dict`` / ``flatten_sharded_optim_state_dict``: back to this
+  rank's flat shards, ready for ``optim.load_state_dict`` (no communication, except
+  DTensor's gather in the sharded case). Missing positive-dimension states become zeros
+  (right for Adam's moments); scalars must agree across a unit's parameters.
+* ``scatter_full_optim_state_dict``: rank 0 holds the full dict and broadcasts it (as
+  one pickled object: simpler than 1.13's skeleton-then-tensors broadcast, at the cost
+  of every rank briefly holding the full dict).
+* ``rekey_optim_state_dict``: parameter names <-> parameter IDs.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from impl import comm
+
+
+class OptimStateKeyType(enum.Enum):
+    PARAM_NAME = enum.auto()
+    PARAM_ID = enum.auto()
+
+
+def _param_map(model: nn.Module) -> dict[int, tuple[Any, list[str]]]:
+    """id(optimizer parameter) -> (unit or None, [unflattened names])."""
+    from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
+    from impl.fsdp.state_dict import _clean, _join
+
+    out: dict[int, tuple[Any, list[str]]] = {}
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, FSDP):
+            if mod._unit is not None:
+                h = mod._unit.handle
+                out[id(h.sharded_flat)] = (mod._unit, [_join(_clean(mod_name), i.fqn) for i in h.infos])
+            continue
+        for name, p in mod._parameters.items():
+            if p is not None and id(p) not in out:
+                out[id(p)] = (None, [_join(_clean(mod_name), name)])
+    return out
+
+
+def _optim_params(optim: torch.optim.Optimizer | None, model: nn.Module) -> list[list[nn.Parameter]]:
+    if optim is None:
+        return [list(model.parameters())]
+    return [list(g["params"]) for g in optim.param_groups]
+
+
+def _unflatten_state(unit, names: list[str], state: dict) -> dict[str, dict]:
+    """One flat parameter's state -> per original parameter."""
+    out: dict[str, dict] = {n: {} for n in names}
+    h = unit.handle if unit is not None else None
+    for key, value in state.items():
+        if h is None:
+            out[names[0]][key] = value.detach().clone() if torch.is_tensor(value) else value
+            continue
+        if torch.is_tensor(value) and value.dim() > 0:
+            if unit.sharded and h.shard_world > 1:
+                full = torch.empty(h.padded_numel, dtype=value.dtype, device=value.device)
+                comm.all_gather(full, value.detach().to(h.device) if value.device != h.device else value.detach(),
+                                group=unit.shard_group, async_op=False)
+                full = full.to(value.device)
+            else:
+                full = value.detach()
+            for name, info in zip(names, h.infos):
+                out[name][key] = full[info.offset : info.offset + info.numel].view(info.shape).clone()
+        else:
+            for name in names:
+                out[name][key] = value.detach().clone() if torch.is_tensor(value) else copy.copy(value)
+    return out
+
+
+def _groups_by_name(optim, model, pmap) -> list[dict]:
+    groups = []
+    for group, params in zip(optim.param_groups, _optim_params(optim, model)):
+        g = {k: v for k, v in group.items() if k != "params"}
+        g["params"] = [n for p in params for n in pmap[id(p)][1]]
+        groups.append(g)
+    return groups
+
+
+def full_optim_state_dict(
+    model: nn.Module, optim: torch.optim.Optimizer, optim_input=None, rank0_only: bool = True, group=None
+) -> dict:
+    """The unflattened optimizer state, keyed by parameter name; ``{}`` on ranks other
+    than 0 under ``rank0_only`` (every rank still takes part in the all-gathers)."""
+    pmap = _param_map(model)
+    state: dict[str, dict] = {}
+    for params in _optim_params(optim, model):
+        for p in params:
+            unit, names = pmap[id(p)]
+            if p in optim.state and optim.state[p]:
+                state.update(_unflatten_state(unit, names, optim.state[p]))
+    if rank0_only and dist.get_rank(group) != 0:
+        return {}
+    return {"state": state, "param_groups": _groups_by_name(optim, model, pmap)}
+
+
+def sharded_optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_input=None, group=None) -> dict:
+    """Like ``full_optim_state_dict`` on every rank, positive-dimension states as DTensors."""
+    from impl.fsdp.state_dict import _to_dtensor
+
+    pmap = _param_map(model)
+    full = full_optim_state_dict(model, optim, rank0_only=False)
+    unit_of = {n: unit for unit, names in pmap.values() for n in names}
+    for name, st in full["state"].items():
+        unit = unit_of[name]
+        if unit is not None and unit.sharded:
+            for k, v in st.items():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    st[k] = _to_dtensor(v, unit)
+    return full
+
+
+def shard_full_optim_state_dict(full_osd: dict, model: nn.Module, optim_input=None, optim=None) -> dict:
+    """This rank's flat state, loadable with ``optim.load_state_dict`` (no communication)."""
+    if "state" not in full_osd:
+        raise ValueError("full_osd must contain 'state' (did rank 0 pass in the full optimizer state dict?)")
+    pmap = _param_map(model)
+    groups = _optim_params(optim, model)
+    flat_state: dict[int, dict] = {}
+    pid = 0
+    for params in groups:
+        for p in params:
+            unit, names = pmap[id(p)]
+            entries = [full_osd["state"].get(n) for n in names]
+            if any(e is not None for e in entries):
+                flat_state[pid] = _flatten_state(unit, names, entries, p)
+            pid += 1
+    param_groups, pid = [], 0
+    full_groups = full_osd.get("param_groups") or [{}] * len(groups)
+    for g, params in zip(full_groups, groups):
+        g = {k: v for k, v in g.items() if k != "params"}
+        g["params"] = list(range(pid, pid + len(params)))
+        pid += len(params)
+        param_groups.append(g)
+    return {"state": flat_state, "param_groups": param_groups}
+
+
+def _flatten_state(unit, names, entries, param) -> dict:
+    present = [(n, e) for n, e in zip(names, entries) if e is not None]
+    if unit is None:
+        return {k: v.clone() if torch.is_tensor(v) else v for k, v in present[0][1].items()}
+    keys = set(present[0][1])
+    for n, e in present[1:]:
+        if set(e) != keys:
+            raise ValueError(f"Differing optimizer state names for the unflattened parameters {names}")
+    h = unit.handle
+    out = {}
+    for key in sorted(keys):
+        values = [e[key] for _, e in present]
+        first = values[0]
+        if torch.is_tensor(first) and first.dim() > 0:
+            dtypes = {v.dtype for v in values}
+            if len(dtypes) > 1:
+                raise ValueError(f"Differing dtypes for optimizer state {key!r}: {dtypes}")
+            full = torch.zeros(h.padded_numel, dtype=first.dtype, device=param.device)
+            for name, info in zip(names, h.infos):
+                entry = dict(zip(names, entries)).get(name)
+                if entry is None:
+                    continue  # missing: zeros
+                v = entry[key]
+                if v.shape != info.shape:
+                    raise ValueError(f"optimizer state {key!r} of {name} does not have same shape as its parameter")
+                full[info.offset : info.offset + info.numel].copy_(v.reshape(-1))
+            out[key] = h.shard_slice(full).clone() if unit.sharded else full[: h.padded_numel].clone()
+        else:
+            for v in values[1:]:
+                same = torch.equal(v, first) and v.dtype == first.dtype if torch.is_tensor(v) else v == first
+                if not same:
+                    raise ValueError(
+                        f"All unflattened parameters comprising a single flat parameter must have scalar state with "
+                        f"the same value and dtype; {key!r} differs across {names}"
+                    )
+            out[key] = first.clone() if torch.is_tensor(first) else first
+    return out
+
+
+def flatten_sharded_optim_state_dict(sharded_osd: dict, model: nn.Module, optim_input=None, optim=None) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    full = {
+        "state": {
+            n: {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in st.items()}
+            for n, st in sharded_osd["state"].items()
+        },
+        "param_groups": sharded_osd.get("param_groups"),
+    }
+    return shard_full_optim_state_dict(full, model, optim=optim)
+
+
+def scatter_full_optim_state_dict(full_osd, model: nn.Module, optim_input=None, optim=None, group=None) -> dict:
+    """Rank 0 passes the full dict (others None); every rank gets its flat shard."""
+    if dist.get_rank() == 0 and full_osd is None:
+        raise ValueError("Rank 0 must pass in the full optimizer state dict")
+    box = [full_osd if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return shard_full_optim_state_dict(box[0], model, optim=optim)
+
+
+def rekey_optim_state_dict(osd: dict, key_type: OptimStateKeyType, model: nn.Module, optim_input=None, optim=None) -> dict:
+    """Re-key an unflattened optimizer state dict by parameter name or by parameter ID
+    (the position of the name in the unflattened optimizer order)."""
+    pmap = _param_map(model)
+    order = [n for params in _optim_params(optim, model) for p in params for n in pmap[id(p)][1]]
+    keys = list(osd["state"])
+    if any(isinstance(k, str) for k in keys) and any(not isinstance(k, str) for k in keys):
+        raise ValueError(f"Invalid parameter keys: mixed names and IDs {keys}")
+    by_name = all(isinstance(k, str) for k in keys)
+    if (key_type is OptimStateKeyType.PARAM_NAME) == by_name:
+        return osd
+    if key_type is OptimStateKeyType.PARAM_ID:
+        index = {n: i for i, n in enumerate(order)}
+        convert = lambda k: index[k]  # noqa: E731
+    else:
+        if len(set(order)) != len(order):
+            raise RuntimeError("Each parameter must have exactly one name to re-key by name")
+        convert = lambda k: order[k]  # noqa: E731
+    groups = [dict(g, params=sorted(convert(k) for k in g["params"]) if key_type is OptimStateKeyType.PARAM_ID
+                   else [convert(k) for k in g["params"]]) for g in osd["param_groups"]]
+    return {"state": {convert(k): v for k, v in osd["state"].items()}, "param_groups": groups}
