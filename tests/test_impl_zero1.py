@@ -183,6 +183,24 @@ def _api_world(rank, world_size):
         p.grad = torch.zeros_like(p)
     with pytest.warns(UserWarning, match="trainable parameters changed"):
         opt.step()
+
+    # step(closure) returns the closure's loss, as torch.optim does.
+    (x, y), = batches(1)
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        return loss
+
+    assert torch.is_tensor(opt.step(closure))
+    # A state dict whose groups do not fit is refused before anything is loaded.
+    opt.consolidate_state_dict(to=0)
+    if rank == 0:
+        bad = opt.state_dict()
+        bad["param_groups"] = bad["param_groups"] * 2
+        with pytest.raises(ValueError, match="different number of parameter groups"):
+            opt.load_state_dict(bad)
     return True
 
 

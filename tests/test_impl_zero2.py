@@ -24,6 +24,7 @@ from test_impl_zero_common import (
     state_max_abs_diff,
 )
 
+from impl import comm
 from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer
 from zerobench.testing import run_ranks
 
@@ -178,6 +179,16 @@ def test_stage2_parity_with_single_process(world_size):
     run_ranks(_stage2_parity_world, world_size)
 
 
+def _consolidated_everywhere(opt):
+    """The global state dict on every rank (consolidated to each rank in turn)."""
+    result = None
+    for to in range(opt.world_size):
+        opt.consolidate_state_dict(to=to)
+        if to == opt.rank:
+            result = opt.state_dict()
+    return result
+
+
 def _stage2_memory_world(rank, world_size):
     """After backward, no full gradient remains: each rank holds one shard of every
     trainable gradient (the output of the reduce-scatters), labelled in the profiler."""
@@ -202,6 +213,25 @@ def _stage2_memory_world(rank, world_size):
     assert all(torch.equal(g, flat) for g in gathered)
     with pytest.raises(NotImplementedError, match="add_param_group"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    # Under interconnect emulation (slower collectives, impl.comm) the result is the same.
+    before = params_of(model)
+    reference = make_model()
+    with torch.no_grad():
+        for p, value in zip(reference.parameters(), before):
+            p.copy_(value)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    ref_opt.load_state_dict(_consolidated_everywhere(opt))
+    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=0.05, latency_us=200))
+    try:
+        opt.zero_grad()
+        loss_fn(model, rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
+        opt.step()
+    finally:
+        comm.set_emulation(None)
+    ref_opt.zero_grad()
+    loss_fn(reference, x, y).backward()
+    ref_opt.step()
+    assert max_abs_diff(params_of(model), params_of(reference)) < TOL
     opt.remove_hooks()
 
     # Reductions overlap backward: with every gradient sent alone, the first
