@@ -21,11 +21,17 @@ The peak's composition is the classification of the storages live at the peak.
 
 The tracker slows a step down 1.5-2x on CPU: it runs in its own pass, never while
 step times are measured.
+
+Storages can die on other threads: a gloo ``Work`` drops its tensors on gloo's worker
+thread when the collective completes. So the bookkeeping takes a lock, and the peak
+of engines with asynchronous collectives depends on scheduling (seen here: FSDP peaks
+vary by about one unit's buffer between runs; steady-state bytes do not).
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import weakref
 from collections import defaultdict
@@ -88,12 +94,18 @@ class StorageTracker(TorchDispatchMode):
         # uid -> role decided by identity with the engine's tensors
         self._roles: dict[int, str] = {}
         self._original_resize = None
+        # storages die on gloo's worker threads too (see the module docstring)
+        self._lock = threading.RLock()
 
     # -- tracking -----------------------------------------------------------------
 
     def _track(self, storage) -> int | None:
         if storage.device.type != self.device_type:
             return None
+        with self._lock:
+            return self._track_locked(storage)
+
+    def _track_locked(self, storage) -> int:
         uid = self._uid_of.get(storage)
         if uid is not None:
             return uid
@@ -106,18 +118,20 @@ class StorageTracker(TorchDispatchMode):
         return uid
 
     def _on_free(self, uid: int) -> None:
-        entry = self._live.pop(uid, None)
-        if entry is not None:
-            self._change(uid, -entry[1])
+        with self._lock:
+            entry = self._live.pop(uid, None)
+            if entry is not None:
+                self._change(uid, -entry[1])
 
     def _on_resize(self, storage, new_nbytes: int) -> None:
-        uid = self._uid_of.get(storage)
-        if uid is None:
-            self._track(storage)
-            return
-        ref, old = self._live[uid]
-        self._live[uid] = (ref, new_nbytes)
-        self._change(uid, new_nbytes - old)
+        with self._lock:
+            uid = self._uid_of.get(storage)
+            if uid is None:
+                self._track_locked(storage)
+                return
+            ref, old = self._live[uid]
+            self._live[uid] = (ref, new_nbytes)
+            self._change(uid, new_nbytes - old)
 
     def _change(self, uid: int, delta: int) -> None:
         if delta == 0:

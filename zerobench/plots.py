@@ -6,7 +6,9 @@
   unsharded parameters, activations, other) on the rank with the highest peak, every
   rank's peak as a dot, the reference as a dashed line;
 * ``losses.png``: the mean loss over ranks per step, beside the single-process reference;
-* ``memory_timeline.png``: live tensor bytes over the measured step, by category (rank 0).
+* ``memory_timeline.png``: live tensor bytes over the measured step, by category (rank 0);
+* ``knobs.png`` (when the run varies them): step time, peak memory and all-gathers in
+  flight against backward/forward prefetch and the rate limiter.
 """
 
 from __future__ import annotations
@@ -186,6 +188,67 @@ def plot_memory_timelines(run_dir: Path, path: Path) -> Path | None:
     return path
 
 
+KNOB_AXES = ("backward_prefetch", "forward_prefetch", "limit_all_gathers", "limiter_depth")
+
+
+def _knob_label(row) -> str:
+    fwd = "fwd on" if str(row.get("forward_prefetch")) == "True" else "fwd off"
+    return f"bwd {row.get('backward_prefetch')}\n{fwd}"
+
+
+def _limiter_label(row) -> str:
+    if str(row.get("limit_all_gathers")) != "True":
+        return "limiter off"
+    depth = row.get("limiter_depth")
+    return "limiter on" + (f" (depth {int(depth)})" if pd.notna(depth) else "")
+
+
+def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
+    """Step time, peak memory and all-gathers in flight against backward/forward
+    prefetch (x) and the rate limiter (one line per setting), per FSDP engine whose
+    knobs the run varies; DDP and fully_shard's default cell as dashed references."""
+    ok = _ok(results, "step_time_median_s")
+    knob_cols = [c for c in KNOB_AXES if c in ok.columns]
+    engines = [e for e, f in ok.groupby("engine") if knob_cols and len(f.drop_duplicates(knob_cols)) > 1
+               and f["backward_prefetch"].notna().all()]
+    if not engines:
+        return None
+    metrics = [("step_time_median_s", 1e3, "median step time (ms)"), ("peak_mem_bytes", 2**-20, "peak memory (MiB)")]
+    if "max_inflight_all_gathers" in ok.columns:
+        metrics.append(("max_inflight_all_gathers", 1, "max all-gathers in flight"))
+    fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines), 2.8 * len(metrics)),
+                             squeeze=False, sharex="col")
+    refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+")] for name in ("ddp", "torch-fsdp2")}
+    for col, engine in enumerate(engines):
+        frame = ok[ok["engine"] == engine]
+        per_cell = frame.groupby("cell_id", sort=False).agg(
+            {**{m: ("max" if m != "step_time_median_s" else "median") for m, _, _ in metrics if m in frame},
+             **{k: "first" for k in knob_cols}}).reset_index()
+        per_cell["x"] = per_cell.apply(_knob_label, axis=1)
+        per_cell["series"] = per_cell.apply(_limiter_label, axis=1)
+        xs = list(dict.fromkeys(per_cell.sort_values(["forward_prefetch", "backward_prefetch"])["x"]))
+        for row, (metric, scale, label) in enumerate(metrics):
+            ax = axes[row, col]
+            for series, sf in per_cell.groupby("series", sort=True):
+                sf = sf.set_index("x").reindex(xs)
+                ax.plot(range(len(xs)), sf[metric] * scale, "o-", label=series, ms=5)
+            for name, ref in refs.items():
+                if metric in ref and not ref.empty and name != engine:
+                    value = ref[metric].median() if metric == "step_time_median_s" else ref[metric].max()
+                    ax.axhline(value * scale, ls="--", lw=1, color="black" if name == "ddp" else "gray",
+                               label=f"{name} (reference)")
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(engine, fontsize=10)
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            ax.set_xticks(range(len(xs)), xs, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_run(run_dir: Path) -> list[Path]:
     """Draw every plot of the run into ``<run>/plots/``; returns the files written."""
     run_dir = Path(run_dir)
@@ -197,5 +260,6 @@ def plot_run(run_dir: Path) -> list[Path]:
         plot_peak_memory(results, out / "peak_memory.png"),
         plot_losses(run_dir, results, out / "losses.png"),
         plot_memory_timelines(run_dir, out / "memory_timeline.png"),
+        plot_knobs(results, out / "knobs.png"),
     ]
     return [p for p in drawn if p is not None]

@@ -60,6 +60,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_grads_bytes", "B", "gradient bytes live at the peak", "deterministic"),
     Metric("peak_mem_optim_bytes", "B", "optimizer-state bytes live at the peak", "deterministic"),
     Metric("peak_mem_other_bytes", "B", "everything else live at the peak: activations, unsharded parameters, comm buffers", "deterministic"),
+    Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
+    Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
     # -- memory (CUDA allocator, timing pass; empty on CPU) --
     Metric("cuda_peak_allocated_bytes", "B", "torch.cuda.max_memory_allocated over the measured steps", "deterministic"),
