@@ -60,6 +60,22 @@ class _Issued:
     results: list[tuple[Callback, torch.Tensor]]  # (callback, its view of the output shard)
 
 
+def _rank_major(tensors_per_rank: list[torch.Tensor]) -> torch.Tensor:
+    """The inputs back to back as one 1-D tensor; without a copy when they already are
+    consecutive slices of one buffer (the usual case: the chunks of one gradient)."""
+    first = tensors_per_rank[0]
+    numel = first.numel()
+    consecutive = all(
+        t.is_contiguous()
+        and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and t.storage_offset() == first.storage_offset() + rank * numel
+        for rank, t in enumerate(tensors_per_rank)
+    )
+    if consecutive:
+        return first.as_strided((len(tensors_per_rank) * numel,), (1,))
+    return torch.cat([t.reshape(-1) for t in tensors_per_rank])
+
+
 class ReduceScatterBucketer:
     """See [Note: bucketer semantics]."""
 
@@ -108,7 +124,7 @@ class ReduceScatterBucketer:
         self._fire_completed()
         numel = first.numel()
         if not self.is_buffered(numel, first.element_size(), world_size):
-            reduce_scatter_input = torch.cat([t.reshape(-1) for t in tensors_per_rank])  # 1D, rank-major
+            reduce_scatter_input = _rank_major(tensors_per_rank)  # 1D, rank-major
             output = torch.empty(numel, dtype=first.dtype, device=first.device)
             self._issue(reduce_scatter_input, output, [(callback_fn, output.view(first.shape))], group)
             return

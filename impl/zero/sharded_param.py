@@ -50,8 +50,14 @@ class ShardedParam:
     # -- gradients ------------------------------------------------------------------------
 
     def reduce_scatter_inputs(self, grad: torch.Tensor) -> list[torch.Tensor]:
-        """``grad / world_size`` as one padded chunk per rank (averaging, as DDP does)."""
-        padded = self._padded(grad.reshape(-1) / self.world_size)  # 1D, world_size * chunk_numel
+        """``grad / world_size`` as one padded chunk per rank (averaging, as DDP does).
+
+        Divides ``grad`` in place (the caller gives it up), so that when no padding is
+        needed the chunks are views of the gradient itself: consecutive slices of one
+        buffer, which the bucketer sends without another copy.
+        """
+        flat = grad.reshape(-1).div_(self.world_size)
+        padded = self._padded(flat)  # 1D, world_size * chunk_numel
         return list(padded.view(self.world_size, self.chunk_numel).unbind(0))
 
     def accumulate_reduced(self, reduced: torch.Tensor) -> None:
