@@ -194,3 +194,28 @@ def test_overlap_with_ddp_is_rejected():
 
     with pytest.raises(NotImplementedError, match="overlap_with_ddp=True"):
         ZeroRedundancyOptimizer([nn.Parameter(torch.zeros(2))], torch.optim.SGD, overlap_with_ddp=True, lr=0.1)
+
+
+# -- stage-2 shard math (no communication) -------------------------------------------------------
+
+
+def test_sharded_param_chunks_cover_the_parameter_once():
+    from impl.zero.sharded_param import ShardedParam
+
+    for numel, world_size in [(10, 4), (3, 4), (8, 2), (1, 2)]:
+        param = nn.Parameter(torch.arange(float(numel)))
+        shards = [ShardedParam(param, rank, world_size) for rank in range(world_size)]
+        assert all(s.chunk_numel == -(-numel // world_size) for s in shards)
+        assert torch.equal(torch.cat([s.sharded for s in shards]), param.detach())  # each element once, in order
+        shards[0].sharded.add_(100.0)  # the shard is a view: the parameter sees the update
+        assert param[0].item() == 100.0
+        chunks = shards[0].reduce_scatter_inputs(torch.ones(numel) * world_size)
+        assert len(chunks) == world_size and all(c.numel() == shards[0].chunk_numel for c in chunks)
+        assert torch.cat(chunks).sum().item() == numel  # divided by world_size; the padding is zeros
+
+
+def test_sharded_param_needs_a_contiguous_parameter():
+    from impl.zero.sharded_param import ShardedParam
+
+    with pytest.raises(ValueError, match="contiguous"):
+        ShardedParam(torch.zeros(4, 3).t(), rank=0, world_size=2)
