@@ -81,6 +81,7 @@ class FullyShardedDataParallel(nn.Module):
         if sharding_strategy is not None and not isinstance(sharding_strategy, ShardingStrategy):
             raise ValueError(f"sharding_strategy must be a ShardingStrategy or None, got {sharding_strategy!r}")
 
+        # Steps numbered as in seed-behaviours §2.2.
         # 1. ignored modules, expanded over their subtrees and nested instances' sets.
         ignored = _ignored_modules(module, ignored_modules)
         ignored_params = {id(p) for m in ignored for p in m.parameters()}
@@ -127,7 +128,7 @@ class FullyShardedDataParallel(nn.Module):
                     f"Inconsistent compute device and `device_id`: {self.compute_device} vs {want}"
                 )
 
-        # Groups and the effective strategy.
+        # 7. groups and the effective strategy.
         strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
         if strategy is ShardingStrategy.HYBRID_SHARD:
             shard_group, replicate_group = process_groups.hybrid_groups(process_group)
@@ -280,7 +281,7 @@ class FullyShardedDataParallel(nn.Module):
             self._lazy_init()
         if not self._is_root:
             raise RuntimeError("no_sync() must be called on the root FSDP instance")
-        runtime._check_state(self, TrainingState.IDLE)
+        runtime.check_state(self, TrainingState.IDLE)
         state = self._root_state
         previous = state.sync_gradients
         state.sync_gradients = False
@@ -304,7 +305,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         if self.training_state is not TrainingState.IDLE:
-            runtime._check_state(self, TrainingState.IDLE)
+            runtime.check_state(self, TrainingState.IDLE)
         out = state_dict_module.model_state_dict(self)
         if destination is None:
             return out

@@ -40,12 +40,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Protocol
-
-
-class _Gatherable(Protocol):
-    def issue_deferred_all_gather(self) -> None: ...
-
 
 class RateLimiter:
     """Shared by every unit under one root. See [Note: rate limiter]."""
@@ -55,9 +49,11 @@ class RateLimiter:
             raise ValueError(f"limiter_depth must be an int >= 1, got {depth!r}")
         self.enabled = enabled
         self.depth = depth
-        # Units holding a ticket, oldest first: the frees the next all-gather may wait for.
+        # Units (FlatParamUnit) holding a ticket, oldest first: the frees a new all-gather
+        # may have to wait for.
         self._in_flight: deque = deque()
-        # Prefetches held back until a ticket is returned, in request order.
+        # Prefetches held back until a ticket is returned, in request order; each is issued
+        # through its issue_deferred_all_gather().
         self._deferred: deque = deque()
         # Metrics since the last take_metrics() (read by the harness through the engine).
         self.max_in_flight = 0

@@ -53,7 +53,8 @@ class RootState:
 # -- helpers -------------------------------------------------------------------------
 
 
-def _check_state(instance, *allowed: TrainingState) -> None:
+def check_state(instance, *allowed: TrainingState) -> None:
+    """Raise the ValueError PyTorch 1.13 raises when a hook or utility runs in the wrong state."""
     if instance.training_state not in allowed:
         names = ", ".join(s.name for s in allowed)
         raise ValueError(f"expected to be in states [{names}] but current state is {instance.training_state.name}")
@@ -98,16 +99,31 @@ def cast_floats(obj, dtype: torch.dtype):
     return obj
 
 
+def to_device(obj, device: torch.device):
+    """Move the tensors of a (nested) forward input to the compute device."""
+    if torch.is_tensor(obj):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple):
+        return tuple(to_device(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [to_device(o, device) for o in obj]
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
 # -- forward ---------------------------------------------------------------------------
 
 
 def pre_forward(instance, args, kwargs):
     state: RootState = instance._root_state
     if instance._is_root:
-        _check_state(instance, TrainingState.IDLE)
+        check_state(instance, TrainingState.IDLE)
         if not state.end_of_backward_queued and state.exec_order._post_forward:
             # The previous forward had no backward (evaluation): start a new iteration.
             _finish_iteration(state)
+        if instance.compute_device.type != "cpu":
+            args, kwargs = to_device((args, kwargs), instance.compute_device)
         mp = instance._mixed_precision
         if mp is not None and mp.param_dtype is not None:
             args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
@@ -182,7 +198,7 @@ def _prefetch_backward(state: RootState, instance) -> None:
 def post_backward(instance) -> None:
     """Runs when the unit's flat gradient is complete (hooked on ``unsharded_flat``)."""
     state: RootState = instance._root_state
-    _check_state(instance, TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST)
+    check_state(instance, TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST)
     instance.training_state = TrainingState.BACKWARD_POST
     unit = instance._unit
     flat = unit.handle.unsharded_flat

@@ -126,9 +126,9 @@ class FlatParamUnit:
     def reshard(self, free: bool) -> None:
         """Free the unsharded parameters if ``free`` (and the strategy ever frees them)."""
         h = self.handle
+        if free and self.limiter is not None and self.limiter.is_deferred(self):
+            self.limiter.cancel(self)  # a prefetch still queued is no longer wanted
         if not free or h.keeps_unsharded or h.sharded_state is ShardedState.SHARDED:
-            if self.limiter is not None and self.limiter.is_deferred(self) and free:
-                self.limiter.cancel(self)
             return
         if h.sharded_state is ShardedState.UNSHARDING:  # prefetched but unused: let the write land
             self._wait_all_gather()

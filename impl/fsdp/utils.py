@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from impl import comm
 from impl.fsdp.api import TrainingState
-from impl.fsdp.runtime import _check_state
+from impl.fsdp.runtime import check_state
 
 
 def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -28,7 +28,7 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
         root._lazy_init()
     if not root._is_root:
         raise RuntimeError("clip_grad_norm_ should only be called on the root FSDP instance")
-    _check_state(root, TrainingState.IDLE)
+    check_state(root, TrainingState.IDLE)
     p = float(norm_type)
     sharded, replicated, groups = [], [], set()
     for inst in root.fsdp_instances():
@@ -94,7 +94,7 @@ def summon_full_params(
     is_rank0 = dist.get_rank() == 0
     full_copies = []
     for inst in instances:
-        _check_state(inst, TrainingState.IDLE)
+        check_state(inst, TrainingState.IDLE)
         inst.training_state = TrainingState.SUMMON_FULL_PARAMS
     try:
         for inst in instances:
