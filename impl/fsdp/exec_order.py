@@ -48,6 +48,11 @@ class ExecutionOrder:
             return None
         return self.forward_order[i + 1]
 
+    @property
+    def forward_pending_backward(self) -> bool:
+        """Whether a forward ran since the last end of iteration."""
+        return bool(self._post_forward)
+
     def record_post_forward(self, instance) -> None:
         self._post_forward_index[id(instance)] = len(self._post_forward)
         self._post_forward.append(instance)

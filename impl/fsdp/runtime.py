@@ -119,7 +119,7 @@ def pre_forward(instance, args, kwargs):
     state: RootState = instance._root_state
     if instance._is_root:
         check_state(instance, TrainingState.IDLE)
-        if not state.end_of_backward_queued and state.exec_order._post_forward:
+        if not state.end_of_backward_queued and state.exec_order.forward_pending_backward:
             # The previous forward had no backward (evaluation): start a new iteration.
             _finish_iteration(state)
         if instance.compute_device.type != "cpu":
