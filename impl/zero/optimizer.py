@@ -106,7 +106,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         # frozen parameters must leave (or join) the buckets.
         self._is_trainable_mask = self._trainable_mask()
 
-        self._optim_defaults = defaults
         self.optim: Optimizer = optimizer_class(self._partition_parameters()[self.rank], **defaults)
         # The local class may add defaults of its own (betas, ...): make them public.
         sync_hyperparams(self.optim.param_groups, self.param_groups)
