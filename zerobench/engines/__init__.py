@@ -14,6 +14,8 @@ ENGINES: dict[str, str] = {
     "torch-zero1": "zerobench.engines.torch_zero1:TorchZero1Engine",
     "torch-fsdp1": "zerobench.engines.torch_fsdp1:TorchFSDP1Engine",
     "torch-fsdp2": "zerobench.engines.torch_fsdp2:TorchFSDP2Engine",
+    "impl-zero1": "zerobench.engines.impl_zero:Zero1Engine",
+    "impl-zero2": "zerobench.engines.impl_zero:Zero2Engine",
     "impl-fsdp": "zerobench.engines.impl_fsdp:FSDPEngine",
 }
 
