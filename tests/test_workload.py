@@ -122,3 +122,12 @@ def test_every_shipped_workload_loads():
     assert files
     for path in files:
         assert expand(load_workload(path)), path
+
+
+def test_variant_removes_an_inherited_axis_with_an_empty_list(tmp_path):
+    (tmp_path / "base.toml").write_text('[matrix]\nengine = ["torch-fsdp1"]\nsharding_strategy = ["NO_SHARD"]\n')
+    (tmp_path / "v.toml").write_text('extends = "base.toml"\n[matrix]\nengine = ["ddp"]\nsharding_strategy = []\n')
+    assert "sharding_strategy" not in load_workload(tmp_path / "v.toml").matrix
+    (tmp_path / "own.toml").write_text('[matrix]\nsharding_strategy = []\n')
+    with pytest.raises(WorkloadError, match=r"matrix.sharding_strategy: empty list .*removes the inherited axis"):
+        load_workload(tmp_path / "own.toml")

@@ -4,7 +4,8 @@ A workload is a TOML file (see ``workloads/``) validated on load into the datacl
 below. Every error names the offending field and what it allows. A workload may
 ``extends = "other.toml"`` (a path relative to itself) and override fields: tables
 merge key by key, so a variant states only what it changes; a ``[model]`` of another
-``kind`` replaces the parent's model table as a whole.
+``kind`` replaces the parent's model table as a whole; ``axis = []`` under ``[matrix]``
+removes an inherited axis.
 """
 
 from __future__ import annotations
@@ -239,14 +240,16 @@ def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     return _merge(base, raw)
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], override: dict[str, Any], path: str = "") -> dict[str, Any]:
     out = dict(base)
     for key, value in override.items():
         if key == "extends":
             continue
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if path == "matrix" and value == []:
+            out.pop(key, None)  # a variant removes an inherited axis with `axis = []`
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             replace_whole = key == "model" and value.get("kind", out[key].get("kind")) != out[key].get("kind", "mlp")
-            out[key] = dict(value) if replace_whole else _merge(out[key], value)
+            out[key] = dict(value) if replace_whole else _merge(out[key], value, key)
         else:
             out[key] = value
     return out
@@ -265,7 +268,8 @@ def _parse_matrix(raw: dict[str, Any]) -> dict[str, list]:
         if not isinstance(values, list):
             values = [values]
         if not values:
-            raise WorkloadError(f"matrix.{axis}: empty list (allowed: one or more values)")
+            raise WorkloadError(f"matrix.{axis}: empty list (allowed: one or more values; "
+                                f"in a workload that extends another, `{axis} = []` removes the inherited axis)")
         if len(set(map(repr, values))) != len(values):
             raise WorkloadError(f"matrix.{axis}: repeated values {values} (allowed: each value once)")
         matrix[axis] = values
