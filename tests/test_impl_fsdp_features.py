@@ -369,3 +369,88 @@ def meta_body(rank, world_size):
 
 def test_meta_init_and_sync_module_states():
     assert run_ranks(meta_body, 2) == [True, True]
+
+
+# -- HYBRID_SHARD from an explicit pair of groups ----------------------------------------
+
+
+def hybrid_pair_body(rank, world_size):
+    # 2 x 2: shard within {0,1} and {2,3}, replicate across {0,2} and {1,3}.
+    shards = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    replicas = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    pair = (shards[rank // 2], replicas[rank % 2])
+    ref_losses, ref_params, _ = reference_train("mlp")
+    raw = make_model("mlp")
+    model = FSDP(raw, auto_wrap_policy=unit_policy(raw), sharding_strategy=HYBRID, process_group=pair,
+                 backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
+    losses = train(model, "mlp", rank, world_size)
+    shard_numel = model.flat_param.numel()
+    return max(abs(a - b) for a, b in zip(losses, ref_losses)), max_param_diff(model, ref_params), shard_numel
+
+
+def test_hybrid_shard_from_a_pair_of_groups():
+    results = run_ranks(hybrid_pair_body, 4)
+    for loss_diff, param_diff, shard_numel in results:
+        assert loss_diff <= TOL and param_diff <= TOL
+        assert shard_numel == (30 * 5 + 5 + 1) // 2  # the head's 155 parameters over 2 ranks, padded
+
+
+# -- mixed-precision buffers and keep_low_precision_grads --------------------------------
+
+
+class WithBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 0.5))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+def mp_buffers_body(rank, world_size):
+    from impl.fsdp import MixedPrecision
+
+    mp = MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16, keep_low_precision_grads=True)
+    torch.manual_seed(0)
+    raw = WithBuffer()
+    model = FSDP(raw, mixed_precision=mp)
+    out = model(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16 and raw.scale.dtype == torch.bfloat16
+    out.float().sum().backward()
+    grad = model.flat_param.grad
+    # Stored in the parameter's dtype, with values representable in bf16.
+    assert grad.dtype == torch.float32 and torch.equal(grad, grad.to(torch.bfloat16).float())
+    sd = model.state_dict()
+    assert sd["scale"].dtype == torch.float32 and sd["lin.weight"].dtype == torch.float32
+    return True
+
+
+def test_mixed_precision_buffers_and_low_precision_grads():
+    assert run_ranks(mp_buffers_body, 2) == [True, True]
+
+
+# -- profiler labels ----------------------------------------------------------------------
+
+
+def labels_body(rank, world_size):
+    from torch.profiler import ProfilerActivity, profile
+
+    model = wrapped_mlp(backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True,
+                        limit_all_gathers=True, limiter_depth=1)
+    train(model, "mlp", rank, world_size, steps=1)
+    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=1.0, latency_us=500))
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            train(model, "mlp", rank, world_size, steps=1)
+    finally:
+        comm.set_emulation(None)
+    return sorted({e.name for e in prof.events() if e.name.startswith("impl::")})
+
+
+def test_collectives_waits_and_stalls_are_labelled():
+    names = run_ranks(labels_body, 2)[0]
+    for label in ("impl::all_gather", "impl::wait_all_gather", "impl::reduce_scatter", "impl::wait_reduce_scatter",
+                  "impl::rate_limiter_wait", "impl::fsdp::pre_forward", "impl::fsdp::post_backward",
+                  "impl::fsdp::end_of_backward"):
+        assert label in names, (label, names)
