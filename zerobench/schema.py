@@ -42,7 +42,8 @@ class Metric:
     better: Literal["lower", "higher", "none"] = "lower"
 
 
-METRICS: tuple[Metric, ...] = (
+#: What every cell of every run has (CUDA columns empty on CPU).
+CORE_METRICS: tuple[Metric, ...] = (
     # -- time (timing pass; warm-up excluded) --
     Metric("step_time_median_s", "s", "median step time over the measured steps", "time"),
     Metric("step_time_p10_s", "s", "10th percentile step time", "time"),
@@ -81,8 +82,6 @@ METRICS: tuple[Metric, ...] = (
     Metric("cell_wall_s", "s", "wall time of the whole cell, process start to exit", "context", "none"),
 )
 
-METRIC_BY_NAME = {m.name: m for m in METRICS}
-
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 
 
@@ -90,8 +89,10 @@ def _with_analysis_metrics() -> tuple[Metric, ...]:
     # The profiling layer defines its own columns next to the code that computes them.
     from zerobench.profiling.columns import ANALYSIS_METRICS, GPU_TELEMETRY_METRICS, bandwidth_metrics
 
-    return METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
+    return CORE_METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
 
 
+#: Every column the suite may write: the core ones, those `zerobench analyze` adds after a
+#: profiled run, and GPU telemetry where NVML is present.
 METRICS = _with_analysis_metrics()
 METRIC_BY_NAME = {m.name: m for m in METRICS}
