@@ -454,3 +454,30 @@ def test_collectives_waits_and_stalls_are_labelled():
                   "impl::rate_limiter_wait", "impl::fsdp::pre_forward", "impl::fsdp::post_backward",
                   "impl::fsdp::end_of_backward"):
         assert label in names, (label, names)
+
+
+# -- a unit with a parameter that gets no gradient -----------------------------------------
+
+
+def unused_param_body(rank, world_size):
+    def build():
+        model = make_model("mlp")
+        model.blocks[1].append(nn.Linear(30, 30))  # registered in block 1's unit, never called
+        model.blocks[1].forward = lambda x, seq=model.blocks[1]: seq[1](seq[0](x))
+        return model
+
+    ref = build()
+    ref_opt = make_optimizer(ref.parameters())
+    for x, y in batches("mlp"):
+        loss_fn("mlp", ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    raw = build()
+    model = FSDP(raw, auto_wrap_policy=unit_policy(raw), backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+    train(model, "mlp", rank, world_size)
+    assert states(model) == [ShardedState.SHARDED] * 5  # the incomplete unit was reduced and freed too
+    return max_param_diff(model, {n: p.detach() for n, p in ref.named_parameters()})
+
+
+def test_unit_with_a_parameter_that_gets_no_gradient():
+    assert max(run_ranks(unused_param_body, 2)) <= TOL

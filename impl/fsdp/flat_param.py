@@ -5,19 +5,28 @@ multiple of the shard group's size, and split into equal shards; each rank keeps
 its own (ZeRO, arXiv 1910.02054, stage 3; PyTorch 1.13's FlatParameter). The
 optimizer sees only the shard, ``sharded_flat``. While the unit runs, its parameters
 are all-gathered into ``all_gather_output`` and the module's original parameter
-attributes become views into it, so that gradients flow into one flat gradient.
+attributes become ``unsharded_params``: one tensor per original parameter, each a view
+of ``all_gather_output``'s storage at that parameter's offset.
 
 Tensors, for a unit of ``numel`` parameters at shard group size ``n``::
 
     sharded_flat       nn.Parameter, 1-D (shard_numel,)       the optimizer's parameter
     all_gather_output  1-D (n * shard_numel,), compute dtype   storage freed when sharded
-    unsharded_flat     autograd leaf aliasing all_gather_output's storage; the original
-                       parameters are views of it, and its .grad is the unsharded,
-                       padded gradient (the reduce-scatter input)
+    unsharded_params   autograd leaves over all_gather_output's storage, one per
+                       original parameter; their .grad are the unsharded gradients,
+                       copied into one padded flat reduce_scatter_input after backward
 
-``unsharded_flat`` is a separate tensor object over the same storage, so the
-all-gather writing ``all_gather_output`` never bumps the version counter that autograd
-checks on the views it saved for backward.
+[Note: one autograd leaf per parameter]
+The unsharded parameters are leaves of their own, not differentiable views of one flat
+leaf. A view made in pre-forward (``torch.split``) gets an early autograd sequence
+number, and the autograd engine runs ready nodes latest-created first, so the flat
+gradient of a unit whose views were made early (the root's: embeddings, the head) would
+only be assembled at the very end of backward, keeping its parameters unsharded and
+its per-parameter gradients alive the whole time. A leaf's gradient is accumulated as
+soon as it is ready (AccumulateGrad runs first), so each unit's post-backward fires as
+soon as its last parameter's gradient lands, as in FSDP2. The leaves are separate
+tensor objects over the storage, so the all-gather writing ``all_gather_output`` never
+bumps the version counters autograd checks on the parameters it saved for backward.
 """
 
 from __future__ import annotations
@@ -66,6 +75,14 @@ class SharedParamInfo:
 
 def _storage_nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def free_storage(t: torch.Tensor) -> None:
@@ -157,13 +174,15 @@ class FlatParamHandle:
         else:
             self.all_gather_output = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=self.device)
             free_storage(self.all_gather_output)
-        # The autograd leaf the views hang from (see the module docstring for why it is a
-        # separate tensor object).
-        self.unsharded_flat = (
+        # The parameters the module computes with, made once and valid while unsharded.
+        # See [Note: one autograd leaf per parameter].
+        storage = self.all_gather_output.untyped_storage()
+        self.unsharded_params: list[torch.Tensor] = [
             torch.empty(0, dtype=self.compute_dtype, device=self.device)
-            .set_(self.all_gather_output.untyped_storage(), 0, (self.padded_numel,))
+            .set_(storage, info.offset, info.shape, _contiguous_strides(info.shape))
             .requires_grad_(self.requires_grad)
-        )
+            for info in self.infos
+        ]
         self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
 
         # The original parameters leave the module; the views replace them while unsharded.
@@ -190,9 +209,11 @@ class FlatParamHandle:
     # -- views ---------------------------------------------------------------------
 
     def use_unsharded_views(self) -> None:
-        """Point the module attributes at views of ``unsharded_flat`` (differentiable when
-        grad mode is on, so that the gradients of all parameters land in one flat .grad)."""
-        self._set_views(torch.split(self.unsharded_flat, self._split_sizes))
+        """Point the module attributes at the unsharded parameters."""
+        for param, info in zip(self.unsharded_params, self.infos):
+            info.module.__dict__[info.name] = param
+        for s in self.shared:
+            s.module.__dict__[s.name] = self.unsharded_params[s.primary]
 
     def use_views_of(self, full: torch.Tensor) -> None:
         """Point the module attributes at views of ``full`` (1-D, at least ``numel``),
@@ -205,6 +226,27 @@ class FlatParamHandle:
             info.module.__dict__[info.name] = view
         for s in self.shared:
             s.module.__dict__[s.name] = views[s.primary]
+
+    # -- gradients -------------------------------------------------------------------
+
+    def has_unsharded_grads(self) -> bool:
+        return any(p.grad is not None for p in self.unsharded_params)
+
+    def take_unsharded_grad(self) -> torch.Tensor:
+        """The unsharded gradients as one padded flat tensor (the reduce-scatter input);
+        parameters without a gradient contribute zeros. Clears the per-parameter .grad."""
+        grads = [p.grad for p in self.unsharded_params]
+        dtype = next(g.dtype for g in grads if g is not None)
+        flat = torch.empty(self.padded_numel, dtype=dtype, device=self.device)
+        for grad, info, param in zip(grads, self.infos, self.unsharded_params):
+            piece = flat[info.offset : info.offset + info.numel]
+            if grad is None:
+                piece.zero_()
+            else:
+                piece.copy_(grad.reshape(-1))
+                param.grad = None
+        flat[self.numel :].zero_()
+        return flat
 
     def views_snapshot(self) -> list:
         """The current attribute values, to put back with ``restore_views``."""

@@ -161,8 +161,10 @@ class FullyShardedDataParallel(nn.Module):
         # Set at lazy init: whether this is the root, and the state shared under it.
         self._is_root: bool | None = None
         self._root_state: runtime.RootState | None = None
-        # Whether this backward already ran this instance's pre-backward hook.
+        # Whether this backward already ran this instance's pre-backward hook, and how many
+        # of its parameters have their gradient (post-backward runs when all have).
         self._ran_pre_backward = False
+        self._grads_ready = 0
         # What state_dict() returns; set with FSDP.state_dict_type (state_dict.py).
         self._state_dict_type = StateDictType.FULL_STATE_DICT
         self._state_dict_config = FullStateDictConfig()
@@ -200,9 +202,8 @@ class FullyShardedDataParallel(nn.Module):
             _next_unit_index += 1
             self.flat_param = handle.sharded_flat
             if handle.requires_grad:
-                handle.unsharded_flat.register_post_accumulate_grad_hook(
-                    functools.partial(_post_accumulate_grad, self)
-                )
+                for param in handle.unsharded_params:
+                    param.register_post_accumulate_grad_hook(functools.partial(_post_accumulate_grad, self))
             if handle.keeps_unsharded:
                 handle.use_unsharded_views()
 
@@ -341,7 +342,11 @@ class FullyShardedDataParallel(nn.Module):
 
 
 def _post_accumulate_grad(instance: FullyShardedDataParallel, _param: torch.Tensor) -> None:
-    runtime.post_backward(instance)
+    """One of the unit's parameters has its gradient; the unit's post-backward runs
+    with the last one (or, for parameters that get none, at the end of backward)."""
+    instance._grads_ready += 1
+    if instance._grads_ready == len(instance._unit.handle.unsharded_params):
+        runtime.post_backward(instance)
 
 
 # -- construction helpers ----------------------------------------------------------------

@@ -6,9 +6,9 @@ Per unit and iteration (seed-behaviours §2.5, §2.6)::
     (module forward)
     post_forward   reshard (free under FULL_SHARD, except the root); hook the outputs
     pre_backward   (first gradient reaching an output) unshard + wait; BACKWARD_PRE prefetch
-    (module backward: gradients accumulate into unsharded_flat.grad)
-    post_backward  (the flat gradient is complete) reshard; BACKWARD_POST prefetch;
-                   start reducing the gradient asynchronously
+    (module backward: gradients accumulate into each unsharded parameter's .grad)
+    post_backward  (the unit's last parameter has its gradient) reshard; BACKWARD_POST
+                   prefetch; start reducing the gradient asynchronously
     end_of_backward (root, once) wait for the reductions, set the sharded .grad, clean up
 
 [Note: reductions in flight]
@@ -196,23 +196,25 @@ def _prefetch_backward(state: RootState, instance) -> None:
 
 
 def post_backward(instance) -> None:
-    """Runs when the unit's flat gradient is complete (hooked on ``unsharded_flat``)."""
+    """Runs when the unit's parameters have their gradients (hooked on each unsharded
+    parameter's gradient accumulation; for parameters that get none, from end_of_backward)."""
     state: RootState = instance._root_state
     check_state(instance, TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST)
     instance.training_state = TrainingState.BACKWARD_POST
+    instance._grads_ready = 0
     unit = instance._unit
-    flat = unit.handle.unsharded_flat
-    if flat.grad is None:
+    handle = unit.handle
+    if not handle.has_unsharded_grads():
         return
-    if flat.grad.requires_grad:
+    if any(p.grad is not None and p.grad.requires_grad for p in handle.unsharded_params):
         raise RuntimeError("FSDP only works with gradients that don't require gradients")
     with record_function("impl::fsdp::post_backward"):
         unit.reshard(free=frees_after_backward(instance, state.sync_gradients))
         if instance._backward_prefetch is BackwardPrefetch.BACKWARD_POST:
             _prefetch_backward(state, instance)
         if not state.sync_gradients:
-            return  # no_sync: the unsharded gradient keeps accumulating in flat.grad
-        grad, flat.grad = flat.grad, None
+            return  # no_sync: the unsharded gradients keep accumulating in each .grad
+        grad = handle.take_unsharded_grad()
         for _, older in state.pending_reductions:  # See [Note: reductions in flight]
             older.advance()
         state.pending_reductions.append((unit, unit.reduce_grad(grad)))
@@ -220,6 +222,10 @@ def post_backward(instance) -> None:
 
 def end_of_backward(state: RootState) -> None:
     with record_function("impl::fsdp::end_of_backward"):
+        for instance in state.instances:
+            # Units some of whose parameters got no gradient: their hook never completed.
+            if instance._grads_ready and instance._unit is not None:
+                post_backward(instance)
         while state.pending_reductions:
             unit, pending = state.pending_reductions.popleft()
             unit.accumulate_sharded_grad(pending.wait())
@@ -228,6 +234,7 @@ def end_of_backward(state: RootState) -> None:
                 instance._unit.reshard(free=frees_after_backward(instance, state.sync_gradients))
             instance.training_state = TrainingState.IDLE
             instance._ran_pre_backward = False
+            instance._grads_ready = 0
         state.end_of_backward_queued = False
         _finish_iteration(state)
 
