@@ -23,6 +23,7 @@ what is measured:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args(argv)
+    # A crash in C++ (abort, segfault) then leaves every thread's Python stack in the log.
+    faulthandler.enable(all_threads=True)
     try:
         run_cell(args.run_dir, args.cell, args.profile, args.device)
     except Exception:
