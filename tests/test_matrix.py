@@ -28,11 +28,23 @@ def test_ids_name_only_non_default_axes():
     assert [c.id for c in out] == ["torch-fsdp1-ws2-fp32", "torch-fsdp1-ws2-fp32-sharding_strategy=NO_SHARD"]
 
 
-def test_shared_axis_value_unsupported_by_one_engine_is_skipped_with_reason():
-    out = cells({"engine": ["torch-fsdp1", "torch-fsdp2"], "backward_prefetch": ["pre", "post"]})
+def test_value_one_engine_allows_and_another_does_not_is_a_skipped_cell(monkeypatch):
+    import sys
+    import types
+
+    from zerobench.engines import ENGINES
+    from zerobench.engines.base import Axis, Engine
+
+    class Narrow(Engine):
+        name = "narrow"
+        options = {"sharding_strategy": Axis("FULL_SHARD", choices=("FULL_SHARD",))}
+
+    monkeypatch.setitem(sys.modules, "zb_test_narrow", types.SimpleNamespace(Narrow=Narrow))
+    monkeypatch.setitem(ENGINES, "narrow", "zb_test_narrow:Narrow")
+    out = cells({"engine": ["torch-fsdp1", "narrow"], "sharding_strategy": ["FULL_SHARD", "NO_SHARD"]})
     skipped = [c for c in out if c.skip_reason]
-    assert [c.id for c in skipped] == ["torch-fsdp2-ws2-fp32-backward_prefetch=post"]
-    assert "backward_prefetch: 'post' is not allowed (allowed: 'pre')" in skipped[0].skip_reason
+    assert [c.id for c in skipped] == ["narrow-ws2-fp32-sharding_strategy=NO_SHARD"]
+    assert "sharding_strategy: 'NO_SHARD' is not allowed (allowed: 'FULL_SHARD')" in skipped[0].skip_reason
 
 
 def test_value_no_engine_allows_is_an_error():
@@ -53,6 +65,12 @@ def test_unknown_engine_is_an_error():
 def test_engine_refusing_a_combination_is_skipped():
     out = cells({"engine": ["torch-fsdp1"], "world_size": [1], "sharding_strategy": ["HYBRID_SHARD"]})
     assert out[0].skip_reason == "HYBRID_SHARD needs world_size >= 2"
+
+
+def test_limiter_depth_multiplies_only_limited_cells():
+    out = cells({"engine": ["impl-fsdp"], "limit_all_gathers": [False, True], "limiter_depth": [1, 2, 4]})
+    assert len(out) == 1 + 3
+    assert len({c.id for c in out}) == 4
 
 
 def test_axis_that_depends_on_another_makes_no_duplicate_cells():

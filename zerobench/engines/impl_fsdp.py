@@ -21,6 +21,7 @@ BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, bu
 
 class FSDPEngine(Engine):
     name = "impl-fsdp"
+    supports_emulation = True  # its collectives go through impl.comm
     options = {
         "sharding_strategy": Axis(
             "FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
@@ -32,7 +33,8 @@ class FSDPEngine(Engine):
                                  doc="prefetch the next unit's all-gather in forward (recorded order)"),
         "limit_all_gathers": Axis(False, choices=(False, True),
                                   doc="bound the unsharded units in flight to limiter_depth"),
-        "limiter_depth": Axis(2, type=int, minimum=1, doc="units in flight allowed by limit_all_gathers"),
+        "limiter_depth": Axis(2, type=int, minimum=1, applies_when=("limit_all_gathers", True),
+                              doc="units in flight allowed by limit_all_gathers"),
         "cpu_offload": Axis(False, choices=(False, True),
                             doc="keep sharded parameters and gradients on CPU (a no-op on a CPU device)"),
     }

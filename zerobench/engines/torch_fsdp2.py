@@ -1,4 +1,8 @@
-"""PyTorch's ``fully_shard`` (FSDP2, per-parameter DTensor sharding), one unit per block."""
+"""PyTorch's ``fully_shard`` (FSDP2, per-parameter DTensor sharding), one unit per block.
+
+fully_shard always prefetches the next block's all-gather in backward (like FSDP1's
+BACKWARD_PRE), so it has no backward_prefetch axis; forward prefetch is explicit.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,6 @@ class TorchFSDP2Engine(Engine):
         "reshard_after_forward": Axis(True, choices=(True, False)),
         "forward_prefetch": Axis(False, choices=(False, True),
                                  doc="explicitly prefetch the next block's all-gather in forward"),
-        "backward_prefetch": Axis("pre", choices=("pre",),
-                                  doc="fully_shard always prefetches the next block in backward (like BACKWARD_PRE)"),
     }
 
     def wrap(self, model, blocks):
