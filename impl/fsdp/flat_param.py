@@ -47,7 +47,7 @@ class ShardedState(enum.Enum):
     UNSHARDING = enum.auto()
     """An all-gather into ``all_gather_output`` was issued and not yet waited on."""
     UNSHARDED = enum.auto()
-    """``all_gather_output`` holds the full parameters; the views may be used."""
+    """``all_gather_output`` holds the full parameters; ``unsharded_params`` may be used."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class FlatParamHandle:
     ``params`` are ``(fqn, module, attribute name, parameter)`` in flattening order;
     a parameter object that appears twice (tied weights) is flattened once and aliased.
     Communication is not done here (see unit.py); this class only owns the tensors and
-    the views.
+    points the module's attributes at them.
     """
 
     def __init__(
@@ -151,7 +151,8 @@ class FlatParamHandle:
         self.shard_numel = math.ceil(self.numel / shard_world)  # per-rank numel, padding included
         self.padded_numel = self.shard_numel * shard_world
         self.compute_dtype = compute_dtype or self.dtype
-        # Split sizes for the views: every original parameter, then the right padding.
+        # Split sizes of views of a full copy (summon_full_params): every original parameter,
+        # then the right padding.
         self._split_sizes = [i.numel for i in self.infos] + [self.padded_numel - self.numel]
 
         with torch.no_grad():
@@ -183,9 +184,10 @@ class FlatParamHandle:
             .requires_grad_(self.requires_grad)
             for info in self.infos
         ]
+        # Where the unsharded storage is in its life; unit.py moves it, the hooks read it.
         self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
 
-        # The original parameters leave the module; the views replace them while unsharded.
+        # The original parameters leave the module; unsharded_params replace them while unsharded.
         for info in self.infos:
             del info.module._parameters[info.name]
         for s in self.shared:
@@ -206,9 +208,9 @@ class FlatParamHandle:
     def unsharded_allocated(self) -> bool:
         return _storage_nbytes(self.all_gather_output) != 0
 
-    # -- views ---------------------------------------------------------------------
+    # -- module attributes ---------------------------------------------------------------------
 
-    def use_unsharded_views(self) -> None:
+    def use_unsharded_params(self) -> None:
         """Point the module attributes at the unsharded parameters."""
         for param, info in zip(self.unsharded_params, self.infos):
             info.module.__dict__[info.name] = param

@@ -205,7 +205,7 @@ class FullyShardedDataParallel(nn.Module):
                 for param in handle.unsharded_params:
                     param.register_post_accumulate_grad_hook(functools.partial(_post_accumulate_grad, self))
             if handle.keeps_unsharded:
-                handle.use_unsharded_views()
+                handle.use_unsharded_params()
 
     # -- forward ---------------------------------------------------------------------
 

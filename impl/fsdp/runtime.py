@@ -139,7 +139,7 @@ def pre_forward(instance, args, kwargs):
             nxt = state.exec_order.next_forward(instance)
             if nxt is not None:
                 nxt._unit.unshard(prefetch=True, ticketed=frees_after_forward(nxt))
-        unit.handle.use_unsharded_views()
+        unit.handle.use_unsharded_params()
     return args, kwargs
 
 
