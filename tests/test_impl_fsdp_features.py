@@ -481,3 +481,51 @@ def unused_param_body(rank, world_size):
 
 def test_unit_with_a_parameter_that_gets_no_gradient():
     assert max(run_ranks(unused_param_body, 2)) <= TOL
+
+
+# -- the auto-wrap policies ------------------------------------------------------------------
+
+
+def policies_body(rank, world_size):
+    import functools
+
+    from test_impl_fsdp_common import Block
+
+    from impl.fsdp import always_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+    ref_losses, ref_params, _ = reference_train("ordered")
+    block_numel = sum(p.numel() for p in make_model("ordered").blocks[0].parameters())
+    mlp_numel = sum(p.numel() for p in make_model("ordered").blocks[0].mlp.parameters())
+    policies = {
+        # one unit per Block, the root takes the embedding, norm and head
+        "transformer": (functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}), 4),
+        # a threshold of one Block: only whole Blocks reach it (their children are smaller)
+        "size": (functools.partial(size_based_auto_wrap_policy, min_num_params=block_numel), 4),
+        # half a Block: each Block's MLP reaches it, then the rest of its Block does not,
+        # but the root's leftovers are wrapped by the constructor anyway
+        "size_half": (functools.partial(size_based_auto_wrap_policy, min_num_params=mlp_numel), 4),
+    }
+    out = {}
+    for name, (policy, expected_units) in policies.items():
+        model = FSDP(make_model("ordered"), auto_wrap_policy=policy, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+        units = len([m for m in model.fsdp_instances() if m._unit is not None])
+        losses = train(model, "ordered", rank, world_size)
+        out[name] = (units, expected_units, max(abs(a - b) for a, b in zip(losses, ref_losses)),
+                     max_param_diff(model, ref_params))
+    # always: every module with parameters left over becomes a unit. On the MLP that is
+    # each Linear (the Sequentials and the root are left with nothing).
+    ref_losses, ref_params, _ = reference_train("mlp")
+    model = FSDP(make_model("mlp"), auto_wrap_policy=always_wrap_policy)
+    units = len([m for m in model.fsdp_instances() if m._unit is not None])
+    losses = train(model, "mlp", rank, world_size)
+    out["always"] = (units, 5, max(abs(a - b) for a, b in zip(losses, ref_losses)), max_param_diff(model, ref_params))
+    # On the ordered model it would split the tied embedding and head: refused.
+    with pytest.raises(ValueError, match="shared .tied. parameters must be wrapped in the same unit"):
+        FSDP(make_model("ordered"), auto_wrap_policy=always_wrap_policy)
+    return out
+
+
+def test_auto_wrap_policies():
+    for name, (units, expected, loss_diff, param_diff) in run_ranks(policies_body, 2)[0].items():
+        assert expected is None or units == expected, (name, units)
+        assert loss_diff <= TOL and param_diff <= TOL, name
