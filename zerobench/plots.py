@@ -213,9 +213,11 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
                and f["backward_prefetch"].notna().all()]
     if not engines:
         return None
-    metrics = [("step_time_median_s", 1e3, "median step time (ms)"), ("peak_mem_bytes", 2**-20, "peak memory (MiB)")]
-    if "max_inflight_all_gathers" in ok.columns:
-        metrics.append(("max_inflight_all_gathers", 1, "max all-gathers in flight"))
+    metrics = [(m, scale, label) for m, scale, label in (
+        ("step_time_median_s", 1e3, "median step time (ms)"),
+        ("peak_mem_bytes", 2**-20, "peak memory (MiB)"),
+        ("max_inflight_all_gathers", 1, "max all-gathers in flight"),
+    ) if m in ok.columns]
     fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines), 2.8 * len(metrics)),
                              squeeze=False, sharex="col")
     refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+")] for name in ("ddp", "torch-fsdp2")}
@@ -226,7 +228,10 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
              **{k: "first" for k in knob_cols}}).reset_index()
         per_cell["x"] = per_cell.apply(_knob_label, axis=1)
         per_cell["series"] = per_cell.apply(_limiter_label, axis=1)
-        xs = list(dict.fromkeys(per_cell.sort_values(["forward_prefetch", "backward_prefetch"])["x"]))
+        prefetch_order = {"none": 0, "pre": 1, "post": 2}
+        per_cell["_order"] = per_cell["backward_prefetch"].map(prefetch_order).fillna(3) \
+            + 10 * (per_cell["forward_prefetch"].astype(str) == "True")
+        xs = list(dict.fromkeys(per_cell.sort_values("_order")["x"]))
         for row, (metric, scale, label) in enumerate(metrics):
             ax = axes[row, col]
             for series, sf in per_cell.groupby("series", sort=True):

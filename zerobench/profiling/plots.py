@@ -58,8 +58,9 @@ def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "
             ylabels.append(f"rank {r}  {lane}")
     ax.set_yticks(yticks, ylabels)
     ax.set_xlabel("time (ms), ranks aligned on the machine clock; dashed box: the step")
-    ax.set_title(title or "one traced step per rank", loc="left")
-    ax.legend(loc="lower right", ncols=4, fontsize="small", frameon=False, bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title or "one traced step per rank", loc="left", fontsize="medium", pad=22)
+    # legend in its own row between the title and the axes, so long cell ids never hide it
+    ax.legend(loc="lower left", ncols=4, fontsize="small", frameon=False, bbox_to_anchor=(0.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
