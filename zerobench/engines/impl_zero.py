@@ -24,7 +24,7 @@ from impl import comm
 from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
 from impl.zero.partition import imbalance
 from zerobench.engines.base import AutocastEngine, Axis
-from zerobench.engines.ddp import wrap_ddp
+from zerobench.engines.torch_zero1 import TorchZero1Engine
 
 
 def partition_metrics(rank_numels: list[int], rank: int) -> dict[str, float]:
@@ -34,25 +34,12 @@ def partition_metrics(rank_numels: list[int], rank: int) -> dict[str, float]:
     }
 
 
-class Zero1Engine(AutocastEngine):
+class Zero1Engine(TorchZero1Engine):
+    """torch-zero1 with impl's ZeroRedundancyOptimizer swapped in: the same DDP, the same
+    constructor call, so the two differ only by the optimizer's implementation."""
+
     name = "impl-zero1"
-    options = {
-        "parameters_as_bucket_view": Axis(False, choices=(False, True),
-                                          doc="pack each rank's parameters into one flat bucket per device"),
-    }
-
-    def wrap(self, model, blocks):
-        self.module = wrap_ddp(model, self.ctx)
-        return self.module
-
-    def build_optimizer(self, spec):
-        self.optimizer = ZeroRedundancyOptimizer(
-            self.module.parameters(),
-            optimizer_class=spec.cls,
-            parameters_as_bucket_view=self.opts.get("parameters_as_bucket_view", False),
-            **spec.kwargs(),
-        )
-        return self.optimizer
+    zero_class = ZeroRedundancyOptimizer
 
     def extra_metrics(self):
         return partition_metrics(self.optimizer.rank_numels(), self.ctx.rank)

@@ -10,6 +10,8 @@ from zerobench.engines.ddp import wrap_ddp
 
 class TorchZero1Engine(AutocastEngine):
     name = "torch-zero1"
+    #: the ZeroRedundancyOptimizer class; impl-zero1 swaps in impl's drop-in
+    zero_class = ZeroRedundancyOptimizer
     options = {
         "parameters_as_bucket_view": Axis(False, choices=(False, True),
                                           doc="pack each rank's parameters into one flat bucket per device"),
@@ -20,7 +22,7 @@ class TorchZero1Engine(AutocastEngine):
         return self.module
 
     def build_optimizer(self, spec):
-        self.optimizer = ZeroRedundancyOptimizer(
+        self.optimizer = self.zero_class(
             self.module.parameters(),
             optimizer_class=spec.cls,
             parameters_as_bucket_view=self.opts["parameters_as_bucket_view"],
