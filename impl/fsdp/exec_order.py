@@ -79,8 +79,9 @@ class ExecutionOrder:
     def _check_same_across_ranks(unit, position: int) -> None:
         group = unit.shard_group
         n = unit.handle.shard_world
-        mine = torch.tensor([position, unit.index, len(unit.handle.infos)], dtype=torch.int64)
-        everyone = torch.empty(n * 3, dtype=torch.int64)
+        device = unit.handle.device  # NCCL only gathers device tensors
+        mine = torch.tensor([position, unit.index, len(unit.handle.infos)], dtype=torch.int64, device=device)
+        everyone = torch.empty(n * 3, dtype=torch.int64, device=device)
         comm.all_gather(everyone, mine, group=group, async_op=False)
         rows = everyone.view(n, 3).tolist()
         ranks = torch.distributed.get_process_group_ranks(group) if group is not None else list(range(n))

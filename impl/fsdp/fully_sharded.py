@@ -412,8 +412,10 @@ def _materialize(module: nn.Module, param_init_fn, device_id, ignored) -> None:
         if param_init_fn is not None:
             param_init_fn(module)
         else:
-            module.to_empty(device=_default_device(device_id))
+            # Only this unit's own modules: nested instances (built first by auto-wrap)
+            # already hold their initialized shards, which to_empty would overwrite.
             for m in _managed_modules(module, ignored):
+                m.to_empty(device=_default_device(device_id), recurse=False)
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
     if device_id is not None:

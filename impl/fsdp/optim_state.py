@@ -72,9 +72,10 @@ def _unflatten_state(unit, names: list[str], state: dict) -> dict[str, dict]:
             continue
         if torch.is_tensor(value) and value.dim() > 0:
             if unit.sharded and h.shard_world > 1:
-                full = torch.empty(h.padded_numel, dtype=value.dtype, device=value.device)
-                comm.all_gather(full, value.detach().to(h.device) if value.device != h.device else value.detach(),
-                                group=unit.shard_group, async_op=False)
+                # Gathered on the compute device (NCCL needs device tensors), returned where
+                # the optimizer keeps its state (the CPU under offload).
+                full = torch.empty(h.padded_numel, dtype=value.dtype, device=h.device)
+                comm.all_gather(full, value.detach().to(h.device), group=unit.shard_group, async_op=False)
                 full = full.to(value.device)
             else:
                 full = value.detach()
