@@ -43,8 +43,9 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
     table = Table(title=f"{run_dir.name}  (x{REFERENCE_ENGINE}: ratio to {REFERENCE_ENGINE} at the same world size and dtype)")
     for name in ("cell", "status", "step ms", f"x{REFERENCE_ENGINE}", "peak MiB", f"x{REFERENCE_ENGINE} ",
                  "comm MiB/step", "loss dev", "note"):
+        # numbers never wrap or truncate; long cell ids fold onto a second line instead
         table.add_column(name, justify="left" if name in ("cell", "status", "note") else "right",
-                         no_wrap=name == "cell")
+                         no_wrap=name not in ("cell", "note"), overflow="fold")
     for _, r in cells.iterrows():
         if r["status"] != "ok":
             style = "yellow" if r["status"] == "skipped" else "red"
