@@ -186,7 +186,8 @@ class CellRunner:
             engine.train_step(inputs, targets, self.loss)
             tracker.set_phase("after")
             tracker.classify(params=engine.parameter_tensors(), optim=engine.optimizer_state_tensors())
-            steady = tracker.current_bytes
+            dist.barrier()
+            steady = _settled_bytes(tracker)
             engine.on_phase = None
         breakdown = tracker.peak_breakdown()
         metrics = {
@@ -210,6 +211,25 @@ class CellRunner:
         del engine
         gc.collect()
         return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+
+
+def _settled_bytes(tracker: StorageTracker, quiet_s: float = 0.03, limit_s: float = 1.0) -> int:
+    """Live bytes once nothing has been freed or allocated for ``quiet_s``.
+
+    A collective's buffers are released by the gloo worker thread that ran it, a moment
+    after ``wait()`` has returned on the main thread; reading the total at once would
+    count them or not depending on scheduling (seen: 7.5 MiB either way for impl-zero2's
+    last all-gather)."""
+    deadline = time.monotonic() + limit_s
+    last, since = tracker.current_bytes, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.005)
+        now = tracker.current_bytes
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+    return last
 
 
 def _time_metrics(times: list[float], global_batch: int, tokens_per_sample: int) -> dict:
