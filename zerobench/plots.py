@@ -22,9 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from zerobench.results import cell_records, load_results  # noqa: E402
-
-REFERENCE_ENGINE = "ddp"
+from zerobench.results import REFERENCE_ENGINE, cell_records, load_results, reference_cells  # noqa: E402
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
@@ -47,7 +45,7 @@ def _groups(ok: pd.DataFrame):
 
 
 def _reference_value(frame: pd.DataFrame, column: str, how: str) -> float | None:
-    ref = frame[frame["cell_id"].str.fullmatch(rf"{REFERENCE_ENGINE}-ws\d+-\w+")]
+    ref = frame[reference_cells(frame["cell_id"])]
     if ref.empty:
         return None
     return float(getattr(ref[column], how)())
@@ -59,16 +57,38 @@ def _ok(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return results[(results["status"] == "ok") & results[column].notna()]
 
 
+def _panels(ok: pd.DataFrame):
+    """One horizontal-bar panel per (world size, dtype): (figure, [(ax, title, frame, cells)])."""
+    groups = list(_groups(ok))
+    n_cells = max(f["cell_id"].nunique() for _, f in groups)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.3 + 0.45 * n_cells * len(groups)), squeeze=False)
+    return fig, [(ax, title, frame, list(dict.fromkeys(frame["cell_id"])))
+                 for ax, (title, frame) in zip(axes[:, 0], groups)]
+
+
+def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
+    ax.set_yticks(range(len(cells)), cells, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
     ok = _ok(results, "step_time_median_s")
     if ok.empty:
         return None
-    groups = list(_groups(ok))
     colors = _engine_colors(ok["engine"])
-    n_cells = max(f["cell_id"].nunique() for _, f in groups)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.2 + 0.45 * n_cells * len(groups)), squeeze=False)
-    for ax, (title, frame) in zip(axes[:, 0], groups):
-        cells = list(dict.fromkeys(frame["cell_id"]))
+    fig, panels = _panels(ok)
+    for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
             ms = ranks["step_time_median_s"] * 1e3
@@ -80,27 +100,17 @@ def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
         ref = _reference_value(frame, "step_time_median_s", "median")
         if ref is not None:
             ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-        ax.set_yticks(range(len(cells)), cells, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _finish_panel(ax, title, cells,
+                      "step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
+    return _save(fig, path)
 
 
 def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
     ok = _ok(results, "peak_mem_bytes")
     if ok.empty:
         return None
-    groups = list(_groups(ok))
-    n_cells = max(f["cell_id"].nunique() for _, f in groups)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.4 + 0.45 * n_cells * len(groups)), squeeze=False)
-    for ax, (title, frame) in zip(axes[:, 0], groups):
-        cells = list(dict.fromkeys(frame["cell_id"]))
+    fig, panels = _panels(ok)
+    for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
             top = ranks.loc[ranks["peak_mem_bytes"].idxmax()]
@@ -117,16 +127,8 @@ def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
         ref = _reference_value(frame, "peak_mem_bytes", "max")
         if ref is not None:
             ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
-        ax.set_yticks(range(len(cells)), cells, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("peak live tensor memory (MiB), composition on the rank with the highest peak")
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _finish_panel(ax, title, cells, "peak live tensor memory (MiB), composition on the rank with the highest peak")
+    return _save(fig, path)
 
 
 def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path) -> Path | None:
@@ -220,7 +222,7 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
     ) if m in ok.columns]
     fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines), 2.8 * len(metrics)),
                              squeeze=False, sharex="col")
-    refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+")] for name in ("ddp", "torch-fsdp2")}
+    refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+")] for name in (REFERENCE_ENGINE, "torch-fsdp2")}
     for col, engine in enumerate(engines):
         frame = ok[ok["engine"] == engine]
         per_cell = frame.groupby("cell_id", sort=False).agg(

@@ -9,9 +9,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from zerobench.results import load_results, summary
-
-REFERENCE_ENGINE = "ddp"  # every figure is read beside plain data parallelism
+from zerobench.results import REFERENCE_ENGINE, load_results, reference_cells, summary
 
 
 def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
@@ -20,7 +18,7 @@ def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.Data
     cells = cells.copy()
     config = results.drop_duplicates("cell_id").set_index("cell_id")[["world_size", "dtype"]]
     cells = cells.join(config, on="cell_id")
-    ref = cells[cells["cell_id"].str.fullmatch(rf"{REFERENCE_ENGINE}-ws\d+-\w+")].set_index(["world_size", "dtype"])
+    ref = cells[reference_cells(cells["cell_id"])].set_index(["world_size", "dtype"])
     for col, out in (("step_time_median_s", "step_time_x_ref"), ("peak_mem_bytes", "peak_mem_x_ref")):
         if col not in cells.columns or ref.empty:
             cells[out] = float("nan")

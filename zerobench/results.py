@@ -11,6 +11,14 @@ from zerobench.files import write_csv_atomic
 from zerobench.schema import ID_COLUMNS, METRICS
 
 
+REFERENCE_ENGINE = "ddp"  # every table and plot reads the others beside plain data parallelism
+
+
+def reference_cells(cell_ids: pd.Series) -> pd.Series:
+    """Which cells are the reference engine's default configuration (any world size and dtype)."""
+    return cell_ids.str.fullmatch(rf"{REFERENCE_ENGINE}-ws\d+-\w+")
+
+
 def cell_records(run_dir: Path) -> list[dict]:
     """Every cell file of the run, in the order the matrix listed them when known."""
     records = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("*.json"))]

@@ -129,8 +129,10 @@ class RunConfig:
     memory_pass: bool = True
     """Run a separate pass under the tensor-storage tracker (peak memory, its
     composition, communication bytes). Separate because the tracker slows steps 1.5-2x."""
-    memory_warmup_steps: int = 1
-    """Steps of the memory pass before the measured one (creates optimizer state)."""
+    memory_warmup_steps: int = 2
+    """Steps of the memory pass before the measured one: the first creates optimizer
+    state, and DDP rebuilds its gradient buckets in the second iteration's forward (with
+    one warm-up step those buckets would be counted as activations)."""
     reference: bool = True
     """Compute single-process reference losses on the global batch and record each
     cell's deviation from them (loss_max_abs_diff_ref)."""

@@ -40,7 +40,7 @@ def test_unshard_views_reshard_cycle(benchmark):
 
     def cycle():
         handle.alloc_unsharded().copy_(full)  # stands in for the all-gather
-        handle.use_unsharded_views()
+        handle.use_unsharded_params()
         out = module(torch.ones(2, 256))
         handle.free_unsharded()
         return out
