@@ -72,7 +72,8 @@ def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # a run without the reference engine may have none
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
 
 
 def _save(fig, path: Path) -> Path:
