@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerobench.matrix import expand
+from zerobench.matrix import Cell, expand
 from zerobench.workload import WorkloadError, parse_workload
 
 
@@ -45,6 +45,12 @@ def test_value_one_engine_allows_and_another_does_not_is_a_skipped_cell(monkeypa
     skipped = [c for c in out if c.skip_reason]
     assert [c.id for c in skipped] == ["narrow-ws2-fp32-sharding_strategy=NO_SHARD"]
     assert "sharding_strategy: 'NO_SHARD' is not allowed (allowed: 'FULL_SHARD')" in skipped[0].skip_reason
+    # a rank finds its runnable cell even though another engine's value is in the matrix
+    from zerobench.matrix import find_cell
+
+    workload = parse_workload({"matrix": {"engine": ["torch-fsdp1", "narrow"],
+                                          "sharding_strategy": ["FULL_SHARD", "NO_SHARD"]}})
+    assert find_cell(workload, "narrow-ws2-fp32") == Cell("narrow", 2, "fp32", (("sharding_strategy", "FULL_SHARD"),))
 
 
 def test_value_no_engine_allows_is_an_error():
@@ -82,3 +88,15 @@ def test_axis_that_depends_on_another_makes_no_duplicate_cells():
 
     assert _pin_inapplicable(axes, [("limit", False), ("depth", 4)]) == [("limit", False), ("depth", 2)]
     assert _pin_inapplicable(axes, [("limit", True), ("depth", 4)]) == [("limit", True), ("depth", 4)]
+
+
+def test_find_cell_expands_only_its_engine_and_agrees_with_the_full_matrix():
+    from zerobench.matrix import find_cell
+    from zerobench.workload import load_workload
+
+    w = load_workload("workloads/fsdp-knobs.toml")
+    full = expand(w)
+    for cell in full:
+        assert find_cell(w, cell.id) == cell
+    assert find_cell(w, "impl-fsdp-ws2-fp32-nonsense=1") is None
+    assert find_cell(w, "deepspeed-ws2-fp32") is None

@@ -9,6 +9,7 @@ others do not gives a *skipped* cell for the others, with the reason recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,3 +137,29 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
                 seen.add(cell)
                 cells.append(Cell(engine, ws, dtype, tuple(values), skip_reason=reason))
     return cells
+
+
+def find_cell(workload: Workload, cell_id: str, device_type: str = "cpu") -> Cell | None:
+    """The cell ``cell_id`` of the workload, expanding only its own engine's part of the
+    matrix: a rank imports one engine adapter, not every engine the matrix names."""
+    engines = [e for e in workload.matrix["engine"] if cell_id.startswith(f"{e}-ws")]
+    if not engines:
+        return None
+    engine = max(engines, key=len)
+    axes = engine_axes(engine)
+    matrix = {k: v for k, v in workload.matrix.items() if k in COMMON_AXES}
+    for name, values in workload.matrix.items():
+        if name in axes:  # values this engine refuses only ever make skipped cells
+            allowed = [v for v in values if _allows(axes[name], name, v)]
+            matrix[name] = allowed or [axes[name].default]
+    matrix["engine"] = [engine]
+    own = dataclasses.replace(workload, matrix=matrix)
+    return next((c for c in expand(own, device_type) if c.id == cell_id), None)
+
+
+def _allows(axis: Axis, name: str, value: Any) -> bool:
+    try:
+        axis.check(name, value)
+        return True
+    except ValueError:
+        return False

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from zerobench import data as data_mod
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_json_atomic
-from zerobench.matrix import Cell, expand
+from zerobench.matrix import Cell, expand, find_cell
 from zerobench.memory import StorageTracker
 from zerobench.models import build_model, loss_fn, samples_to_tokens
 from zerobench.workload import Workload, parse_workload
@@ -274,10 +274,10 @@ def _rss_max_bytes() -> int:
 def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
     rank, world, local_rank, local_world = torchrun_env()
     workload = load_run(run_dir)
-    cells = {c.id: c for c in expand(workload)}
-    if cell_id not in cells:
-        raise SystemExit(f"zerobench.worker: no cell {cell_id!r} in {run_dir} (cells: {', '.join(cells)})")
-    cell = cells[cell_id]
+    cell = find_cell(workload, cell_id)
+    if cell is None:
+        cells = ", ".join(c.id for c in expand(workload))
+        raise SystemExit(f"zerobench.worker: no cell {cell_id!r} in {run_dir} (cells: {cells})")
     if cell.world_size != world:
         raise SystemExit(f"zerobench.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {world}")
 
