@@ -343,3 +343,96 @@ def test_committed_baseline_loads_and_passes_against_itself(tmp_path):
     assert {"peak_mem_bytes", "comm_total_bytes", "loss_last", "steady_mem_bytes"} <= set(baseline.metric_columns)
     assert baseline.steps is not None and len(baseline.steps)
     assert cli(path, path, "--fail-on", "peak_mem:+10%", "--report-only", "peak_mem_*", "--gate", "all") == 0
+
+
+# --------------------------------------------------------------------------- losses across machines
+# See [Note: losses across machines] in zerobench/compare_rules.py.
+
+BASELINE = Path(__file__).parents[1] / "results" / "baselines" / "cpu-quickstart"
+
+
+def _copy_run(src: Path, dst: Path, meta_update: dict | None = None, bf16_shift: dict | None = None,
+              fp32_shift: dict | None = None) -> Path:
+    """A copy of a run folder, with its losses shifted per dtype and meta.json edited."""
+    dst.mkdir(parents=True)
+    results = pd.read_csv(src / "results.csv")
+    for dtype, shift in (("bf16", bf16_shift), ("fp32", fp32_shift)):
+        for col, delta in (shift or {}).items():
+            results.loc[results["dtype"] == dtype, col] += delta
+    results.to_csv(dst / "results.csv", index=False)
+    (dst / "steps.csv").write_bytes((src / "steps.csv").read_bytes())
+    meta = json.loads((src / "meta.json").read_text())
+    meta.update(meta_update or {})
+    (dst / "meta.json").write_text(json.dumps(meta))
+    return dst
+
+
+#: What a fresh clone on another 2-core machine of the same model name measured against the
+#: committed baseline: every bf16 cell moved by these amounts, fp32 cells not at all.
+OTHER_MACHINE_BF16 = {"loss_first": 4.3e-6, "loss_last": -3.1e-5, "loss_max_abs_diff_ref": 3.0e-5}
+
+
+def test_bf16_losses_from_another_machine_pass(tmp_path):
+    if not (BASELINE / "results.csv").exists():
+        pytest.skip("no committed baseline")
+    flags = {"cpu_flags": ["avx", "avx2", "fma"]}
+    base = _copy_run(BASELINE, tmp_path / "base", {**flags, "cpu_flags": ["avx", "avx2", "avx512f", "fma"]})
+    new = _copy_run(BASELINE, tmp_path / "new", flags, bf16_shift=OTHER_MACHINE_BF16)
+    comparison = compare_runs(load_run(base), load_run(new))
+    bf16 = comparison[comparison["cell_id"].str.contains("bf16") & comparison["metric"].str.startswith("loss")]
+    assert len(bf16) and (bf16["verdict"] == "ok").all(), bf16
+    assert not bf16[bf16["metric"].isin(["loss_first", "loss_last"])]["gated"].any()
+    assert exit_code(comparison) == 0
+    assert cli(base, new, "--fail-on", "peak_mem:+10%", "--report-only", "peak_mem_*") == 0
+
+
+def test_bf16_losses_on_the_same_machine_are_still_not_compared_exactly(tmp_path):
+    """bf16 is judged against its own reference even when the hardware looks the same:
+    the machine that failed CI reported the same model name as the baseline's."""
+    if not (BASELINE / "results.csv").exists():
+        pytest.skip("no committed baseline")
+    same = {"cpu_flags": ["avx", "avx2"], "cpu_model": "AMD EPYC", "gpu_model": None}
+    base = _copy_run(BASELINE, tmp_path / "base", same)
+    new = _copy_run(BASELINE, tmp_path / "new", same, bf16_shift=OTHER_MACHINE_BF16)
+    assert exit_code(compare_runs(load_run(base), load_run(new))) == 0
+
+
+def test_bf16_loss_far_from_the_reference_fails(tmp_path):
+    if not (BASELINE / "results.csv").exists():
+        pytest.skip("no committed baseline")
+    base = _copy_run(BASELINE, tmp_path / "base")
+    # a wrong reduction: 0.05 away from single-process training, well past bf16's 2^-8 * |loss|
+    new = _copy_run(BASELINE, tmp_path / "new", bf16_shift={"loss_max_abs_diff_ref": 0.05})
+    comparison = compare_runs(load_run(base), load_run(new))
+    rows = comparison[(comparison["metric"] == "loss_max_abs_diff_ref") & comparison["cell_id"].str.contains("bf16")]
+    assert (rows["verdict"] == "regression").all() and rows["gated"].all()
+    assert exit_code(comparison) == 1
+
+
+def test_fp32_losses_exact_on_same_hardware_bounded_across(tmp_path):
+    if not (BASELINE / "results.csv").exists():
+        pytest.skip("no committed baseline")
+    same = {"cpu_flags": ["avx", "avx2"], "cpu_model": "AMD EPYC", "gpu_model": None}
+    base = _copy_run(BASELINE, tmp_path / "base", same)
+    moved = {"loss_last": 2e-6, "loss_max_abs_diff_ref": 2e-6}
+    new_same = _copy_run(BASELINE, tmp_path / "same", same, fp32_shift=moved)
+    assert exit_code(compare_runs(load_run(base), load_run(new_same))) == 1  # same machine: exact
+    new_other = _copy_run(BASELINE, tmp_path / "other", {**same, "cpu_flags": ["avx", "avx2", "avx512f"]},
+                          fp32_shift=moved)
+    assert exit_code(compare_runs(load_run(base), load_run(new_other))) == 0  # across: bounded
+    far = _copy_run(BASELINE, tmp_path / "far", {**same, "cpu_flags": ["avx512f"]},
+                    fp32_shift={"loss_max_abs_diff_ref": 1e-3})
+    assert exit_code(compare_runs(load_run(base), load_run(far))) == 1
+
+
+def test_hardware_difference_is_reported(tmp_path, capsys):
+    from zerobench.compare import hardware_differences
+
+    assert hardware_differences({}, {}) == []
+    assert hardware_differences({"cpu_flags": ["avx2"]}, {"cpu_flags": ["avx2"]}) == []
+    assert hardware_differences({}, {"cpu_flags": ["avx2"]}) == ["cpu_flags not recorded by the baseline"]
+    assert "avx512f" in hardware_differences({"cpu_flags": ["avx512f"]}, {"cpu_flags": ["avx2"]})[0]
+    base = write_run(tmp_path / "base", *make_run(), meta={"cpu_flags": ["avx512f"]})
+    new = write_run(tmp_path / "new", *make_run(), meta={"cpu_flags": ["avx2"]})
+    assert main([str(base), str(new)]) == 0
+    assert "different hardware" in capsys.readouterr().out

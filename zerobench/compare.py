@@ -57,7 +57,7 @@ from zerobench.compare_rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_
 from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "default_rule", "cell_table",
-           "baseline_spread", "compare_runs", "config_mismatches", "exit_code", "register_cli", "main", "CELL_ROW",
+           "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "register_cli", "main", "CELL_ROW",
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
 Gate = Literal["all", "deterministic", "none"]
@@ -243,6 +243,8 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
     base = cell_table(baseline, per_rank).to_dict("index")
     cur = cell_table(new, per_rank).to_dict("index")
     spread = baseline_spread(baseline, per_rank).to_dict()
+    dtypes = _cell_dtypes(new)
+    cross_machine = bool(hardware_differences(baseline.meta, new.meta))
     metrics = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns]))
     nan = float("nan")
     rows: list[dict] = []
@@ -258,10 +260,11 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
             b, n = float(b_cell.get(name, nan)), float(n_cell.get(name, nan))
             if math.isnan(b) and math.isnan(n):
                 continue  # not measured in either run (cuda_* on CPU, tokens for non-GPT models)
-            rule = explicit.get(name) or default_rule(name)
+            rule = explicit.get(name) or default_rule(name, dtypes.get(cell_id, "fp32"), cross_machine,
+                                                      _loss_scale(n_cell))
             rel_spread = spread.get(key, nan) if is_timelike(name) else nan
             rows.append({**ident, "metric": name, **_judge(name, b, n, rule, rel_spread, name in explicit),
-                         "gated": _is_gated(name, name in explicit, gate, set(report_only))})
+                         "gated": rule.gates and _is_gated(name, name in explicit, gate, set(report_only))})
     cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
             "limit_pct", "spread", "rule", "gated", "verdict", "note"]
     out = pd.DataFrame(rows, columns=cols)
@@ -303,6 +306,15 @@ def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float, explici
         return {**out, "verdict": "new", "note": "not measured in the baseline"}
     change = n - b
     pct = 100 * change / abs(b) if b != 0 else (0.0 if change == 0 else math.copysign(math.inf, change))
+    if rule.ceiling is not None:  # judged against an absolute bound, not the baseline
+        verdict = "regression" if n > rule.ceiling else "ok"
+        limit = rule.ceiling - b
+        return {**out, "change": change, "change_pct": pct, "limit": limit,
+                "limit_pct": 100 * limit / abs(b) if b != 0 else math.inf, "spread": float("nan"),
+                "verdict": verdict, "note": f"ceiling {rule.ceiling:.3g}, from the dtype's precision"}
+    if not rule.gates:
+        return {**out, "change": change, "change_pct": pct, "limit": float("nan"), "limit_pct": float("nan"),
+                "spread": float("nan"), "verdict": "ok", "note": rule.text}
     spread = rel_spread * abs(b) if rule.k is not None else float("nan")
     limit = rule.allowed(b, spread)
     if better == "none" and name.startswith("loss"):
@@ -358,7 +370,52 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
 
 
 #: meta.json fields whose difference is worth a line (git_commit, date, hostname always differ).
-_META_KEYS = ("torch_version", "python_version", "backend", "cpu_model", "cpu_count", "gpu_model", "gpu_count")
+_META_KEYS = ("torch_version", "python_version", "backend", "cpu_model", "cpu_count", "cpu_flags", "gpu_model",
+              "gpu_count")
+
+#: meta.json fields that say which hardware produced the numbers. See [Note: losses across machines].
+HARDWARE_KEYS = ("cpu_model", "cpu_flags", "gpu_model")
+
+
+def hardware_differences(baseline_meta: dict, new_meta: dict) -> list[str]:
+    """Why two runs count as coming from different hardware (empty: same hardware).
+
+    A field that one run records and the other does not (a baseline older than the
+    field) counts as a difference: its numbers cannot be assumed reproducible. A field
+    neither records says nothing. See [Note: losses across machines] in compare_rules.py.
+    """
+    reasons = []
+    for key in HARDWARE_KEYS:
+        bv, nv = baseline_meta.get(key, _UNRECORDED), new_meta.get(key, _UNRECORDED)
+        if bv is _UNRECORDED and nv is _UNRECORDED:
+            continue
+        if bv is _UNRECORDED or nv is _UNRECORDED:
+            which = "baseline" if bv is _UNRECORDED else "run"
+            reasons.append(f"{key} not recorded by the {which}")
+        elif bv != nv:
+            if isinstance(bv, list) and isinstance(nv, list):
+                only_b, only_n = sorted(set(bv) - set(nv)), sorted(set(nv) - set(bv))
+                reasons.append(f"{key}: baseline only {only_b or '[]'}, run only {only_n or '[]'}")
+            else:
+                reasons.append(f"{key}: {bv!r} vs {nv!r}")
+    return reasons
+
+
+_UNRECORDED = object()
+
+
+def _loss_scale(cell: dict) -> float:
+    """The magnitude of a cell's loss, which a loss bound is relative to."""
+    values = [abs(float(cell.get(k, math.nan))) for k in ("loss_first", "loss_last")]
+    values = [v for v in values if math.isfinite(v)]
+    return max(values) if values else 1.0
+
+
+def _cell_dtypes(run: RunTables) -> dict[str, str]:
+    if "dtype" not in run.results:
+        return {}
+    first = run.results.drop_duplicates("cell_id").set_index("cell_id")["dtype"]
+    return {c: str(d) for c, d in first.items() if isinstance(d, str)}
 
 
 def _text(v) -> str:
@@ -432,7 +489,7 @@ def run_compare(args: argparse.Namespace) -> int:
     code = exit_code(comparison, mismatches)
     info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate,
                              rules=[r.text for r in rules] + [f"report-only {t}" for t in args.report_only],
-                             exit_code=code)
+                             exit_code=code, hardware=hardware_differences(baseline.meta, new.meta))
     report.print_report(console, comparison, mismatches, info, show_all=args.show_all)
     if args.markdown:
         report.write_markdown(args.markdown, comparison, mismatches, info)

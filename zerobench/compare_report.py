@@ -30,6 +30,15 @@ class ReportInfo:
     gate: str
     rules: list[str] = field(default_factory=list)
     exit_code: int = 0
+    hardware: list[str] = field(default_factory=list)
+    """Why baseline and run count as different hardware (empty: the same). Losses then
+    follow the cross-machine rules: see [Note: losses across machines] in compare_rules.py."""
+
+    def hardware_line(self) -> str:
+        if not self.hardware:
+            return ""
+        return ("baseline and run come from different hardware (" + "; ".join(self.hardware)
+                + "): losses are judged by the cross-machine rules (distance to the run's own reference)")
 
 
 def notable(comparison: pd.DataFrame) -> pd.Series:
@@ -177,6 +186,8 @@ def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, in
             style = "magenta" if m["severity"] == "identity" else "dim"
             console.print(f"  [{style}]" + escape(f"{m['cell_id']}: {m['column']}: {m['baseline']!r} -> "
                                                   f"{m['new']!r} ({m['severity']})") + "[/]")
+    if info.hardware:
+        console.print("[yellow]" + escape(info.hardware_line()) + "[/]")
     style = {0: "bold green", 1: "bold red", 2: "bold magenta"}.get(info.exit_code, "bold")
     console.print(f"[{style}]" + escape(summary_line(comparison, info)) + "[/]")
 
@@ -201,6 +212,8 @@ def markdown_report(comparison: pd.DataFrame, mismatches: pd.DataFrame, info: Re
            f"`{info.new}` against baseline `{info.baseline}`; gate: `{info.gate}`"
            + (f"; rules: {', '.join(f'`{r}`' for r in info.rules)}" if info.rules else ""), "",
            f"**{summary_line(comparison, info)}**", ""]
+    if info.hardware:
+        out += [info.hardware_line() + ".", ""]
     regressions = full[verdict == "regression"]
     out += ["### Regressions", "", _md_table(regressions) if len(regressions) else "None.", ""]
     others = full[verdict.isin(["missing", "new", "improved", "worse (not gated)"])]

@@ -59,6 +59,7 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "world_sizes": sorted({c.world_size for c in cells}),
         "cpu_model": _cpu_model(),
         "cpu_count": _cpu_count(),
+        "cpu_flags": cpu_isa_flags(),
         "gpu_model": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "hostname": platform.node(),
@@ -91,6 +92,23 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+#: CPU feature flags that change which instructions numeric kernels use (and so how bf16
+#: and sometimes fp32 results round). See [Note: losses across machines] in compare_rules.py.
+_ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bf16", "asimd", "sve", "neon")
+
+
+def cpu_isa_flags() -> list[str]:
+    """The processor's instruction-set flags that matter for numerics, sorted (may be empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].split()
+                return sorted({f for f in flags if f.startswith(_ISA_PREFIXES)})
+    except OSError:
+        pass
+    return []
 
 
 def _cpu_count() -> int:
