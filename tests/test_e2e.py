@@ -106,11 +106,13 @@ def test_hung_cell_is_killed_recorded_and_the_matrix_goes_on(tmp_path):
         'engine = ["ddp", "torch-zero1", "torch-fsdp1", "torch-fsdp2"]', 'engine = ["ddp"]')
     workload = workload.replace('sharding_strategy = ["FULL_SHARD", "NO_SHARD"]', "")
     (tmp_path / "slow.toml").write_text(workload)
-    assert main(["run", str(tmp_path / "slow.toml"), "--results", str(tmp_path), "--no-plots"]) == 0
+    assert main(["run", str(tmp_path / "slow.toml"), "--results", str(tmp_path), "--no-plots"]) == 1  # a cell failed
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     record = json.loads((run_dir / "cells" / "ddp-ws2-fp32.json").read_text())
     assert record["status"] == "failed"
     assert "timed out after 2 s" in record["error"] or "timed out after 1 s" in record["error"]
+    assert "still running" in record["error"]  # names the ranks it had to stop
+    assert main(["run", "--resume", str(run_dir), "--no-plots", "--allow-failures"]) == 0
     # no rank process is left behind
     left = subprocess.run(["pgrep", "-f", f"zerobench.worker --run-dir {run_dir}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""

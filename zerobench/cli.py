@@ -11,13 +11,24 @@ DEFAULT_WORKLOAD = "workloads/quickstart.toml"
 
 
 def cmd_run(args) -> int:
+    """Exit 0 when every cell ended ok or skipped, 1 when any failed (0 with
+    --allow-failures), 130 on Ctrl-C (the run folder resumes), 2 on bad input."""
+    from rich.text import Text
+
     from zerobench.plots import plot_run
     from zerobench.report import print_summary, wide_console
-    from zerobench.runner import run_matrix
+    from zerobench.runner import Interrupted, cell_counts, run_matrix
 
     console = wide_console()
-    run_dir = run_matrix(args.workload, results_root=args.results, resume=args.resume, only=args.cell,
-                         profile=args.profile, device=args.device, prepare_only=args.prepare_only, console=console)
+    try:
+        run_dir = run_matrix(args.workload, results_root=args.results, resume=args.resume, only=args.cell,
+                             profile=args.profile, device=args.device, prepare_only=args.prepare_only,
+                             console=console)
+    except Interrupted as stop:
+        counts = cell_counts(stop.run_dir)
+        console.print(Text(f"interrupted: {_counts_line(counts)} so far; the ranks of the cell in flight were "
+                           f"stopped. Resume with:\n  zerobench run --resume {stop.run_dir}"))
+        return 130
     if args.prepare_only:
         return 0
     print_summary(run_dir, console)
@@ -29,8 +40,17 @@ def cmd_run(args) -> int:
 
         analyze_run(run_dir, plots=not args.no_plots)
         console.print(f"traces: {run_dir / 'traces'} (analysis: {run_dir / 'analysis'}, see docs/profiling.md)")
-    console.print(f"results: {run_dir / 'results.csv'}")
-    return 0
+    console.print(Text(f"results: {run_dir / 'results.csv'}"))
+    counts = cell_counts(run_dir)
+    failed = counts.get("failed", 0)
+    console.print(Text(f"cells: {_counts_line(counts)}"
+                       + (" (--allow-failures: exit 0)" if failed and args.allow_failures else "")),
+                  style="bold red" if failed else "bold")
+    return 1 if failed and not args.allow_failures else 0
+
+
+def _counts_line(counts: dict[str, int]) -> str:
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in ("ok", "failed", "skipped"))
 
 
 def cmd_plot(args) -> int:
@@ -91,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA+NCCL when there is a GPU per rank, else CPU+gloo")
     p.add_argument("--no-plots", action="store_true", help="skip drawing plots")
+    p.add_argument("--allow-failures", action="store_true",
+                   help="exit 0 even when cells failed (default: exit 1 when any cell failed)")
     p.add_argument("--prepare-only", action="store_true",
                    help="write the run folder and print the torchrun command of each cell, run nothing")
     p.set_defaults(func=cmd_run)

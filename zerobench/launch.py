@@ -64,13 +64,17 @@ def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, 
                                       stdin=subprocess.DEVNULL, start_new_session=True))
     error = None
     failed_at = None
+    deaths: list[int] = []  # ranks in the order we saw them end with a failure: the first is to blame
     try:
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
-            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+            deaths += [r for r, p in enumerate(procs) if p.returncode not in (None, 0) and r not in deaths]
+            if failed_at is None and deaths:
                 failed_at = now
             if now - start > timeout_s:
-                error = f"timed out after {timeout_s:.0f} s (run.timeout_s)"
+                running = [r for r, p in enumerate(procs) if p.poll() is None]
+                error = (f"timed out after {timeout_s:.0f} s (run.timeout_s) with rank(s) "
+                         f"{', '.join(map(str, running))} still running")
                 break
             if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
                 break
@@ -83,7 +87,7 @@ def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, 
             f.close()
     codes = [p.returncode for p in procs]
     if error is None and any(c != 0 for c in codes):
-        error = _describe_failure(logs, cell_id, codes)
+        error = describe_failure(logs, cell_id, codes, deaths)
     return LaunchResult(error is None, error, time.monotonic() - start, codes)
 
 
@@ -95,17 +99,39 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _describe_failure(logs: Path, cell_id: str, codes: list[int | None]) -> str:
-    """The first failing rank, how it ended, and the end of what it printed."""
-    # A rank that raised exits 1; its peers are then killed by us (-9) or fail in a
-    # collective. Report a rank that failed on its own if there is one.
-    order = sorted(range(len(codes)), key=lambda r: (codes[r] in (0, -signal.SIGKILL), r))
-    rank = order[0]
-    code = codes[rank]
-    if code is not None and code < 0:
-        how = f"killed by signal {-code}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
-    else:
-        how = f"exited with code {code}"
-    text = (logs / f"{cell_id}.rank{rank}.log").read_text(errors="replace").strip().splitlines()
-    tail = [line for line in text if line.strip()][-12:]
-    return f"rank {rank} {how}:\n" + "\n".join(tail)
+def describe_failure(logs: Path, cell_id: str, codes: list[int | None], deaths: list[int] = ()) -> str:
+    """The rank that failed first, how it ended and the end of its log; then the others.
+
+    ``deaths`` lists failed ranks in the order they were seen to end. The first of them
+    is the cause: its peers fail *because* it went away (gloo: "Connection closed by
+    peer") or are killed by us after FAILURE_GRACE_S (signal 9 from the launcher), so
+    they come second. Without an order (all ended between two polls), a rank that
+    exited with an error of its own goes before one killed by a signal.
+    """
+    failed = [r for r, c in enumerate(codes) if c != 0]
+    seen = [r for r in deaths if r in failed]
+    rest = sorted((r for r in failed if r not in seen), key=lambda r: (codes[r] is None or codes[r] < 0, r))
+    order = seen + rest
+    first, *others = order
+    lines = [f"rank {first} {_how(codes[first])} first:", *_log_tail(logs, cell_id, first, 12)]
+    for rank in others:
+        tail = _log_tail(logs, cell_id, rank, 1)
+        lines.append(f"then rank {rank} {_how(codes[rank])}" + (f": {tail[0]}" if tail else ""))
+    return "\n".join(lines)
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "was still running"
+    if code < 0:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})" if -code in signal.valid_signals() \
+            else f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _log_tail(logs: Path, cell_id: str, rank: int, n: int) -> list[str]:
+    try:
+        text = (logs / f"{cell_id}.rank{rank}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in text if line.strip()][-n:]

@@ -1,4 +1,13 @@
-"""Terminal summaries of runs: the per-cell table with each engine beside the reference."""
+"""Terminal summaries of runs: the per-cell table with each engine beside the reference.
+
+[Note: plain text]
+Everything a run produced -- cell ids, error messages, log excerpts, paths -- reaches
+the terminal as plain text: rich ``Text`` objects in tables, ``escape()`` in printed
+lines. A rank's error often carries brackets (gloo's "[/__w/pytorch/.../pair.cc:553]
+Connection closed by peer"), which rich would otherwise parse as markup and, for a
+closing tag it does not know, raise ``MarkupError`` -- killing the harness between cells.
+Only the fixed words we write ourselves ("ok", "FAIL") carry markup.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from zerobench.results import REFERENCE_ENGINE, load_results, reference_cells, summary
 
@@ -38,7 +49,7 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
     console = console or wide_console()
     results = load_results(run_dir)
     cells = with_reference_ratios(summary(results), results)
-    table = Table(title=f"{run_dir.name}  (x{REFERENCE_ENGINE}: ratio to {REFERENCE_ENGINE} at the same world size and dtype)")
+    table = Table(title=escape(f"{run_dir.name}  (x{REFERENCE_ENGINE}: ratio to {REFERENCE_ENGINE} at the same world size and dtype)"))
     for name in ("cell", "status", "step ms", f"x{REFERENCE_ENGINE}", "peak MiB", f"x{REFERENCE_ENGINE} ",
                  "comm MiB/step", "loss dev", "note"):
         # numbers never wrap or truncate; long cell ids fold onto a second line instead
@@ -49,10 +60,10 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
             style = "yellow" if r["status"] == "skipped" else "red"
             reason = str(r.get("error") or "").splitlines()
             note = " | ".join(dict.fromkeys([reason[0], reason[-1]])) if reason else ""
-            table.add_row(r["cell_id"], f"[{style}]{r['status']}[/]", *[""] * 6, note[:100])
+            table.add_row(Text(str(r["cell_id"])), Text(str(r["status"]), style=style), *[""] * 6, Text(note[:100]))
             continue
         table.add_row(
-            r["cell_id"], "ok",
+            Text(str(r["cell_id"])), "ok",
             _num(r.get("step_time_median_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
             _num(r.get("peak_mem_bytes"), 2**-20, "{:.1f}"), _num(r.get("peak_mem_x_ref"), 1, "{:.2f}"),
             _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"), "",
@@ -76,10 +87,11 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
         meta = json.loads((run / "meta.json").read_text())
         statuses = [json.loads(p.read_text())["status"] for p in (run / "cells").glob("*.json")] \
             if (run / "cells").exists() else []
-        table.add_row(str(run.relative_to(results_root)), meta.get("workload", "?"), meta.get("date", "?"),
+        table.add_row(Text(str(run.relative_to(results_root))), Text(str(meta.get("workload", "?"))),
+                      str(meta.get("date", "?")),
                       str(len(meta.get("cells", []))), str(statuses.count("ok")), str(statuses.count("failed")),
                       str(statuses.count("skipped")), (meta.get("git_commit") or "")[:8])
     if not runs:
-        console.print(f"no runs under {results_root}")
+        console.print(Text(f"no runs under {results_root}"))
         return
     console.print(table)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from zerobench import data as data_mod
@@ -199,19 +200,43 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
 
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("cells", total=len(todo))
-        for i, cell in enumerate(todo, 1):
-            progress.update(task, description=f"cell {i}/{len(todo)} {cell.id}")
-            if workload.run.reference and cell.skip_reason is None and cell.world_size not in references:
-                references[cell.world_size] = reference_losses(workload, cell.world_size)
-                write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
-            record = run_one(run_dir, workload, cell, profile, device, references.get(cell.world_size))
-            console.print(_one_line(record))
-            progress.advance(task)
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("cells", total=len(todo))
+            for i, cell in enumerate(todo, 1):
+                progress.update(task, description=escape(f"cell {i}/{len(todo)} {cell.id}"))
+                if workload.run.reference and cell.skip_reason is None and cell.world_size not in references:
+                    references[cell.world_size] = reference_losses(workload, cell.world_size)
+                    write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                record = run_one(run_dir, workload, cell, profile, device, references.get(cell.world_size))
+                console.print(_one_line(record))
+                progress.advance(task)
+                write_tables(run_dir)
+    except KeyboardInterrupt:
+        # launch_cell has killed the ranks of the cell in flight; it left no record, so
+        # --resume runs it again. Finished cells are on disk already.
+        if any((run_dir / "cells").glob("*.json")):
             write_tables(run_dir)
+        raise Interrupted(run_dir) from None
     write_tables(run_dir)
     return run_dir
+
+
+class Interrupted(Exception):
+    """The user stopped a run (Ctrl-C); ``run_dir`` holds what finished and resumes."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(f"interrupted: {run_dir}")
+        self.run_dir = run_dir
+
+
+def cell_counts(run_dir: Path) -> dict[str, int]:
+    """How many cells of a run folder ended ok, failed and skipped (from cells/*.json)."""
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    for path in sorted((run_dir / "cells").glob("*.json")):
+        status = json.loads(path.read_text()).get("status", "failed")
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
@@ -237,14 +262,16 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
 
 def _one_line(record: dict) -> str:
     cid, status = record["cell_id"], record["status"]
+    # Errors and cell ids are plain text: a gloo error such as "[/__w/.../pair.cc:553]"
+    # is not rich markup. See [Note: plain text] in zerobench/report.py.
     if status == "skipped":
-        return f"[yellow]skip[/] {cid}: {record['error']}"
+        return f"[yellow]skip[/] {escape(cid)}: {escape(str(record['error']))}"
     if status == "failed":
         first = (record["error"] or "").splitlines()
-        return f"[red]FAIL[/] {cid}: {' | '.join(first[:1] + first[-1:])}"
+        return f"[red]FAIL[/] {escape(cid)}: {escape(' | '.join(first[:1] + first[-1:]))}"
     m = [r["metrics"] for r in record["ranks"]]
     step = sorted(x["step_time_median_s"] for x in m)[len(m) // 2] * 1e3
     peak = max(x.get("peak_mem_bytes", 0) for x in m) / 2**20
     dev = record.get("loss_max_abs_diff_ref")
     dev_s = f", loss dev {dev:.1e}" if dev is not None else ""
-    return f"[green]ok[/]   {cid}: {step:.1f} ms/step, peak {peak:.1f} MiB{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"
+    return f"[green]ok[/]   {escape(cid)}: {step:.1f} ms/step, peak {peak:.1f} MiB{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"
