@@ -8,12 +8,12 @@ prefetched all-gather would queue behind all compute already issued and overlap
 nothing. So, as PyTorch 1.13's FSDP does, the engines use three streams:
 
 * ``compute``: the stream the caller runs on (forward, backward, optimizer).
-* ``unshard``: all-gathers. Before one starts, the unshard stream waits on an event
-  recorded on the compute stream right after the unsharded buffer was allocated: the
-  sharded parameter is ready (the optimizer step that wrote it is enqueued before) and
-  the buffer's memory is no longer used by earlier compute. Nothing else is waited for.
-  Before compute uses the unsharded parameters it waits on an event recorded on the
-  unshard stream after the all-gather.
+* ``unshard``: all-gathers. Before one starts, the unshard stream waits on
+  ``params_ready``, an event recorded on the compute stream at the root's pre-forward:
+  the sharded parameters are ready once the optimizer step queued before it is done.
+  Nothing later on compute is waited for, so a prefetched all-gather overlaps the
+  compute queued before it. Before compute uses the unsharded parameters it waits on an
+  event recorded on the unshard stream after the all-gather.
 * ``post_backward``: gradient reduce-scatters (and CPU offload's device-to-host copy).
   It waits on an event recorded on the compute stream once the gradient is produced;
   compute waits on an event recorded after the reduction before it reads the result.
@@ -22,9 +22,12 @@ Buffer lifetimes across streams. The caching allocator ties a block to the strea
 was allocated on and reuses it for that stream as soon as it is freed, regardless of
 other streams. The rules used here:
 
-* the unsharded parameter buffer is allocated on compute (so it is freed and reused in
-  compute order) and written by the unshard stream only after the "ready" event, and
-  read by compute only after the "gathered" event: no ``record_stream`` needed;
+* the unsharded parameter buffer is allocated on the unshard stream that writes it,
+  and read on compute: before it is freed, ``record_stream(compute)``, so its memory
+  goes back to the unshard stream's pool only once compute has passed the free. This
+  is why the CPU thread running ahead of the GPU holds memory (every freed-but-not-yet-
+  computed unit stays allocated) and why ``limit_all_gathers`` bounds it with events
+  (rate_limiter.py);
 * all-gather inputs (a cast or host-to-device copy of the shard) and reduce-scatter
   outputs are allocated *on the stream that uses them* (inside ``streams.on(...)``);
 * the unsharded gradient comes from autograd on compute and is consumed by the
@@ -93,6 +96,8 @@ class Streams:
         self.cuda = self.device.type == "cuda"
         # (action, stream, event id) on CPU, in issue order; stays empty on CUDA.
         self.log: list[tuple[str, str, int | None]] = []
+        # Recorded on compute at the root's pre-forward: the sharded parameters are ready.
+        self.params_ready = None
         if self.cuda:
             self.compute = torch.cuda.current_stream(self.device)
             self.unshard = torch.cuda.Stream(self.device)

@@ -122,6 +122,9 @@ def pre_forward(instance, args, kwargs):
     state: RootState = instance._root_state
     if instance._is_root:
         check_state(instance, TrainingState.IDLE)
+        # The sharded parameters are ready when what compute has queued so far is done
+        # (the optimizer step): all-gathers wait for this event only. See [Note: streams].
+        state.streams.params_ready = state.streams.record(state.streams.compute)
         if not state.end_of_backward_queued and state.exec_order.forward_pending_backward:
             # The previous forward had no backward (evaluation): start a new iteration.
             _finish_iteration(state)

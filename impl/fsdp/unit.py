@@ -100,13 +100,15 @@ class FlatParamUnit:
         h = self.handle
         s = self.streams
         self.limiter.before_all_gather()  # CUDA: may block the CPU on an old free's event
-        output = h.alloc_unsharded()  # on compute: see [Note: streams]
         shard = h.sharded_flat.detach()
-        ready = s.record(s.compute)  # the shard is written and the buffer's memory is free
+        # The shard is ready once the compute recorded at the root's pre-forward (the
+        # optimizer step) is done; nothing later on compute is waited for.
+        ready = s.params_ready if s.params_ready is not None else s.record(s.compute)
         with s.on(s.unshard):
             s.wait(s.unshard, ready)
-            # Cast for mixed precision and copy host-to-device under CPU offload, in one op,
-            # allocated on the unshard stream that consumes it.
+            # Output, and the input (cast for mixed precision and copied host-to-device under
+            # CPU offload, in one op), allocated on the unshard stream. See [Note: streams].
+            output = h.alloc_unsharded()
             self._all_gather_input = shard.to(device=output.device, dtype=output.dtype, non_blocking=True)
             self._all_gather = collectives.all_gather_flat(
                 output, self._all_gather_input, self.shard_group, h.shard_world
@@ -150,10 +152,12 @@ class FlatParamUnit:
             return
         if h.sharded_state is ShardedState.UNSHARDING:  # prefetched but unused: let the write land
             self._wait_all_gather()
+        s = self.streams
+        if h.unsharded_allocated:  # its memory is not reused before compute is done with it
+            s.hand_over(h.all_gather_output, s.compute)
         h.free_unsharded()
         h.sharded_state = ShardedState.SHARDED
         if self.sharded:
-            s = self.streams
             self.limiter.on_free(self, s.record(s.compute) if s.cuda else None)
 
     # -- gradients -----------------------------------------------------------------
