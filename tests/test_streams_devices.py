@@ -4,6 +4,7 @@ events, and device selection with torch.cuda faked (no silent CPU fall-back)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -224,3 +225,30 @@ def test_meta_records_device_environment(gpus, monkeypatch):
     assert info["gpu_driver_version"] == "555.1" and info["backend"] == "nccl"
     assert info["env"]["NCCL_DEBUG"] == "INFO" and info["env"]["CUDA_VISIBLE_DEVICES"] == "3"
     assert "cuda_version" in info and "torch_threads" in info
+
+
+# -- scripts/gpu-check pieces that run without a GPU ------------------------------------------
+
+
+def test_gpu_check_cells_summary(tmp_path):
+    from zerobench.gpu_check import cells_check
+
+    run = tmp_path / "runs" / "r1"
+    (run / "cells").mkdir(parents=True)
+    (run / "workload.json").write_text("{}")
+    for cid, status in (("a", "ok"), ("b", "skipped")):
+        (run / "cells" / f"{cid}.json").write_text(json.dumps({"cell_id": cid, "status": status}))
+    assert cells_check(str(tmp_path / "runs"))["pass"]
+    (run / "cells" / "c.json").write_text(json.dumps({"cell_id": "c", "status": "failed", "error": "boom"}))
+    result = cells_check(str(tmp_path / "runs"))
+    assert not result["pass"] and result["failed"] == 1 and result["cells"]["c"]["error"] == "boom"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_gpu_check_script_says_no_gpu(tmp_path):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([os.path.join(root, "scripts", "gpu-check"), str(tmp_path / "out")], cwd=root,
+                          env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no CUDA device" in proc.stdout

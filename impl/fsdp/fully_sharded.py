@@ -225,7 +225,8 @@ class FullyShardedDataParallel(nn.Module):
                 raise RuntimeError("an FSDP instance that already ran as a root cannot be nested under another root")
             if inst._limit_all_gathers != self._limit_all_gathers or inst._limiter_depth != self._limiter_depth:
                 warnings.warn("nested FSDP instances' limit_all_gathers/limiter_depth differ: the root's settings apply")
-        streams = Streams(self.compute_device)  # See [Note: streams]
+        # See [Note: streams]; the device of the units (a root without parameters may not know it).
+        streams = Streams(next((i.compute_device for i in instances if i._unit is not None), self.compute_device))
         limiter = RateLimiter(self._limit_all_gathers, self._limiter_depth, use_events=streams.cuda)
         state = runtime.RootState(self, instances, limiter, streams)
         for inst in instances:
