@@ -44,6 +44,7 @@ on what they should, in the order they should, without a GPU.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from typing import Iterator
@@ -51,6 +52,7 @@ from typing import Iterator
 import torch
 
 _event_ids = itertools.count()
+LOG_LENGTH = 100_000
 
 
 class CpuEvent:
@@ -63,7 +65,8 @@ class CpuEvent:
         self.stream = stream
 
     def synchronize(self) -> None:
-        return None
+        """The host "blocks" on it: logged, returns at once."""
+        self.stream._log.append(("host_wait", self.stream.name, self.id))
 
     def query(self) -> bool:
         return True
@@ -72,7 +75,7 @@ class CpuEvent:
 class CpuStream:
     """The calling thread, named, logging the events recorded and waited on it."""
 
-    def __init__(self, name: str, log: list):
+    def __init__(self, name: str, log: collections.deque):
         self.name = name
         self._log = log
 
@@ -94,8 +97,9 @@ class Streams:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        # (action, stream, event id) on CPU, in issue order; stays empty on CUDA.
-        self.log: list[tuple[str, str, int | None]] = []
+        # (action, stream, event id) on CPU, in issue order, the latest LOG_LENGTH only (a
+        # long run must not grow it without bound); stays empty on CUDA.
+        self.log: collections.deque = collections.deque(maxlen=LOG_LENGTH)
         # Recorded on compute at the root's pre-forward: the sharded parameters are ready.
         self.params_ready = None
         if self.cuda:

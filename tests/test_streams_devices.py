@@ -252,3 +252,30 @@ def test_gpu_check_script_says_no_gpu(tmp_path):
     proc = subprocess.run([os.path.join(root, "scripts", "gpu-check"), str(tmp_path / "out")], cwd=root,
                           env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA device" in proc.stdout
+
+
+def _event_limiter_body(rank, world_size, limit):
+    from impl.fsdp import FullyShardedDataParallel as FSDP
+
+    raw = make_model("mlp")
+    model = FSDP(raw, auto_wrap_policy=unit_policy(raw), limit_all_gathers=limit, limiter_depth=1)
+    x, _ = batches("mlp", 1)[0]
+    with torch.no_grad():
+        model(rank_slice(x, rank, world_size))
+        state = model._root_state
+        state.limiter.use_events = True  # the CUDA mode, driven by the CPU streams' events
+        state.streams.log.clear()
+        model.limiter_metrics()
+        model(rank_slice(x, rank, world_size))
+    log = list(state.streams.log)
+    recorded_on = {ev: st for action, st, ev in log if action == "record"}
+    host_waits = [ev for action, _, ev in log if action == "host_wait"]
+    assert all(recorded_on[ev] == "compute" for ev in host_waits)
+    return len(host_waits), model.limiter_metrics()["limiter_stalls"]
+
+
+def test_event_limiter_blocks_on_free_events_in_forward():
+    for waits, stalls in run_ranks(_event_limiter_body, world_size=2, args=(True,)):
+        assert waits > 0 and stalls == waits
+    for waits, stalls in run_ranks(_event_limiter_body, world_size=2, args=(False,)):
+        assert waits == 0 and stalls == 0

@@ -158,7 +158,7 @@ class FlatParamUnit:
         h.free_unsharded()
         h.sharded_state = ShardedState.SHARDED
         if self.sharded:
-            self.limiter.on_free(self, s.record(s.compute) if s.cuda else None)
+            self.limiter.on_free(self, s.record(s.compute))  # used on CUDA only (the limiter's note)
 
     # -- gradients -----------------------------------------------------------------
 
