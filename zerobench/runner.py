@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from zerobench import data as data_mod
+from zerobench import devices
 from zerobench.engines import OptimizerSpec
 from zerobench.files import write_json_atomic
 from zerobench.launch import launch_cell
@@ -46,7 +47,7 @@ def prepare_run(workload: Workload, run_dir: Path, cells: list[Cell], device: st
 
 
 def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
-    cuda = torch.cuda.is_available() and device != "cpu"
+    cuda = devices.device_type(device) == "cuda"
     model = workload.model
     return {
         "workload": workload.name,
@@ -56,7 +57,7 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
-        "backend": "nccl" if cuda else "gloo",
+        "backend": devices.backend(device),
         "world_sizes": sorted({c.world_size for c in cells}),
         "cpu_model": _cpu_model(),
         "cpu_count": _cpu_count(),
@@ -67,6 +68,7 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "cells": [c.id for c in cells],
+        "devices": devices.environment(device),  # versions, CUDA_VISIBLE_DEVICES, NCCL_*, threads
         "context": {
             "workload": workload.name,
             "model": f"{model.kind}(" + ", ".join(f"{k}={v}" for k, v in vars(model).items() if k != "kind") + ")",
@@ -171,7 +173,7 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
     else:
         workload = load_workload(workload_path)
         run_dir = new_run_dir(results_root, workload)
-    device_type = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    device_type = devices.device_type(device)
     cells = expand(workload, device_type)
     if only:
         known = {c.id for c in cells}

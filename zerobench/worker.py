@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench import data as data_mod
+from zerobench import devices
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_json_atomic
 from zerobench.matrix import Cell, expand, find_cell
@@ -61,11 +62,8 @@ def torchrun_env() -> tuple[int, int, int, int]:
 
 
 def pick_device(requested: str, local_rank: int, local_world: int) -> torch.device:
-    """CUDA (and so NCCL) when there is one device per local rank, else CPU (gloo)."""
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()
-                               and torch.cuda.device_count() >= local_world):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    """The rank's device; zerobench.devices decides (and raises rather than falling back)."""
+    return devices.choose(requested, local_rank, local_world).device
 
 
 def load_run(run_dir: Path) -> Workload:
@@ -99,6 +97,8 @@ class CellRunner:
                                    self.ctx.device)
 
     def sync(self):
+        """At step boundaries only (CUDA): a step's time then covers all its GPU work,
+        while streams still overlap freely inside the step."""
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
 
@@ -168,6 +168,10 @@ class CellRunner:
     # -- pass 3: memory and communication --------------------------------------------
 
     def memory_pass(self) -> dict:
+        if self.ctx.device.type == "cuda":  # nothing of the timing pass is counted here
+            torch.cuda.synchronize(self.ctx.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.ctx.device)
         tracker = StorageTracker(self.ctx.device.type)
         with tracker:
             engine = self.build()
@@ -281,13 +285,13 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
     if cell.world_size != world:
         raise SystemExit(f"zerobench.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {world}")
 
-    dev = pick_device(device, local_rank, local_world)
+    choice = devices.choose(device, local_rank, local_world)
+    dev, backend = choice.device, choice.backend
     if dev.type == "cpu":
         torch.set_num_threads(workload.run.threads_per_rank)
     else:
         torch.cuda.set_device(dev)
-    backend = "nccl" if dev.type == "cuda" else "gloo"
-    dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(backend, device_id=dev if backend == "nccl" else None)
     ctx = RankContext(rank, world, local_rank, dev, backend)
     _set_emulation(cell)
     try:

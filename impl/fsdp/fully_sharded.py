@@ -38,6 +38,7 @@ from impl.fsdp.flat_param import FlatParamHandle
 from impl.fsdp.state_dict import FullStateDictConfig, StateDictType
 from impl.fsdp.rate_limiter import RateLimiter
 from impl.fsdp.unit import FlatParamUnit
+from impl.streams import Streams
 from impl.fsdp.wrap import recursive_wrap
 
 # Construction order of units in this process, for the first-iteration order check.
@@ -224,13 +225,16 @@ class FullyShardedDataParallel(nn.Module):
                 raise RuntimeError("an FSDP instance that already ran as a root cannot be nested under another root")
             if inst._limit_all_gathers != self._limit_all_gathers or inst._limiter_depth != self._limiter_depth:
                 warnings.warn("nested FSDP instances' limit_all_gathers/limiter_depth differ: the root's settings apply")
-        limiter = RateLimiter(self._limit_all_gathers, self._limiter_depth)
-        state = runtime.RootState(self, instances, limiter)
+        # See [Note: streams]; the device of the units (a root without parameters may not know it).
+        streams = Streams(next((i.compute_device for i in instances if i._unit is not None), self.compute_device))
+        limiter = RateLimiter(self._limit_all_gathers, self._limiter_depth, use_events=streams.cuda)
+        state = runtime.RootState(self, instances, limiter, streams)
         for inst in instances:
             inst._is_root = inst is self
             inst._root_state = state
             if inst._unit is not None:
                 inst._unit.limiter = limiter
+                inst._unit.streams = streams
             inst._cast_buffers()
 
     def _cast_buffers(self) -> None:

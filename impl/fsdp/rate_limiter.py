@@ -34,6 +34,15 @@ With the 1-ahead prefetch of PyTorch 1.13, at most two units are in flight at on
 (the current one and the prefetched one), so the default depth 2 rarely binds; depth 1
 turns every prefetch into "issue right after the current unit frees", which is the
 configuration to study. ``max_in_flight`` is counted whether or not the limit is on.
+
+On a CUDA compute device the limiter does what PyTorch 1.13 does instead (the CPU
+behaviour above is unchanged): each free of a unit's unsharded parameters records an
+event on the compute stream into a :class:`FreeEventQueue`; before a new all-gather,
+once ``depth`` free events are queued, the CPU thread blocks on the oldest one
+(``event.synchronize()``). The CPU thread can then be at most ``depth`` frees ahead of
+the GPU, so the caching allocator holds about ``depth`` units' unsharded parameters
+beyond the one being computed on. Every such block counts as a stall and its time is
+``stall_s``. Nothing is deferred in this mode, so ``limiter_overruns`` stays 0.
 """
 
 from __future__ import annotations
@@ -41,14 +50,42 @@ from __future__ import annotations
 import time
 from collections import deque
 
+
+class FreeEventQueue:
+    """Events recorded at each free, oldest first (PyTorch 1.13's ``_FreeEventQueue``).
+
+    Works with any object that has ``synchronize()``: CUDA events in use, fakes in tests.
+    """
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self._queue: deque = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def enqueue(self, event) -> None:
+        self._queue.append(event)
+
+    def dequeue_if_needed(self):
+        """The oldest event when ``depth`` are queued (the caller blocks on it), else None."""
+        if len(self._queue) >= self.depth:
+            return self._queue.popleft()
+        return None
+
+
 class RateLimiter:
     """Shared by every unit under one root. See [Note: rate limiter]."""
 
-    def __init__(self, enabled: bool, depth: int):
+    def __init__(self, enabled: bool, depth: int, use_events: bool = False):
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise ValueError(f"limiter_depth must be an int >= 1, got {depth!r}")
         self.enabled = enabled
         self.depth = depth
+        # CUDA: bound the CPU thread's lead with free events (see the note) instead of
+        # deferring prefetches.
+        self.use_events = use_events
+        self.free_events = FreeEventQueue(depth)
         # Units (FlatParamUnit) holding a ticket, oldest first: the frees a new all-gather
         # may have to wait for.
         self._in_flight: deque = deque()
@@ -66,7 +103,7 @@ class RateLimiter:
 
     def admit(self, unit, prefetch: bool, ticketed: bool) -> bool:
         """May ``unit`` issue its all-gather now? False means it was queued (prefetch only)."""
-        if ticketed and self.enabled and len(self._in_flight) >= self.depth:
+        if ticketed and self.enabled and not self.use_events and len(self._in_flight) >= self.depth:
             if prefetch:
                 self._deferred.append(unit)
                 self.stalls += 1
@@ -81,6 +118,18 @@ class RateLimiter:
         """``unit`` needs its parameters now: it leaves the queue and issues itself."""
         self._deferred.remove(unit)
 
+    def before_all_gather(self) -> None:
+        """Event mode: block the CPU thread on the oldest free once ``depth`` are queued."""
+        if not (self.enabled and self.use_events):
+            return
+        event = self.free_events.dequeue_if_needed()
+        if event is None:
+            return
+        start = now()
+        event.synchronize()
+        self.stalls += 1
+        self.stall_s += now() - start
+
     def on_issue(self, unit, ticketed: bool) -> None:
         self.all_gathers += 1
         if ticketed:
@@ -89,8 +138,12 @@ class RateLimiter:
 
     # -- free ----------------------------------------------------------------------
 
-    def on_free(self, unit) -> None:
-        """``unit`` freed its unsharded parameters: return its ticket, release queued prefetches."""
+    def on_free(self, unit, event=None) -> None:
+        """``unit`` freed its unsharded parameters: return its ticket, release queued prefetches.
+
+        ``event`` (event mode): recorded on the compute stream right after the free."""
+        if self.enabled and self.use_events and event is not None:
+            self.free_events.enqueue(event)
         try:
             self._in_flight.remove(unit)
         except ValueError:

@@ -32,15 +32,18 @@ from torch.autograd.profiler import record_function
 from impl.fsdp.api import BackwardPrefetch, ShardingStrategy, TrainingState
 from impl.fsdp.exec_order import ExecutionOrder
 from impl.fsdp.rate_limiter import RateLimiter
+from impl.streams import Streams
 
 
 class RootState:
     """What every FSDP instance under one root shares, created at the root's lazy init."""
 
-    def __init__(self, root, instances: list, limiter: RateLimiter):
+    def __init__(self, root, instances: list, limiter: RateLimiter, streams: Streams | None = None):
         self.root = root
         self.instances = instances  # every FSDP instance in the tree, root first
         self.limiter = limiter
+        # Compute/unshard/post-backward streams of the root's device. See [Note: streams].
+        self.streams = streams if streams is not None else Streams(root.compute_device)
         self.exec_order = ExecutionOrder()
         # Reductions in flight, oldest first. See [Note: reductions in flight].
         self.pending_reductions: deque = deque()
@@ -119,6 +122,9 @@ def pre_forward(instance, args, kwargs):
     state: RootState = instance._root_state
     if instance._is_root:
         check_state(instance, TrainingState.IDLE)
+        # The sharded parameters are ready when what compute has queued so far is done
+        # (the optimizer step): all-gathers wait for this event only. See [Note: streams].
+        state.streams.params_ready = state.streams.record(state.streams.compute)
         if not state.end_of_backward_queued and state.exec_order.forward_pending_backward:
             # The previous forward had no backward (evaluation): start a new iteration.
             _finish_iteration(state)
@@ -215,8 +221,9 @@ def post_backward(instance) -> None:
         if not state.sync_gradients:
             return  # no_sync: the unsharded gradients keep accumulating in each .grad
         grad = handle.take_unsharded_grad()
-        for _, older in state.pending_reductions:  # See [Note: reductions in flight]
-            older.advance()
+        with state.streams.on(state.streams.post_backward):
+            for _, older in state.pending_reductions:  # See [Note: reductions in flight]
+                older.advance()
         state.pending_reductions.append((unit, unit.reduce_grad(grad)))
 
 
@@ -226,9 +233,16 @@ def end_of_backward(state: RootState) -> None:
             # Units some of whose parameters got no gradient: their hook never completed.
             if instance._grads_ready and instance._unit is not None:
                 post_backward(instance)
+        finished = []
         while state.pending_reductions:
             unit, pending = state.pending_reductions.popleft()
-            unit.accumulate_sharded_grad(pending.wait())
+            finished.append((unit, unit.finish_reduction(pending)))
+        if state.streams.cuda and any(u._pinned_grad is not None for u, _ in finished):
+            # CPU offload: the non-blocking copies into pinned memory must land before the
+            # optimizer step reads the gradients.
+            state.streams.post_backward.synchronize()
+        for unit, reduced in finished:
+            unit.accumulate_sharded_grad(reduced)
         for instance in state.instances:
             if instance._unit is not None:  # catch-all: frozen or unused units
                 instance._unit.reshard(free=frees_after_backward(instance, state.sync_gradients))

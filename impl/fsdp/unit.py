@@ -15,6 +15,7 @@ from impl.fsdp import collectives
 from impl.fsdp.api import MixedPrecision, ShardingStrategy
 from impl.fsdp.flat_param import FlatParamHandle, ShardedState
 from impl.fsdp.rate_limiter import RateLimiter, now
+from impl.streams import Streams
 
 _SHARDED = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.HYBRID_SHARD)
 
@@ -44,6 +45,11 @@ class FlatParamUnit:
         self.index = index  # construction order; identical on every rank, used by the order check
         # Set at lazy init to the root's limiter, shared by every unit under it.
         self.limiter: RateLimiter | None = None
+        # Replaced at lazy init by the root's streams. See [Note: streams].
+        self.streams = Streams(handle.device)
+        # CPU offload on CUDA: a pinned host buffer per reduced gradient shard, reused,
+        # and the event after the device-to-host copy into it.
+        self._pinned_grad: torch.Tensor | None = None
         # The all-gather in flight, while UNSHARDING.
         self._all_gather: collectives.comm.Handle | None = None
         # Its input (a low-precision copy of the shard under mixed precision): must stay
@@ -92,11 +98,21 @@ class FlatParamUnit:
 
     def _issue_all_gather(self) -> None:
         h = self.handle
-        output = h.alloc_unsharded()
+        s = self.streams
+        self.limiter.before_all_gather()  # CUDA: may block the CPU on an old free's event
         shard = h.sharded_flat.detach()
-        # Cast for mixed precision and copy host-to-device under CPU offload, in one op.
-        self._all_gather_input = shard.to(device=output.device, dtype=output.dtype, non_blocking=True)
-        self._all_gather = collectives.all_gather_flat(output, self._all_gather_input, self.shard_group, h.shard_world)
+        # The shard is ready once the compute recorded at the root's pre-forward (the
+        # optimizer step) is done; nothing later on compute is waited for.
+        ready = s.params_ready if s.params_ready is not None else s.record(s.compute)
+        with s.on(s.unshard):
+            s.wait(s.unshard, ready)
+            # Output, and the input (cast for mixed precision and copied host-to-device under
+            # CPU offload, in one op), allocated on the unshard stream. See [Note: streams].
+            output = h.alloc_unsharded()
+            self._all_gather_input = shard.to(device=output.device, dtype=output.dtype, non_blocking=True)
+            self._all_gather = collectives.all_gather_flat(
+                output, self._all_gather_input, self.shard_group, h.shard_world
+            )
         h.sharded_state = ShardedState.UNSHARDING
         self.limiter.on_issue(self, self._ticketed)
 
@@ -115,8 +131,12 @@ class FlatParamUnit:
                 self._wait_all_gather()
 
     def _wait_all_gather(self) -> None:
-        if self._all_gather is not None:
-            self._all_gather.wait()
+        s = self.streams
+        with s.on(s.unshard):  # CUDA: the unshard stream waits for the collective
+            if self._all_gather is not None:
+                self._all_gather.wait()
+            gathered = s.record(s.unshard)
+        s.wait(s.compute, gathered)
         self._all_gather = None
         self._all_gather_input = None
         self.handle.sharded_state = ShardedState.UNSHARDED
@@ -132,24 +152,56 @@ class FlatParamUnit:
             return
         if h.sharded_state is ShardedState.UNSHARDING:  # prefetched but unused: let the write land
             self._wait_all_gather()
+        s = self.streams
+        if h.unsharded_allocated:  # its memory is not reused before compute is done with it
+            s.hand_over(h.all_gather_output, s.compute)
         h.free_unsharded()
         h.sharded_state = ShardedState.SHARDED
         if self.sharded:
-            self.limiter.on_free(self)
+            self.limiter.on_free(self, s.record(s.compute))  # used on CUDA only (the limiter's note)
 
     # -- gradients -----------------------------------------------------------------
 
     def reduce_grad(self, unsharded_grad: torch.Tensor) -> collectives.PendingReduction:
-        """Start averaging this rank's unsharded gradient (1-D, padded) across ranks."""
-        return collectives.reduce_gradient(
-            unsharded_grad,
-            sharded=self.sharded,
-            shard_group=self.shard_group,
-            shard_size=self.group_size,
-            replicate_group=self.replicate_group,
-            reduce_dtype=self._reduce_dtype,
-            world_size=self.world_size,
-        )
+        """Start averaging this rank's unsharded gradient (1-D, padded) across ranks, on
+        the post-backward stream once the gradient is produced."""
+        s = self.streams
+        produced = s.record(s.compute)
+        s.hand_over(unsharded_grad, s.post_backward)  # read there; see [Note: streams]
+        with s.on(s.post_backward):
+            s.wait(s.post_backward, produced)
+            return collectives.reduce_gradient(
+                unsharded_grad,
+                sharded=self.sharded,
+                shard_group=self.shard_group,
+                shard_size=self.group_size,
+                replicate_group=self.replicate_group,
+                reduce_dtype=self._reduce_dtype,
+                world_size=self.world_size,
+            )
+
+    def finish_reduction(self, pending: collectives.PendingReduction) -> torch.Tensor:
+        """Wait for a reduction on the post-backward stream; return the reduced shard.
+
+        Under CPU offload on CUDA the shard is copied, non-blocking, into a pinned host
+        buffer on the post-backward stream; the caller synchronises the post-backward
+        stream before the optimizer step reads it (runtime.end_of_backward)."""
+        s = self.streams
+        with s.on(s.post_backward):
+            reduced = pending.wait()
+            param = self.handle.sharded_flat
+            if s.cuda and param.device.type == "cpu" and reduced.device.type == "cuda":
+                pinned = self._pinned_grad
+                if pinned is None or pinned.numel() != reduced.numel() or pinned.dtype != reduced.dtype:
+                    pinned = self._pinned_grad = torch.empty(
+                        reduced.numel(), dtype=reduced.dtype, device="cpu", pin_memory=True
+                    )
+                pinned.copy_(reduced, non_blocking=True)
+                return pinned
+            done = s.record(s.post_backward)
+        s.wait(s.compute, done)
+        s.hand_over(reduced, s.compute)  # it becomes .grad, used and freed on compute
+        return reduced
 
     def accumulate_sharded_grad(self, reduced: torch.Tensor) -> None:
         """Store a reduced gradient shard as ``sharded_flat.grad`` (adding to an existing one)."""
@@ -161,6 +213,6 @@ class FlatParamUnit:
         if reduced.device != param.device:  # CPU offload on an accelerator: a blocking copy,
             reduced = reduced.to(param.device)  # so the optimizer may read it at once
         if param.grad is None:
-            param.grad = reduced
+            param.grad = reduced.clone() if reduced is self._pinned_grad else reduced
         else:
             param.grad += reduced

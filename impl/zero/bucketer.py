@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from impl import comm
+from impl.streams import Streams
 
 Callback = Callable[[torch.Tensor], Any] | None
 
@@ -58,6 +59,7 @@ class _Issued:
     handle: comm.Handle
     reduce_scatter_input: torch.Tensor  # kept alive until the collective is done
     results: list[tuple[Callback, torch.Tensor]]  # (callback, its view of the output shard)
+    streams: Streams
 
 
 def _rank_major(tensors_per_rank: list[torch.Tensor]) -> torch.Tensor:
@@ -90,6 +92,9 @@ class ReduceScatterBucketer:
         self._open: dict[tuple, _OpenBucket] = {}
         # Issued reductions, oldest first; their callbacks have not fired yet.
         self._in_flight: deque[_Issued] = deque()
+        # Reductions run on streams.post_backward (a stream of their own on CUDA), set
+        # from the first input's device. See [Note: streams] in impl/streams.py.
+        self.streams: Streams | None = None
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -121,6 +126,8 @@ class ReduceScatterBucketer:
         first = tensors_per_rank[0]
         if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors_per_rank):
             raise ValueError("tensors_per_rank must all have the same shape and dtype")
+        if self.streams is None:
+            self.streams = Streams(first.device)
         self._fire_completed()
         numel = first.numel()
         if not self.is_buffered(numel, first.element_size(), world_size):
@@ -165,8 +172,15 @@ class ReduceScatterBucketer:
     def _issue(self, reduce_scatter_input: torch.Tensor, output: torch.Tensor, results, group) -> None:
         while len(self._in_flight) >= self.max_in_flight:
             self._complete(self._in_flight.popleft())
-        handle = comm.reduce_scatter(output, reduce_scatter_input, group=group)
-        self._in_flight.append(_Issued(handle, reduce_scatter_input, results))
+        s = self.streams
+        produced = s.record(s.compute)  # the gradient (or the bucket holding it) is written
+        # Both were allocated on compute; the reduction stream reads and writes them.
+        s.hand_over(reduce_scatter_input, s.post_backward)
+        s.hand_over(output, s.post_backward)
+        with s.on(s.post_backward):
+            s.wait(s.post_backward, produced)
+            handle = comm.reduce_scatter(output, reduce_scatter_input, group=group)
+        self._in_flight.append(_Issued(handle, reduce_scatter_input, results, s))
 
     def _fire_completed(self) -> None:
         while self._in_flight and self._in_flight[0].handle.is_completed():
@@ -174,7 +188,11 @@ class ReduceScatterBucketer:
 
     @staticmethod
     def _complete(issued: _Issued) -> None:
-        issued.handle.wait()
+        s = issued.streams
+        with s.on(s.post_backward):
+            issued.handle.wait()
+            done = s.record(s.post_backward)
+        s.wait(s.compute, done)  # the callbacks read the output on compute
         for callback, result in issued.results:
             if callback is not None:
                 callback(result)
