@@ -1,6 +1,7 @@
 """``zerobench simulate RUN``: re-time a profiled run's cells with the simulator.
 
-Writes into ``RUN/simulate/``: ``predictions.csv`` (one row per cell x world size:
+Writes into ``RUN/simulate/<what-if>/`` (``measured-link`` when nothing is changed,
+else e.g. ``ib-400g_ws64_x20``): ``predictions.csv`` (one row per cell x world size:
 predicted step time, exposed communication, overlap, link utilisation, unsharded
 units and bytes; and, at the measured world size and link, the measurement and the
 error), one Gantt per prediction, and with ``--matrix`` ``matrix.csv`` and a heatmap
@@ -27,6 +28,16 @@ def _measured_link(s: Schedule) -> Link | None:
         return None
     lat = s.source.get("emulate_latency_us") or 0.0
     return Link(float(g), 0.0 if isinstance(lat, float) and math.isnan(lat) else float(lat))
+
+
+def _tag(link: Link | None, world_sizes, compute_scale: float) -> str:
+    """Sub-folder of ``RUN/simulate/`` for one what-if, so several sit side by side."""
+    parts = [(link.name or f"{link.bandwidth_gbps:g}gbps-{link.latency_us:g}us") if link else "measured-link"]
+    if world_sizes:
+        parts.append("ws" + "-".join(map(str, world_sizes)))
+    if compute_scale != 1.0:
+        parts.append(f"x{compute_scale:g}")
+    return "_".join(parts)
 
 
 def _error(pred: float, meas) -> float:
@@ -63,7 +74,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     schedules = load_schedules(run, cells)
     if not schedules:
         raise FileNotFoundError(f"{run}: no profiled cells to simulate (run with `zerobench run --profile`)")
-    out = run / "simulate"
+    out = run / "simulate" / _tag(link, world_sizes, compute_scale)
     rows, mrows = [], []
     for cell_id, s in schedules.items():
         cell_link = link or _measured_link(s)
@@ -126,7 +137,7 @@ def _cmd_simulate(args) -> int:
                         "measured_step_s", "step_error", "measured_exposed_comm_s", "exposed_error") if c in pred]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
         print(pred[cols].round(4).to_string(index=False))
-    print(f"wrote {Path(args.run) / 'simulate'}/")
+    print(f"wrote {Path(args.run) / 'simulate' / _tag(link, args.world_sizes, args.compute_scale)}/")
     return 0
 
 
