@@ -61,6 +61,19 @@ def knob_settings(s: Schedule) -> dict[str, dict]:
     return out
 
 
+def _write_validation(pred, path: Path) -> None:
+    """Markdown table: prediction, measurement and error per cell."""
+    from zerobench.files import write_atomic
+
+    lines = ["| cell | step predicted (ms) | step measured (ms) | error | exposed predicted (ms) "
+             "| exposed measured (ms) | error |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in pred.itertuples():
+        lines.append(f"| {r.cell_id} | {r.step_s * 1e3:.1f} | {r.measured_step_s * 1e3:.1f} | {r.step_error:+.1%} "
+                     f"| {r.exposed_comm_s * 1e3:.1f} | {r.measured_exposed_comm_s * 1e3:.1f} | {r.exposed_error:+.1%} |")
+    text = "\n".join(lines) + "\n"
+    write_atomic(path, lambda f: f.write(text))
+
+
 def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, compute_scale: float = 1.0,
                  matrix: bool = False, plots: bool = True, inter_link: Link | None = None):
     """Predictions for the run's cells; returns (predictions, matrix or None) DataFrames."""
@@ -109,6 +122,8 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
                                       **r.row()})
     pred = pd.DataFrame(rows)
     write_csv_atomic(out / "predictions.csv", pred)
+    if "measured_step_s" in pred:
+        _write_validation(pred.dropna(subset=["measured_step_s"]), out / "validation.md")
     mat = None
     if matrix:
         mat = pd.DataFrame(mrows)
