@@ -67,9 +67,11 @@ def _write_validation(pred, path: Path) -> None:
 
     lines = ["| cell | step predicted (ms) | step measured (ms) | error | exposed predicted (ms) "
              "| exposed measured (ms) | error |", "|---|---:|---:|---:|---:|---:|---:|"]
+    ms = lambda v: "n/a" if v is None or v != v else f"{v * 1e3:.1f}"  # noqa: E731
+    pct = lambda v: "n/a" if v is None or v != v else f"{v:+.1%}"  # noqa: E731
     for r in pred.itertuples():
-        lines.append(f"| {r.cell_id} | {r.step_s * 1e3:.1f} | {r.measured_step_s * 1e3:.1f} | {r.step_error:+.1%} "
-                     f"| {r.exposed_comm_s * 1e3:.1f} | {r.measured_exposed_comm_s * 1e3:.1f} | {r.exposed_error:+.1%} |")
+        lines.append(f"| {r.cell_id} | {ms(r.step_s)} | {ms(r.measured_step_s)} | {pct(r.step_error)} "
+                     f"| {ms(r.exposed_comm_s)} | {ms(r.measured_exposed_comm_s)} | {pct(r.exposed_error)} |")
     text = "\n".join(lines) + "\n"
     write_atomic(path, lambda f: f.write(text))
 

@@ -205,5 +205,9 @@ def load_schedules(run_dir, cells: list[str] | None = None) -> dict[str, Schedul
         have.update(extract_run(run_dir, cells))
     if cells:
         have = {c: p for c, p in have.items() if c in cells}
-    return {c: Schedule.load(p) for c, p in have.items()}
+    out = {}
+    for c, p in have.items():
+        out[c] = Schedule.load(p)
+        out[c].measured.update(_measured(run_dir, c))  # the analysis may have run since
+    return out
 
