@@ -143,3 +143,26 @@ def test_cuda_sleep_calibration_matches_events():
     cycles = emulation.cycles_for(0.05, rate)
     elapsed_ms = emulation._time_cuda_sleep_ms(cycles)
     assert 0.5 * 50 < elapsed_ms < 2 * 50
+
+
+def test_cells_name_a_preset_or_explicit_numbers():
+    from zerobench.link import PRESETS
+    from zerobench.matrix import expand
+    from zerobench.workload import WorkloadError, parse_workload
+
+    def cells(matrix):
+        return expand(parse_workload({"matrix": matrix}))
+
+    out = cells({"engine": ["ddp", "torch-fsdp2", "impl-fsdp", "torch-zero1"], "emulate_link": ["ib-400g"]})
+    assert len(out) == 4 and all(c.opts["emulate_link"] == "ib-400g" for c in out)
+    assert emulation.cell_link(out[0].opts) == PRESETS["ib-400g"]
+    link = emulation.cell_link(cells({"engine": ["ddp"], "emulate_gbps": [2.0], "emulate_latency_us": [30.0]})[0].opts)
+    assert (link.bandwidth_gbps, link.latency_us) == (2.0, 30.0)
+    # explicit bandwidth overrides the preset's, keeping its latency
+    link = emulation.cell_link(cells({"engine": ["ddp"], "emulate_link": ["pcie4"], "emulate_gbps": [1.0]})[0].opts)
+    assert (link.bandwidth_gbps, link.latency_us) == (1.0, PRESETS["pcie4"].latency_us)
+    assert emulation.cell_link(cells({"engine": ["ddp"]})[0].opts) is None
+    with pytest.raises(WorkloadError, match=r"emulate_link: 'ib-800g' is not allowed \(allowed: .*'ib-400g'"):
+        cells({"engine": ["ddp"], "emulate_link": ["ib-800g"]})
+    with pytest.raises(WorkloadError, match=r"emulate_gbps: -1.0 is not allowed"):
+        cells({"engine": ["ddp"], "emulate_gbps": [-1.0]})

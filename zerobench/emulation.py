@@ -301,3 +301,21 @@ def ddp_comm_hook(process_group, bucket: dist.GradBucket) -> torch.futures.Futur
 
 # DDP checks the hook's annotations as objects; this module's are strings (PEP 563).
 ddp_comm_hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+
+def cell_link(opts: dict) -> Link | None:
+    """The link a cell's ``emulate_*`` axes name, or None when emulation is off.
+
+    ``emulate_link`` names a preset; ``emulate_gbps`` (> 0) and ``emulate_latency_us``
+    give explicit numbers, which override the preset's (with a preset, a latency of 0
+    -- the axis's default -- keeps the preset's latency)."""
+    from zerobench.link import resolve_link
+
+    preset = opts.get("emulate_link") or None
+    gbps = opts.get("emulate_gbps") or None
+    if preset is None and gbps is None:
+        return None
+    latency = (opts.get("emulate_latency_us") or None) if gbps else None
+    if preset is None and latency is None:
+        latency = 0.0
+    return resolve_link(preset, gbps, latency)
