@@ -5,8 +5,8 @@ Per traced step, on one rank's main thread (times from :mod:`zerobench.profiling
 * **unit order and sizes**: the all-gathers issued in the forward phase, in issue
   order, one per unit (the root first), with their nccl-tests bytes (the gathered
   output = the unit's unsharded parameters);
-* **forward compute per unit**: the rank's compute (:func:`compute_intervals`: aten ops
-  outside collectives and waits) between consecutive ``impl::fsdp::pre_forward`` labels
+* **forward compute per unit**: the rank's busy time (:func:`busy_intervals`: on CPU
+  the main thread outside waits on collectives, on GPU compute kernels) between consecutive ``impl::fsdp::pre_forward`` labels
   (impl engines), else between consecutive forward all-gather issues;
 * **backward compute per unit**: with impl labels, between consecutive
   ``impl::fsdp::pre_backward`` labels (the root's first, then the units in reverse);
@@ -30,7 +30,7 @@ from zerobench.files import write_atomic
 from zerobench.profiling import intervals as iv
 from zerobench.profiling.analyze import _cell_config, find_traces
 from zerobench.profiling.collectives import collectives
-from zerobench.profiling.overlap import compute_intervals, step_windows
+from zerobench.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
 from zerobench.profiling.trace import Trace, load_trace
 
 from .schedule import ENGINES, Knobs, Schedule, Unit
@@ -61,9 +61,27 @@ def _segments(comp, bounds: list[float], end: float) -> list[float]:
     return [_covered_s(comp, edges[k], edges[k + 1]) for k in range(len(bounds))]
 
 
+# Where the main thread is blocked on communication rather than busy (see busy_intervals).
+WAIT_NAMES = r"^impl::wait_|^impl::rate_limiter_wait$|^FullyShardedDataParallel\.rate_limiter|wait_tensor|^c10d::wait"
+
+
+def busy_intervals(trace: Trace) -> np.ndarray:
+    """What occupies the rank's compute stream. On GPU, compute kernels. On CPU, the
+    main thread's whole time except where it waits on a collective: the aten ops *and*
+    the Python and framework time between them (hooks, autograd, the harness), which
+    take the main thread as much as the ops do (``zerobench analyze`` counts the latter
+    as idle)."""
+    if is_gpu_trace(trace):
+        return compute_intervals(trace)
+    main = trace.main
+    waits = main[main["name"].str.contains(WAIT_NAMES, regex=True)][["ts", "end"]].to_numpy(dtype=float)
+    steps = step_windows(trace)[["ts", "end"]].to_numpy(dtype=float)
+    return iv.subtract(steps, waits)
+
+
 def trace_steps(trace: Trace) -> list[dict]:
-    """Per traced step: unit bytes, forward/backward compute per unit, optimizer seconds."""
-    comp = compute_intervals(trace)
+    """Per traced step: unit bytes, forward/backward busy time per unit, optimizer seconds."""
+    comp = busy_intervals(trace)
     coll = collectives(trace)
     coll_issue = coll["issue_s"].fillna(coll["start_s"]) * 1e6
     out = []
