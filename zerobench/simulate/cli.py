@@ -10,7 +10,6 @@ per cell (knob setting x link bandwidth -> predicted step time).
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from zerobench.link import PRESETS, Link, resolve_link
 from .model import simulate
 from .schedule import Schedule
 
-FSDP_ENGINES = ("impl-fsdp", "torch-fsdp1")
 
 
 def _measured_link(s: Schedule) -> Link | None:
