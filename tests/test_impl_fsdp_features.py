@@ -32,6 +32,8 @@ from test_impl_fsdp_common import (  # noqa: E402
 from zerobench.testing import run_ranks  # noqa: E402
 
 from impl import comm  # noqa: E402
+from zerobench import emulation  # noqa: E402
+from zerobench.link import Link  # noqa: E402
 from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy  # noqa: E402
 from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
 
@@ -61,7 +63,7 @@ def limiter_body(rank, world_size):
     out = {}
     prefetch = dict(sharding_strategy=FULL, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)
     # A slow emulated interconnect, so that waiting on a held-back all-gather takes time.
-    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=0.05, latency_us=1000))
+    emulation.install(Link(0.05, 1000))
     try:
         for label, kwargs in {
             "off": dict(limit_all_gathers=False),
@@ -72,7 +74,7 @@ def limiter_body(rank, world_size):
             train(model, "mlp", rank, world_size, steps=3)
             out[label] = model.limiter_metrics()
     finally:
-        comm.set_emulation(None)
+        emulation.uninstall()
 
     # What stays unsharded between forward and backward, and after backward.
     for strategy in (FULL, GRAD_OP, NO_SHARD):
@@ -442,12 +444,12 @@ def labels_body(rank, world_size):
     model = wrapped_mlp(backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True,
                         limit_all_gathers=True, limiter_depth=1)
     train(model, "mlp", rank, world_size, steps=1)
-    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=1.0, latency_us=500))
+    emulation.install(Link(1.0, 500))
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             train(model, "mlp", rank, world_size, steps=1)
     finally:
-        comm.set_emulation(None)
+        emulation.uninstall()
     return sorted({e.name for e in prof.events() if e.name.startswith("impl::")})
 
 

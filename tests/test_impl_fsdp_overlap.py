@@ -22,6 +22,8 @@ from test_impl_fsdp_common import warm_up_imports  # noqa: E402
 from zerobench.testing import run_ranks  # noqa: E402
 
 from impl import comm  # noqa: E402
+from zerobench import emulation  # noqa: E402
+from zerobench.link import Link  # noqa: E402
 from impl.fsdp import BackwardPrefetch  # noqa: E402
 from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
 
@@ -66,7 +68,7 @@ def step_time(rank, world_size, **kwargs):
 
 
 def overlap_body(rank, world_size):
-    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=10.0, latency_us=LATENCY_US))
+    emulation.install(Link(10.0, LATENCY_US))
     try:
         prefetch = dict(backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)
         return {
@@ -75,7 +77,7 @@ def overlap_body(rank, world_size):
             "prefetch_depth1": step_time(rank, world_size, limit_all_gathers=True, limiter_depth=1, **prefetch),
         }
     finally:
-        comm.set_emulation(None)
+        emulation.uninstall()
 
 
 def test_prefetch_overlaps_all_gathers_with_compute():

@@ -25,6 +25,8 @@ from test_impl_zero_common import (
 )
 
 from impl import comm
+from zerobench import emulation
+from zerobench.link import Link
 from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer
 from zerobench.testing import run_ranks
 
@@ -221,13 +223,13 @@ def _stage2_memory_world(rank, world_size):
             p.copy_(value)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-3)
     ref_opt.load_state_dict(_consolidated_everywhere(opt))
-    comm.set_emulation(comm.InterconnectEmulation(bandwidth_gbps=0.05, latency_us=200))
+    emulation.install(Link(0.05, 200))
     try:
         opt.zero_grad()
         loss_fn(model, rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
         opt.step()
     finally:
-        comm.set_emulation(None)
+        emulation.uninstall()
     ref_opt.zero_grad()
     loss_fn(reference, x, y).backward()
     ref_opt.step()

@@ -38,6 +38,7 @@ def test_value_one_engine_allows_and_another_does_not_is_a_skipped_cell(monkeypa
     class Narrow(Engine):
         name = "narrow"
         options = {"sharding_strategy": Axis("FULL_SHARD", choices=("FULL_SHARD",))}
+        supports_emulation = False
 
     monkeypatch.setitem(sys.modules, "zb_test_narrow", types.SimpleNamespace(Narrow=Narrow))
     monkeypatch.setitem(ENGINES, "narrow", "zb_test_narrow:Narrow")

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cells)
 
     # Subcommands that live with their own modules.
-    for module in ("zerobench.compare", "zerobench.profiling.analyze"):
+    for module in ("zerobench.compare", "zerobench.profiling.analyze", "zerobench.simulate.cli"):
         try:
             importlib.import_module(module).register_cli(sub)
         except (ImportError, AttributeError):

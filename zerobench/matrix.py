@@ -16,10 +16,13 @@ from typing import Any
 
 from zerobench.engines import ENGINES, get_engine
 from zerobench.engines.base import Axis
+from zerobench.link import PRESETS
 from zerobench.workload import Workload, WorkloadError
 
-#: Axes the matrix offers to engines whose collectives go through impl.comm.
+#: Axes the matrix offers to engines that support interconnect emulation (all of them):
+#: a preset name (docs/link.md) or explicit numbers, which override the preset's.
 EMULATION_AXES = {
+    "emulate_link": Axis("", choices=("", *PRESETS), doc="emulated interconnect preset (docs/link.md; '': off)"),
     "emulate_gbps": Axis(0.0, type=float, minimum=0.0, doc="emulated bus bandwidth in GB/s (0: off)"),
     "emulate_latency_us": Axis(0.0, type=float, minimum=0.0, applies_when=("emulate_gbps", lambda gbps: bool(gbps)),
                                doc="emulated latency per collective in µs (with emulate_gbps > 0)"),

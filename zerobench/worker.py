@@ -327,11 +327,11 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
 
 
 def _set_emulation(cell: Cell) -> None:
-    gbps = cell.opts.get("emulate_gbps", 0.0)
-    if gbps:
-        from impl import comm
+    from zerobench import emulation
 
-        comm.set_emulation(comm.InterconnectEmulation(gbps, cell.opts.get("emulate_latency_us", 0.0)))
+    link = emulation.cell_link(cell.opts)
+    if link is not None:
+        emulation.install(link)
 
 
 def main(argv: list[str] | None = None) -> None:

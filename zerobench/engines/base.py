@@ -107,9 +107,10 @@ class Engine:
     options: ClassVar[dict[str, Axis]] = {}
     #: dtypes ("fp32", "bf16") this engine can run
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
-    #: whether its collectives go through impl.comm, so the interconnect can be emulated
-    #: (the matrix then offers it the emulate_gbps / emulate_latency_us axes)
-    supports_emulation: ClassVar[bool] = False
+    #: whether the interconnect can be emulated for it (the matrix then offers it the
+    #: emulate_link / emulate_gbps / emulate_latency_us axes). Every engine can: the
+    #: emulation wraps torch.distributed (zerobench/emulation.py, [Note: emulation]).
+    supports_emulation: ClassVar[bool] = True
 
     def __init__(self, options: dict[str, Any], ctx: RankContext, dtype: str):
         self.opts = options

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
+from zerobench import emulation
 from zerobench.engines.base import AutocastEngine, Axis
 
 
 def wrap_ddp(model, ctx, gradient_as_bucket_view: bool = False):
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view)
+    ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view)
+    if emulation.active() is not None:
+        # The reducer all-reduces from C++, past the emulation's wrappers: route its
+        # buckets through the emulated all_reduce instead ([Note: emulation]).
+        ddp.register_comm_hook(None, emulation.ddp_comm_hook)
+    return ddp
 
 
 class DDPEngine(AutocastEngine):

@@ -21,7 +21,6 @@ BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, bu
 
 class FSDPEngine(Engine):
     name = "impl-fsdp"
-    supports_emulation = True  # its collectives go through impl.comm
     options = {
         "sharding_strategy": Axis(
             "FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),

@@ -2,8 +2,8 @@
 
 * ``impl-zero1`` mirrors ``torch-zero1``: DDP all-reduces the gradients, and
   ``impl.zero.ZeroRedundancyOptimizer`` shards the optimizer state and broadcasts the
-  updated parameters. Only the broadcasts go through ``impl.comm`` (DDP's all-reduce
-  does not), so interconnect emulation is not offered.
+  updated parameters. Only the broadcasts go through ``impl.comm``; DDP's all-reduce
+  is emulated through a comm hook (zerobench/emulation.py).
 * ``impl-zero2`` is ``impl.zero.ZeroStage2Optimizer`` on the bare model: gradients are
   reduce-scattered in buckets during backward, each rank keeps and steps its shard,
   parameters are all-gathered after the step. Every collective goes through
@@ -47,7 +47,6 @@ class Zero1Engine(TorchZero1Engine):
 
 class Zero2Engine(AutocastEngine):
     name = "impl-zero2"
-    supports_emulation = True
     options = {
         "bucket_cap_mb": Axis(25.0, type=float, minimum=0,
                               doc="reduce-scatter (and all-gather) bucket size; 0 sends every gradient alone"),

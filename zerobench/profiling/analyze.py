@@ -44,7 +44,7 @@ def _emulation_from(config: dict):
     gbps = config.get("emulate_gbps")
     if not gbps or (isinstance(gbps, float) and math.isnan(gbps)):
         return None
-    from impl.comm import InterconnectEmulation
+    from zerobench.link import Link as InterconnectEmulation  # the emulation's link model (zerobench/link.py)
 
     latency = config.get("emulate_latency_us") or 0.0
     return InterconnectEmulation(float(gbps), 0.0 if math.isnan(float(latency)) else float(latency))

@@ -1,0 +1,231 @@
+"""A profiled cell's trace in, a :class:`~.schedule.Schedule` out.
+
+Per traced step, on one rank's main thread (times from :mod:`zerobench.profiling`):
+
+* **unit order and sizes**: the all-gathers issued in the forward phase, in issue
+  order, one per unit (the root first), with their nccl-tests bytes (the gathered
+  output = the unit's unsharded parameters);
+* **forward compute per unit**: the rank's busy time (:func:`busy_intervals`: on CPU
+  the main thread outside waits on collectives, on GPU compute kernels) between consecutive ``impl::fsdp::pre_forward`` labels
+  (impl engines), else between consecutive forward all-gather issues;
+* **backward compute per unit**: with impl labels, between consecutive
+  ``impl::fsdp::pre_backward`` labels (the root's first, then the units in reverse);
+  otherwise the backward phase's compute split in proportion to forward compute;
+* **optimizer step**: compute inside ``zerobench::optimizer``.
+
+Each number is the median over traced steps, then the mean over ranks. DDP and ZeRO
+have no per-unit collectives in forward: their backward phase is split into
+``DEFAULT_UNITS`` equal units over the gradient bytes reduced per step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from zerobench.files import write_atomic
+from zerobench.profiling import intervals as iv
+from zerobench.profiling.analyze import _cell_config, find_traces
+from zerobench.profiling.collectives import collectives
+from zerobench.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
+from zerobench.profiling.trace import Trace, load_trace
+
+from .schedule import ENGINES, Knobs, Schedule, Unit
+
+DEFAULT_UNITS = 8
+_KNOB_AXES = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "limit_all_gathers",
+              "limiter_depth", "reshard_after_forward")
+
+
+def _covered_s(comp: np.ndarray, start: float, end: float) -> float:
+    """Seconds of merged compute intervals (microseconds) inside ``[start, end)``."""
+    return float((iv.clip(comp, start, end)[:, 1] - iv.clip(comp, start, end)[:, 0]).sum()) * 1e-6
+
+
+def _phase(trace: Trace, name: str, w) -> tuple[float, float] | None:
+    ph = trace.named(name, main_only=True)
+    ph = ph[(ph["ts"] >= w.ts) & (ph["end"] <= w.end)]
+    return None if len(ph) == 0 else (float(ph["ts"].iloc[0]), float(ph["end"].iloc[-1]))
+
+
+def _starts(trace: Trace, label: str, a: float, b: float) -> list[float]:
+    ev = trace.named(label, main_only=True)
+    return sorted(ev.loc[(ev["ts"] >= a) & (ev["ts"] < b), "ts"].tolist())
+
+
+def _segments(comp, bounds: list[float], end: float) -> list[float]:
+    edges = list(bounds) + [end]
+    return [_covered_s(comp, edges[k], edges[k + 1]) for k in range(len(bounds))]
+
+
+# Where the main thread is blocked on communication rather than busy (see busy_intervals).
+WAIT_NAMES = r"^impl::wait_|^impl::rate_limiter_wait$|^FullyShardedDataParallel\.rate_limiter|wait_tensor|^c10d::wait"
+
+
+def busy_intervals(trace: Trace) -> np.ndarray:
+    """What occupies the rank's compute stream. On GPU, compute kernels. On CPU, the
+    main thread's whole time except where it waits on a collective: the aten ops *and*
+    the Python and framework time between them (hooks, autograd, the harness), which
+    take the main thread as much as the ops do (``zerobench analyze`` counts the latter
+    as idle)."""
+    if is_gpu_trace(trace):
+        return compute_intervals(trace)
+    main = trace.main
+    waits = main[main["name"].str.contains(WAIT_NAMES, regex=True)][["ts", "end"]].to_numpy(dtype=float)
+    steps = step_windows(trace)[["ts", "end"]].to_numpy(dtype=float)
+    return iv.subtract(steps, waits)
+
+
+def trace_steps(trace: Trace) -> list[dict]:
+    """Per traced step: unit bytes, forward/backward busy time per unit, optimizer seconds."""
+    comp = busy_intervals(trace)
+    coll = collectives(trace)
+    coll_issue = coll["issue_s"].fillna(coll["start_s"]) * 1e6
+    out = []
+    for w in step_windows(trace).itertuples():
+        fwd, bwd, opt = (_phase(trace, f"zerobench::{p}", w) for p in ("forward", "backward", "optimizer"))
+        if fwd is None or bwd is None:
+            continue
+        in_fwd = coll[(coll_issue >= fwd[0]) & (coll_issue < fwd[1])]
+        ags = in_fwd[in_fwd["kind"] == "all_gather"]
+        in_step = coll[(coll_issue >= w.ts) & (coll_issue <= w.end)]
+        pre_fwd = _starts(trace, "impl::fsdp::pre_forward", *fwd)
+        if len(ags):
+            nbytes = [int(b) for b in ags["bytes"]]
+            bounds = pre_fwd if len(pre_fwd) == len(ags) else sorted((ags["issue_s"].fillna(ags["start_s"]) * 1e6))
+        else:  # DDP / ZeRO: equal units over the reduced gradient bytes
+            grad = in_step[in_step["kind"].isin(["all_reduce", "reduce_scatter"])]["bytes"].sum()
+            nbytes = [int(grad // DEFAULT_UNITS)] * DEFAULT_UNITS
+            bounds = list(np.linspace(fwd[0], fwd[1], DEFAULT_UNITS + 1)[:-1])
+        bounds = [fwd[0]] + list(bounds[1:])
+        forward = _segments(comp, bounds, fwd[1])
+        n = len(forward)
+        pre_bwd = _starts(trace, "impl::fsdp::pre_backward", *bwd)
+        if len(pre_bwd) == n:
+            seg = _segments(comp, [bwd[0]] + pre_bwd[1:], bwd[1])
+            backward = [seg[0]] + [seg[n - i] for i in range(1, n)]  # root first, then n-1 .. 1
+        else:
+            total = _covered_s(comp, *bwd)
+            fsum = sum(forward) or 1.0
+            backward = [total * f / fsum if sum(forward) else total / n for f in forward]
+        out.append({"bytes": nbytes, "forward": forward, "backward": backward,
+                    "optimizer": _covered_s(comp, *opt) if opt else 0.0})
+    return out
+
+
+def _median_steps(steps: list[dict]) -> dict:
+    n = statistics.mode(len(s["forward"]) for s in steps)
+    steps = [s for s in steps if len(s["forward"]) == n]
+    med = lambda key, i: statistics.median(s[key][i] for s in steps)  # noqa: E731
+    return {"bytes": steps[0]["bytes"], "forward": [med("forward", i) for i in range(n)],
+            "backward": [med("backward", i) for i in range(n)],
+            "optimizer": statistics.median(s["optimizer"] for s in steps)}
+
+
+def _knobs(config: dict) -> Knobs:
+    k = Knobs()
+    for axis in _KNOB_AXES:
+        v = config.get(axis)
+        if v is None or (isinstance(v, float) and v != v) or v == "":
+            continue
+        if axis == "backward_prefetch":
+            v = {"backward_pre": "pre", "backward_post": "post"}.get(str(v).lower(), str(v).lower())
+        elif axis in ("forward_prefetch", "limit_all_gathers", "reshard_after_forward"):
+            v = v if isinstance(v, bool) else str(v).lower() in ("true", "1", "on")
+        elif axis == "limiter_depth":
+            v = int(v)
+        setattr(k, axis, v)
+    if config.get("bucket_cap_mb") not in (None, ""):
+        k.bucket_mb = float(config["bucket_cap_mb"])
+    if config.get("engine") in ("torch-fsdp2",) and k.reshard_after_forward is None:
+        k.reshard_after_forward = True
+    return k
+
+
+def _measured(run_dir: Path, cell_id: str) -> dict:
+    out = {}
+    res = run_dir / "results.csv"
+    if res.exists():
+        df = pd.read_csv(res)
+        df = df[df["cell_id"] == cell_id]
+        for col, key in (("step_time_median_s", "step_time_s"), ("exposed_comm_s", "exposed_comm_s"),
+                         ("step_trace_s", "step_trace_s"), ("compute_s", "compute_s"), ("idle_s", "idle_s"),
+                         ("overlap_ratio", "overlap_ratio")):
+            if col in df.columns and df[col].notna().any():
+                out[key] = float(df[col].mean())
+    return out
+
+
+def extract_cell(run_dir, cell_id: str) -> Schedule:
+    """The schedule of one profiled cell (every rank's trace, averaged)."""
+    run_dir = Path(run_dir)
+    paths = [p for c, _, p in find_traces(run_dir) if c == cell_id]
+    if not paths:
+        raise FileNotFoundError(f"{run_dir}: no traces for cell {cell_id!r} (run it with --profile)")
+    per_rank = []
+    for p in paths:
+        steps = trace_steps(load_trace(p))
+        if steps:
+            per_rank.append(_median_steps(steps))
+    if not per_rank:
+        raise ValueError(f"{cell_id}: no traced step with zerobench::forward/backward labels")
+    n = min(len(r["forward"]) for r in per_rank)
+    per_rank = [r for r in per_rank if len(r["forward"]) == n]
+    mean = lambda key, i: sum(r[key][i] for r in per_rank) / len(per_rank)  # noqa: E731
+    units = [Unit(f"unit{i}", int(per_rank[0]["bytes"][i]), mean("forward", i), mean("backward", i)) for i in range(n)]
+    config = _cell_config(run_dir, cell_id)
+    engine = config.get("engine", "impl-fsdp")
+    if engine not in ENGINES:
+        raise ValueError(f"{cell_id}: engine {engine!r} cannot be simulated (allowed: {', '.join(ENGINES)})")
+    s = Schedule(engine=engine, world_size=int(config.get("world_size", len(paths))), units=units,
+                 optimizer_s=sum(r["optimizer"] for r in per_rank) / len(per_rank), knobs=_knobs(config),
+                 cell_id=cell_id, measured=_measured(run_dir, cell_id),
+                 source={"run": str(run_dir), "traces": [p.name for p in paths],
+                         "emulate_gbps": config.get("emulate_gbps"),
+                         "emulate_latency_us": config.get("emulate_latency_us")})
+    s.validate()
+    return s
+
+
+def extract_run(run_dir, cells: list[str] | None = None) -> dict[str, Path]:
+    """Write ``schedules/<cell_id>.json`` for each profiled cell; returns cell_id -> path."""
+    run_dir = Path(run_dir)
+    ids = sorted({c for c, _, _ in find_traces(run_dir)})
+    if cells:
+        missing = [c for c in cells if c not in ids]
+        if missing:
+            raise ValueError(f"--cell: no traces for {missing} (profiled cells: {', '.join(ids) or 'none'})")
+        ids = [c for c in ids if c in cells]
+    written = {}
+    for cell_id in ids:
+        try:
+            s = extract_cell(run_dir, cell_id)
+        except ValueError as e:
+            print(f"zerobench simulate: skipping {cell_id}: {e}")
+            continue
+        path = run_dir / "schedules" / f"{cell_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = s.to_json()
+        write_atomic(path, lambda f: f.write(text))
+        written[cell_id] = path
+    return written
+
+
+def load_schedules(run_dir, cells: list[str] | None = None) -> dict[str, Schedule]:
+    """The run's schedules, extracted from its traces where not stored yet."""
+    run_dir = Path(run_dir)
+    folder = run_dir / "schedules"
+    have = {p.name[:-5]: p for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+    if not have or (cells and not set(cells) <= set(have)):
+        have.update(extract_run(run_dir, cells))
+    if cells:
+        have = {c: p for c, p in have.items() if c in cells}
+    out = {}
+    for c, p in have.items():
+        out[c] = Schedule.load(p)
+        out[c].measured.update(_measured(run_dir, c))  # the analysis may have run since
+    return out
+
