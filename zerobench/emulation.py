@@ -51,8 +51,13 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 
 from zerobench.link import Link, SerialLink
+
+#: Label of the span where a rank waits for an emulated collective (``<prefix><kind>``).
+WAIT_PREFIX = "zerobench::wait_"
+
 
 def _nbytes(t) -> int:
     if isinstance(t, (list, tuple)):
@@ -126,10 +131,11 @@ class EmulatedWork:
     """A collective in flight on an emulated link: complete once the real collective
     is and the modelled end has passed (``time.monotonic`` clock)."""
 
-    __slots__ = ("_work", "not_before", "_result", "_done")
+    __slots__ = ("_work", "kind", "not_before", "_result", "_done")
 
-    def __init__(self, work, not_before: float, result=None):
+    def __init__(self, work, kind: str, not_before: float, result=None):
         self._work = work  # the real dist.Work, or None once waited (or synchronous)
+        self.kind = kind
         self.not_before = not_before
         self._result = result  # what get_future() resolves to
         self._done = False
@@ -140,12 +146,14 @@ class EmulatedWork:
 
     def wait(self, timeout=None) -> bool:
         if not self._done:
-            if self._work is not None:
-                self._work.wait()
-                self._work = None
-            remaining = self.not_before - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
+            # The span marks where the rank uses the result (trace analysis: WAIT_LABELS).
+            with record_function(f"{WAIT_PREFIX}{self.kind}"):
+                if self._work is not None:
+                    self._work.wait()
+                    self._work = None
+                remaining = self.not_before - time.monotonic()
+                if remaining > 0:
+                    time.sleep(remaining)
             self._done = True
         return True
 
@@ -222,7 +230,7 @@ class Emulator:
                 # The stream orders the collectives: sleep the modelled duration on it.
                 torch.cuda._sleep(cycles_for(end - start, self._cycles_per_s()))
                 return work
-            emulated_work = EmulatedWork(work, end, _future_value(name, args, kwargs))
+            emulated_work = EmulatedWork(work, kind, end, _future_value(name, args, kwargs))
             if not async_op:
                 emulated_work.wait()
                 return None
