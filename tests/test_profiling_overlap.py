@@ -274,3 +274,20 @@ def test_serial_modelled_intervals_and_best_achievable_exposed():
     assert link_from_config({"emulate_link": "ib-400g", "emulate_gbps": float("nan")}).name == "ib-400g"
     assert link_from_config({"emulate_link": "", "emulate_gbps": 2.0, "emulate_latency_us": 5.0}) == Link(2.0, 5.0)
     assert link_from_config({"emulate_gbps": 0.0}) is None
+
+
+def test_exposed_vs_best_table_and_plot(tmp_path):
+    import pandas as pd
+
+    from zerobench.profiling.best_plot import best_table, plot_exposed_vs_best
+
+    summary = pd.DataFrame({
+        "cell_id": ["a", "a", "b", "c"], "rank": [0, 1, 0, 0],
+        "step_trace_s": [1.0, 1.0, 2.0, 3.0], "overlap_ratio": [0.5, 0.5, 0.2, 0.1], "exposed_comm_s": [0.1] * 4,
+        "exposed_all_gather_s": [0.2, 0.4, 0.5, 0.1], "best_exposed_all_gather_s": [0.1, 0.1, 0.5, math.nan],
+    })
+    t = best_table(summary)
+    assert list(t["cell_id"]) == ["a", "b"]  # c ran without emulation
+    assert t["exposed_vs_best"].tolist() == pytest.approx([3.0, 1.0])
+    assert plot_exposed_vs_best(summary, tmp_path / "p.png").stat().st_size > 0
+    assert plot_exposed_vs_best(summary.drop(columns=["best_exposed_all_gather_s"]), tmp_path / "q.png") is None
