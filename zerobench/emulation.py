@@ -23,7 +23,8 @@ together take the sum of their times.
 * CPU (gloo): the modelled end is served at completion. The wrapper returns an
   :class:`EmulatedWork` whose ``wait()`` waits for the real collective, then sleeps
   until the modelled end; compute issued in between hides it, as it would hide a
-  slow wire. A synchronous call (``async_op=False``) waits at once. Sleeping, not
+  slow wire. A synchronous call (``async_op=False``) is issued asynchronously and
+  waited at once, so its whole wait is one ``zerobench::wait_<kind>`` span. Sleeping, not
   spinning, leaves the core to the compute.
 * CUDA (NCCL): the host does not wait; ``torch.cuda._sleep(cycles)`` is enqueued on
   the current stream right after the collective, for the modelled duration, with the
@@ -215,6 +216,12 @@ class Emulator:
             nbytes = nbytes_of(args, kwargs)
             size = dist.get_world_size(group)
             issued = time.monotonic()
+            tensor = _tensor_of(args, kwargs)
+            on_cuda = tensor is not None and tensor.is_cuda
+            if not async_op and not on_cuda:
+                # Issue asynchronously and wait below, so that the whole wait (real and
+                # emulated) lies in one zerobench::wait_<kind> span.
+                args, kwargs = _as_async(args, kwargs, group_at)
             self._local.inside = True
             try:
                 work = fn(*args, **kwargs)
@@ -225,8 +232,7 @@ class Emulator:
                 start, end = sl.reserve(issued, kind, nbytes, size)
                 self.served += 1
                 self.modelled_s += end - start
-            tensor = _tensor_of(args, kwargs)
-            if tensor is not None and tensor.is_cuda:
+            if on_cuda:
                 # The stream orders the collectives: sleep the modelled duration on it.
                 torch.cuda._sleep(cycles_for(end - start, self._cycles_per_s()))
                 return work
@@ -238,6 +244,14 @@ class Emulator:
 
         emulated.__zerobench_emulated__ = True
         return emulated
+
+
+def _as_async(args, kwargs, group_at: int):
+    if len(args) > group_at + 1:
+        args = (*args[:group_at + 1], True, *args[group_at + 2:])
+    else:
+        kwargs = {**kwargs, "async_op": True}
+    return args, kwargs
 
 
 def _future_value(name: str, args, kwargs):
