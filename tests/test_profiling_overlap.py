@@ -138,16 +138,13 @@ def test_impl_labels_in_flight_and_waits():
     assert row["limiter_wait_s"] == pytest.approx(1 * us)
 
 
-class _FixedEmulation:
-    def duration_s(self, kind, nbytes, world_size):
-        return 70e-6
-
-
 def test_emulated_interval_counts_as_comm():
-    # With emulation each impl collective is busy until its impl label's start + 70 us:
-    # [0,70], [2,72], [30,100]; the gloo runs and waits are inside.
+    # With emulation the impl collectives, issued at 0, 2 and 30, each occupy the link
+    # for 70 us (latency only), one at a time: [0,70], [70,140], [140,210].
+    from zerobench.link import Link
+
     t = trace(impl_events())
-    np.testing.assert_array_equal(zp.comm_intervals(t, _FixedEmulation()), [[0, 100]])
+    np.testing.assert_allclose(zp.comm_intervals(t, Link(1e9, 70.0)), [[0, 210]], atol=1e-6)
 
 
 def test_steps_from_phases_when_no_step_label():
@@ -235,3 +232,62 @@ def test_fsdp1_rate_limiter_label_counts_as_limiter_wait():
     assert row["limiter_wait_s"] == pytest.approx(7e-6)
     assert row["compute_s"] == 0.0
     assert math.isnan(row["collective_wait_s"])
+
+
+def emulated_events():
+    """One 1000 us step, two all-gathers of 8 floats on an emulated link of 100 us latency
+    (bandwidth so high the bytes cost nothing): modelled 100 us each, served serially.
+
+    ag0 issued at 5, waited [10,110]; compute [110,150]; ag1 issued at 20 (a prefetch),
+    waited [150,210]. Serial link: ag0 [5,105], ag1 [105,205].
+    Best exposed (see [Note: best achievable exposed comm]): ag0 has no compute before
+    its use -> 100; ag1 has 40 us of compute between ag0's use and its own -> 60. 160.
+    Measured exposed all-gather (the waits): 100 + 60 = 160.
+    """
+    ag = {"Input Dims": [[8], [4], []], "Input type": ["float", "float", "Scalar"]}
+    return [
+        X("zerobench::step", 0, 1000, cat="user_annotation"),
+        X("c10d::_allgather_base_", 5, 2, **ag),
+        X("zerobench::wait_all_gather", 10, 100, cat="user_annotation"),
+        X("c10d::_allgather_base_", 20, 2, **ag),
+        X("aten::mm", 110, 40),
+        X("zerobench::wait_all_gather", 150, 60, cat="user_annotation"),
+    ]
+
+
+def test_serial_modelled_intervals_and_best_achievable_exposed():
+    from zerobench.link import Link
+    from zerobench.profiling.best import best_exposed_by_step, best_exposed_summary, link_from_config
+    from zerobench.profiling.overlap import modelled_intervals
+
+    t = trace(emulated_events())
+    link = Link(1e9, 100.0)
+    m = modelled_intervals(t, link)
+    np.testing.assert_allclose(m[["start_s", "end_s"]].to_numpy() * 1e6, [[5, 105], [105, 205]], atol=1e-6)
+    (row,) = best_exposed_by_step(t, link).to_dict("records")
+    assert row["best_exposed_all_gather_s"] == pytest.approx(160e-6)
+    assert row["exposed_all_gather_s"] == pytest.approx(160e-6)
+    assert best_exposed_summary(t, link)["exposed_vs_best"] == pytest.approx(1.0)
+    # the waits count as communication, not compute; the serial intervals as communication
+    np.testing.assert_allclose(zp.comm_intervals(t, link), [[5, 210]])
+    # a cell's config names its link by preset or numbers
+    assert link_from_config({"emulate_link": "ib-400g", "emulate_gbps": float("nan")}).name == "ib-400g"
+    assert link_from_config({"emulate_link": "", "emulate_gbps": 2.0, "emulate_latency_us": 5.0}) == Link(2.0, 5.0)
+    assert link_from_config({"emulate_gbps": 0.0}) is None
+
+
+def test_exposed_vs_best_table_and_plot(tmp_path):
+    import pandas as pd
+
+    from zerobench.profiling.best_plot import best_table, plot_exposed_vs_best
+
+    summary = pd.DataFrame({
+        "cell_id": ["a", "a", "b", "c"], "rank": [0, 1, 0, 0],
+        "step_trace_s": [1.0, 1.0, 2.0, 3.0], "overlap_ratio": [0.5, 0.5, 0.2, 0.1], "exposed_comm_s": [0.1] * 4,
+        "exposed_all_gather_s": [0.2, 0.4, 0.5, 0.1], "best_exposed_all_gather_s": [0.1, 0.1, 0.5, math.nan],
+    })
+    t = best_table(summary)
+    assert list(t["cell_id"]) == ["a", "b"]  # c ran without emulation
+    assert t["exposed_vs_best"].tolist() == pytest.approx([3.0, 1.0])
+    assert plot_exposed_vs_best(summary, tmp_path / "p.png").stat().st_size > 0
+    assert plot_exposed_vs_best(summary.drop(columns=["best_exposed_all_gather_s"]), tmp_path / "q.png") is None

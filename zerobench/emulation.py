@@ -23,7 +23,8 @@ together take the sum of their times.
 * CPU (gloo): the modelled end is served at completion. The wrapper returns an
   :class:`EmulatedWork` whose ``wait()`` waits for the real collective, then sleeps
   until the modelled end; compute issued in between hides it, as it would hide a
-  slow wire. A synchronous call (``async_op=False``) waits at once. Sleeping, not
+  slow wire. A synchronous call (``async_op=False``) is issued asynchronously and
+  waited at once, so its whole wait is one ``zerobench::wait_<kind>`` span. Sleeping, not
   spinning, leaves the core to the compute.
 * CUDA (NCCL): the host does not wait; ``torch.cuda._sleep(cycles)`` is enqueued on
   the current stream right after the collective, for the modelled duration, with the
@@ -51,8 +52,13 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 
 from zerobench.link import Link, SerialLink
+
+#: Label of the span where a rank waits for an emulated collective (``<prefix><kind>``).
+WAIT_PREFIX = "zerobench::wait_"
+
 
 def _nbytes(t) -> int:
     if isinstance(t, (list, tuple)):
@@ -126,10 +132,11 @@ class EmulatedWork:
     """A collective in flight on an emulated link: complete once the real collective
     is and the modelled end has passed (``time.monotonic`` clock)."""
 
-    __slots__ = ("_work", "not_before", "_result", "_done")
+    __slots__ = ("_work", "kind", "not_before", "_result", "_done")
 
-    def __init__(self, work, not_before: float, result=None):
+    def __init__(self, work, kind: str, not_before: float, result=None):
         self._work = work  # the real dist.Work, or None once waited (or synchronous)
+        self.kind = kind
         self.not_before = not_before
         self._result = result  # what get_future() resolves to
         self._done = False
@@ -140,12 +147,14 @@ class EmulatedWork:
 
     def wait(self, timeout=None) -> bool:
         if not self._done:
-            if self._work is not None:
-                self._work.wait()
-                self._work = None
-            remaining = self.not_before - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
+            # The span marks where the rank uses the result (trace analysis: WAIT_LABELS).
+            with record_function(f"{WAIT_PREFIX}{self.kind}"):
+                if self._work is not None:
+                    self._work.wait()
+                    self._work = None
+                remaining = self.not_before - time.monotonic()
+                if remaining > 0:
+                    time.sleep(remaining)
             self._done = True
         return True
 
@@ -207,6 +216,12 @@ class Emulator:
             nbytes = nbytes_of(args, kwargs)
             size = dist.get_world_size(group)
             issued = time.monotonic()
+            tensor = _tensor_of(args, kwargs)
+            on_cuda = tensor is not None and tensor.is_cuda
+            if not async_op and not on_cuda:
+                # Issue asynchronously and wait below, so that the whole wait (real and
+                # emulated) lies in one zerobench::wait_<kind> span.
+                args, kwargs = _as_async(args, kwargs, group_at)
             self._local.inside = True
             try:
                 work = fn(*args, **kwargs)
@@ -217,12 +232,11 @@ class Emulator:
                 start, end = sl.reserve(issued, kind, nbytes, size)
                 self.served += 1
                 self.modelled_s += end - start
-            tensor = _tensor_of(args, kwargs)
-            if tensor is not None and tensor.is_cuda:
+            if on_cuda:
                 # The stream orders the collectives: sleep the modelled duration on it.
                 torch.cuda._sleep(cycles_for(end - start, self._cycles_per_s()))
                 return work
-            emulated_work = EmulatedWork(work, end, _future_value(name, args, kwargs))
+            emulated_work = EmulatedWork(work, kind, end, _future_value(name, args, kwargs))
             if not async_op:
                 emulated_work.wait()
                 return None
@@ -230,6 +244,14 @@ class Emulator:
 
         emulated.__zerobench_emulated__ = True
         return emulated
+
+
+def _as_async(args, kwargs, group_at: int):
+    if len(args) > group_at + 1:
+        args = (*args[:group_at + 1], True, *args[group_at + 2:])
+    else:
+        kwargs = {**kwargs, "async_op": True}
+    return args, kwargs
 
 
 def _future_value(name: str, args, kwargs):

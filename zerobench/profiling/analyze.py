@@ -40,14 +40,10 @@ TRACE_NAME = re.compile(r"^(?P<cell>.+)\.rank(?P<rank>\d+)\.json(\.gz)?$")
 
 
 def _emulation_from(config: dict):
-    """The InterconnectEmulation a cell ran with, from its config (None when off)."""
-    gbps = config.get("emulate_gbps")
-    if not gbps or (isinstance(gbps, float) and math.isnan(gbps)):
-        return None
-    from zerobench.link import Link as InterconnectEmulation  # the emulation's link model (zerobench/link.py)
+    """The zerobench.link.Link a cell emulated, from its config (None when off)."""
+    from .best import link_from_config
 
-    latency = config.get("emulate_latency_us") or 0.0
-    return InterconnectEmulation(float(gbps), 0.0 if math.isnan(float(latency)) else float(latency))
+    return link_from_config(config)
 
 
 def _in_steps(coll: pd.DataFrame, trace: Trace) -> pd.DataFrame:
@@ -67,6 +63,10 @@ def analyze_trace(source, emulation=None) -> dict:
     summary["max_inflight_all_gathers_trace"] = max_all_gathers_in_flight(trace)
     coll = _in_steps(collectives(trace), trace)
     summary.update(bandwidth_summary(coll, summary["trace_steps"]))
+    if emulation is not None:
+        from .best import best_exposed_summary
+
+        summary.update(best_exposed_summary(trace, emulation))
     return summary
 
 

@@ -15,11 +15,13 @@ What counts as what (see docs/profiling.md for the caveats):
 
 * communication -- on GPU, NCCL kernels. On CPU, gloo's worker-thread events
   (``gloo:*``, their own thread ids), falling back to the main thread's ``c10d::*``
-  spans where there are none; plus the main thread's ``impl::wait_*`` spans, where the
-  rank is blocked on a collective (with interconnect emulation on, that is where the
-  emulated wire time is slept), and, given the emulation settings, the emulated
-  interval ``[issue, issue + latency + wire_bytes / bandwidth]`` of each impl
-  collective (see [Note: interconnect emulation] in impl/comm.py).
+  spans where there are none; plus the main thread's ``impl::wait_*`` spans and the
+  emulation's ``zerobench::wait_*`` spans, where the rank is blocked on a collective
+  (with interconnect emulation on, that is where the emulated wire time is slept), and,
+  given the emulated link, each collective's modelled interval on it: served one at a
+  time in issue order, ``[max(issue, previous end), start + duration]``
+  (zerobench/link.py, [Note: link model]; one link per group size, since traces do not
+  name the process group).
 * computation -- on GPU, kernels that are neither communication nor memcpy/memset. On
   CPU, ``aten::*`` ops on the main thread, except those inside ``c10d::*`` ops and
   inside wait or rate-limiter spans (``LIMITER_LABELS``).
@@ -37,6 +39,8 @@ from .collectives import collectives
 from .trace import PHASE_LABELS, STEP_LABEL, Trace
 
 WAIT_PREFIX = "impl::wait_"
+#: Spans where the rank waits on a collective: impl's, and the emulation's (every engine).
+WAIT_PREFIXES = (WAIT_PREFIX, "zerobench::wait_")
 # Where a rate limiter blocks: impl's, and FSDP1's ``limit_all_gathers``.
 LIMITER_LABELS = ("impl::rate_limiter_wait", "FullyShardedDataParallel.rate_limiter")
 
@@ -52,8 +56,7 @@ def is_gpu_trace(trace: Trace) -> bool:
 def comm_intervals(trace: Trace, emulation=None) -> np.ndarray:
     """Merged communication intervals of the rank (microseconds).
 
-    ``emulation``: an ``impl.comm.InterconnectEmulation`` (anything with
-    ``duration_s(kind, nbytes, world_size)``) that was on when the trace was taken."""
+    ``emulation``: the ``zerobench.link.Link`` emulated when the trace was taken."""
     ev = trace.events
     if is_gpu_trace(trace):
         comm = ev[(ev["cat"] == "kernel") & ev["name"].str.contains("nccl", case=False)]
@@ -61,14 +64,28 @@ def comm_intervals(trace: Trace, emulation=None) -> np.ndarray:
         comm = ev[ev["name"].str.startswith("gloo:") & (ev["tid"] != trace.main_tid)]
         if len(comm) == 0:
             comm = trace.named("c10d::", main_only=True)
-    parts = [_spans(comm), _spans(trace.named(WAIT_PREFIX, main_only=True))]
+    parts = [_spans(comm), *(_spans(trace.named(p, main_only=True)) for p in WAIT_PREFIXES)]
     if emulation is not None:
-        coll = collectives(trace)
-        coll = coll[coll["issue_s"].notna()]
-        starts = coll["issue_s"].to_numpy() * 1e6
-        durs = [emulation.duration_s(k, b, n) * 1e6 for k, b, n in zip(coll["kind"], coll["bytes"], coll["group_size"])]
-        parts.append(np.column_stack([starts, starts + np.asarray(durs, dtype=float)]))
+        m = modelled_intervals(trace, emulation)
+        parts.append(m[["start_s", "end_s"]].to_numpy(dtype=float).reshape(-1, 2) * 1e6)
     return iv.merge(np.concatenate(parts))
+
+
+def modelled_intervals(trace: Trace, link) -> pd.DataFrame:
+    """Each issued collective's interval on the emulated ``link`` (a zerobench.link.Link),
+    served one at a time in issue order, one link per group size. Columns: kind, bytes,
+    group_size, issue_s, start_s, end_s (seconds, the trace's clock)."""
+    from zerobench.link import KINDS, SerialLink
+
+    coll = collectives(trace)
+    coll = coll[coll["issue_s"].notna()].sort_values("issue_s")
+    links: dict[int, SerialLink] = {}
+    rows = []
+    for k, b, n, t in zip(coll["kind"], coll["bytes"], coll["group_size"], coll["issue_s"]):
+        nbytes = int(b) if np.isfinite(b) else 0
+        start, end = links.setdefault(int(n), SerialLink(link)).reserve(t, k if k in KINDS else "other", nbytes, int(n))
+        rows.append((k, nbytes, int(n), t, start, end))
+    return pd.DataFrame(rows, columns=["kind", "bytes", "group_size", "issue_s", "start_s", "end_s"])
 
 
 def compute_intervals(trace: Trace) -> np.ndarray:
@@ -81,7 +98,7 @@ def compute_intervals(trace: Trace) -> np.ndarray:
         return iv.merge(_spans(k))
     main = trace.main
     ops = main[(main["cat"] == "cpu_op") & main["name"].str.startswith("aten::")]
-    excluded = main[main["name"].str.startswith(("c10d::", WAIT_PREFIX, *LIMITER_LABELS))]
+    excluded = main[main["name"].str.startswith(("c10d::", *WAIT_PREFIXES, *LIMITER_LABELS))]
     return iv.subtract(_spans(ops), _spans(excluded))
 
 

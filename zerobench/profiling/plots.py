@@ -128,4 +128,8 @@ def plot_run(run_dir) -> list[Path]:
     summary_path = run_dir / "analysis" / "summary.csv"
     if summary_path.exists():
         written.append(plot_overlap(pd.read_csv(summary_path), run_dir / "plots" / "overlap.png"))
+        from .best_plot import plot_exposed_vs_best
+
+        best = plot_exposed_vs_best(pd.read_csv(summary_path), run_dir / "plots" / "exposed_vs_best.png")
+        written += [best] if best is not None else []
     return written
