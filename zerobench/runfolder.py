@@ -190,10 +190,10 @@ class RunFolder:
         if not records or not self.workload_path.exists():
             return []
         # Building models needs torch: only for runs that lack references.
-        from zerobench.runner import loss_deviation, reference_losses
-        from zerobench.worker import load_run
+        from zerobench.reference import loss_deviation, reference_losses
+        from zerobench.workload import parse_workload
 
-        workload = load_run(self.root)
+        workload = parse_workload(json.loads(self.workload_path.read_text()), source=str(self.workload_path))
         if not workload.run.reference:
             return []
         references = self.references()
