@@ -145,7 +145,7 @@ class CellRunner:
     # -- pass 2: profiling ----------------------------------------------------------
 
     def profile_pass(self, engine, trace_path: Path) -> None:
-        from torch.profiler import ProfilerActivity, profile, record_function
+        from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
         activities = [ProfilerActivity.CPU]
         if self.ctx.device.type == "cuda":
@@ -153,7 +153,9 @@ class CellRunner:
         first = self.w.data.warmup_steps + self.w.data.steps
         batches = [self.batch(first + i) for i in range(self.w.run.profile_steps)]
         dist.barrier()
-        with profile(activities=activities, record_shapes=True) as prof:
+        # A schedule makes prof.step() label each step ProfilerStep#N (all of them traced).
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=0, warmup=0, active=len(batches), repeat=1)) as prof:
             for inputs, targets in batches:
                 with record_function("zerobench::step"):
                     engine.train_step(inputs, targets, self.loss)
