@@ -76,10 +76,12 @@ def test_show_builds_tables_and_reference_from_cells(torchrun_run):
     assert results["loss_max_abs_diff_ref"].notna().all()  # the single-process reference was computed
     assert results["loss_max_abs_diff_ref"].max() < 1e-4
     assert 2 in folder.references()
+    meta = folder.meta()
+    assert meta["zerobench_version"] and Path(meta["working_directory"]) == Path.cwd()
     # Axes and counts keep their types when read back.
     assert results["gradient_as_bucket_view"].dtype == "boolean"
     assert results["world_size"].dtype == "Int64" and results["rank"].dtype == "Int64"
-    assert results["peak_mem_bytes"].dtype == "Int64" if "peak_mem_bytes" in results else True
+    assert results["batch_size"].dtype == "Int64" and results["error"].dtype == "string"
 
 
 def test_traces_are_per_cell_with_profiler_steps(torchrun_run):

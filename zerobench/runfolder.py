@@ -297,6 +297,23 @@ def read_table(path: Path, dtypes: dict[str, str]) -> pd.DataFrame:
     return frame
 
 
+def zerobench_version() -> str | None:
+    """The installed zerobench's version; from pyproject.toml when run from a checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("zerobench")
+    except metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        import tomllib
+
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def _dtype_of(value) -> str | None:
     if isinstance(value, bool):
         return "boolean"

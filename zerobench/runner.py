@@ -20,6 +20,7 @@ from zerobench.launch import launch_cell
 from zerobench.matrix import Cell, expand
 from zerobench.reference import loss_deviation, reference_losses
 from zerobench.results import write_tables
+from zerobench.runfolder import zerobench_version
 from zerobench.workload import Workload, load_workload
 
 FINISHED = ("ok", "skipped")  # statuses --resume does not run again
@@ -49,6 +50,8 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "workload": workload.name,
         "workload_file": workload.source,
         "description": workload.description,
+        "zerobench_version": zerobench_version(),
+        "working_directory": str(Path.cwd()),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "torch_version": torch.__version__,
