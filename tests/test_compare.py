@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.compare import (Rule, compare_runs, config_mismatches, exit_code, load_run, main)
+from zerobench.cli import main as cli_main
+from zerobench.compare import (Rule, compare_runs, config_mismatches, exit_code, load_run)
 from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRICS
 
 MiB = 2**20
@@ -68,7 +69,7 @@ def run_folder(tmp_path: Path, name: str, **kw) -> Path:
 
 
 def cli(*argv) -> int:
-    return main([str(a) for a in argv])
+    return cli_main(["compare", *(str(a) for a in argv)])
 
 
 # --------------------------------------------------------------------------- rules

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from zerobench.cli import main as cli_main
 from zerobench.compare import compare_runs, config_mismatches, exit_code, load_run
-from zerobench.compare import main as compare_main
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def runs(tmp_path_factory):
 
 def test_unchanged_run_passes(runs, tmp_path):
     md = tmp_path / "report.md"
-    assert compare_main([str(runs["baseline"]), str(runs["again"]), "--markdown", str(md)]) == 0
+    assert cli_main(["compare", str(runs["baseline"]), str(runs["again"]), "--markdown", str(md)]) == 0
     comparison = compare_runs(load_run(runs["baseline"]), load_run(runs["again"]))
     det = comparison[comparison["kind"] == "deterministic"]
     assert {"peak_mem_bytes", "comm_total_bytes", "loss_last"} <= set(det["metric"])
@@ -46,7 +46,7 @@ def test_unchanged_run_passes(runs, tmp_path):
 
 def test_worse_configuration_fails(runs, tmp_path, capsys):
     png = tmp_path / "changes.png"
-    assert compare_main([str(runs["baseline"]), str(runs["worse"]), "--plot", str(png)]) == 1
+    assert cli_main(["compare", str(runs["baseline"]), str(runs["worse"]), "--plot", str(png)]) == 1
     out = capsys.readouterr().out
     assert "peak_mem_bytes" in out and "batch_size" in out  # the regression, and why
     base, worse = load_run(runs["baseline"]), load_run(runs["worse"])

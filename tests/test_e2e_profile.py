@@ -54,7 +54,7 @@ def profiled_run(tmp_path_factory):
 def test_traces_are_written_and_analysed_into_the_table(profiled_run):
     results = pd.read_csv(profiled_run / "results.csv")
     assert (results["status"] == "ok").all(), results[["cell_id", "error"]]
-    assert len(list((profiled_run / "traces").glob("*.json.gz"))) == 4 * 2
+    assert len(list((profiled_run / "traces").glob("*/rank*.json.gz"))) == 4 * 2
     for column in ("overlap_ratio", "exposed_comm_s", "compute_s", "max_inflight_all_gathers_trace",
                    "limiter_wait_s", "collective_wait_s"):
         assert results[column].notna().all(), column

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from zerobench import profiling as zp
-from zerobench.profiling.analyze import analyze_run, analyze_trace, register_cli
+from zerobench.cli import main as cli_main
+from zerobench.profiling.analyze import analyze_run, analyze_trace
 
 DATA = Path(__file__).parent / "data"
 STEPS, BLOCKS, DIM, PREFETCH, IMPL_LAYERS, IMPL_DIM = 2, 3, 64, 2, 4, 192
@@ -91,21 +92,17 @@ def test_impl_prefetch():
 def test_analyze_run_end_to_end(tmp_path):
     run = tmp_path / "run"
     (run / "traces").mkdir(parents=True)
-    for name in ("fsdp2", "impl"):
-        for r in (0, 1):
-            shutil.copy(DATA / f"{name}.rank{r}.json.gz", run / "traces" / f"{name}-cell.rank{r}.json.gz")
+    (run / "traces" / "impl-cell").mkdir()
+    for r in (0, 1):  # the per-cell layout, and the flat one of older runs
+        shutil.copy(DATA / f"impl.rank{r}.json.gz", run / "traces" / "impl-cell" / f"rank{r}.json.gz")
+        shutil.copy(DATA / f"fsdp2.rank{r}.json.gz", run / "traces" / f"fsdp2-cell.rank{r}.json.gz")
     (run / "cells").mkdir()
     (run / "cells" / "impl-cell.json").write_text(json.dumps({"config": {"emulate_gbps": 0.0}}))
     results = pd.DataFrame({"cell_id": ["fsdp2-cell"] * 2 + ["impl-cell"] * 2, "rank": [0, 1, 0, 1],
                             "overlap_ratio": [9.0] * 4, "step_time_median_s": [1.0] * 4})
     results.to_csv(run / "results.csv", index=False)
 
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    register_cli(parser.add_subparsers())
-    args = parser.parse_args(["analyze", str(run)])
-    assert args.func(args) == 0
+    assert cli_main(["analyze", str(run)]) == 0
 
     merged = pd.read_csv(run / "results.csv")
     assert len(merged) == 4 and list(merged.columns).count("overlap_ratio") == 1

@@ -43,7 +43,6 @@ that a change on any one rank shows. ``per_rank=True`` compares rank by rank ins
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, field
@@ -54,10 +53,11 @@ import pandas as pd
 
 from zerobench.compare_rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
                                      default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
+from zerobench.runfolder import RunFolder, RunFolderError
 from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "default_rule", "cell_table",
-           "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "register_cli", "main", "CELL_ROW",
+           "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
 Gate = Literal["all", "deterministic", "none"]
@@ -93,19 +93,18 @@ class RunTables:
     """Columns that identify a cell's configuration: engine, world_size, dtype, axes."""
 
 
-_STR_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype")
-
-
 def load_run(path: str | Path) -> RunTables:
-    """Read ``results/<run-id>/`` (or a results.csv inside one). Raises RunLoadError."""
-    path = Path(path)
-    folder = path.parent if path.name == "results.csv" else path
-    results_csv = folder / "results.csv"
-    if not results_csv.is_file():
-        raise RunLoadError(f"{folder}: no results.csv (is this a run folder?)")
+    """Read ``results/<run-id>/`` (or a results.csv inside one) through
+    :class:`zerobench.runfolder.RunFolder`: the tables are built from cells/ first when
+    they are missing or stale (cells run under torchrun). Raises RunLoadError."""
+    folder = RunFolder(path)
+    results_csv = folder.results_path
     try:
-        results = pd.read_csv(results_csv, dtype={c: "string" for c in _STR_COLUMNS})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        folder.ensure_tables()
+        results = folder.results(rebuild=False)
+    except RunFolderError:
+        raise RunLoadError(f"{folder.root}: no results.csv (is this a run folder?)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunLoadError(f"{results_csv}: unreadable: {e}") from e
     missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
     if missing:
@@ -114,25 +113,25 @@ def load_run(path: str | Path) -> RunTables:
     results["error"] = results["error"].fillna("").astype(str) if "error" in results else ""
     results["cell_id"] = results["cell_id"].astype(str)
     results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
+    for c in results.columns:  # the judging works on floats (NaN for missing), not nullable integers
+        if c in METRIC_BY_NAME and isinstance(results[c].dtype, pd.Int64Dtype):
+            results[c] = results[c].astype("float64")
     dup = results.duplicated(["cell_id", "rank"], keep=False)
     if dup.any():
         keys = sorted({f"{c}/rank{r}" for c, r in results.loc[dup, ["cell_id", "rank"]].itertuples(index=False)})
         raise RunLoadError(f"{results_csv}: duplicate rows for {', '.join(keys[:10])}")
 
-    steps = None
-    if (folder / "steps.csv").is_file():
-        steps = pd.read_csv(folder / "steps.csv", dtype={"cell_id": "string"})
+    steps = folder.steps()
+    if steps is not None:
         if not {"cell_id", "rank", "step_time_s"} <= set(steps.columns):
-            raise RunLoadError(f"{folder / 'steps.csv'}: needs columns cell_id, rank, step_time_s")
+            raise RunLoadError(f"{folder.steps_path}: needs columns cell_id, rank, step_time_s")
         steps["cell_id"] = steps["cell_id"].astype(str)
-    meta = {}
-    if (folder / "meta.json").is_file():
-        try:
-            meta = json.loads((folder / "meta.json").read_text())
-        except json.JSONDecodeError as e:
-            raise RunLoadError(f"{folder / 'meta.json'}: not JSON: {e}") from e
+    try:
+        meta = folder.meta()
+    except json.JSONDecodeError as e:
+        raise RunLoadError(f"{folder.meta_path}: not JSON: {e}") from e
     metrics, config = _classify_columns(results)
-    return RunTables(folder, results, steps, meta, metrics, config)
+    return RunTables(folder.root, results, steps, meta, metrics, config)
 
 
 def _classify_columns(results: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -438,77 +437,3 @@ def exit_code(comparison: pd.DataFrame, mismatches: pd.DataFrame | None = None) 
     if unusable:
         return 2
     return 1 if ((comparison["verdict"] == "regression") & comparison["gated"]).any() else 0
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``compare`` to a ``zerobench`` argparse subparsers object."""
-    p = subparsers.add_parser(
-        "compare", help="compare a run with a baseline; exit 0 ok, 1 regression, 2 unusable input",
-        description=__doc__.split("\n\n")[0] + " Exit codes: 0 within bounds, 1 regression, 2 unusable input.",
-    )
-    p.add_argument("baseline", type=Path, help="baseline run folder (e.g. results/baselines/cpu-quick)")
-    p.add_argument("run", type=Path, help="new run folder")
-    p.add_argument("--fail-on", action="append", default=[], metavar="RULE",
-                   help="gate METRIC with a tolerance: NAME:+TOL[%%][,k=K], e.g. peak_mem:+2%%, "
-                        "comm_total_bytes:+0, step_time:+15%%,k=3 (repeatable; always gates)")
-    p.add_argument("--gate", choices=GATES, default="deterministic",
-                   help="which default rules gate: deterministic metrics only (default; time is reported), "
-                        "all (time too: +10%%, k=3), none (only --fail-on rules)")
-    p.add_argument("--report-only", action="append", default=[], metavar="METRIC",
-                   help="judge and show METRIC but do not gate on it by default (name, prefix or glob; "
-                        "repeatable; a --fail-on rule still gates it), e.g. --report-only 'peak_mem_*' "
-                        "--fail-on peak_mem:+5%% gates peak_mem_bytes alone")
-    p.add_argument("--per-rank", action="store_true", help="compare rank by rank instead of per cell")
-    p.add_argument("--all", action="store_true", dest="show_all", help="show every compared row, not only changes")
-    p.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown report (for a CI summary)")
-    p.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of the changes")
-    p.add_argument("--csv", type=Path, metavar="PATH", help="write the comparison table as CSV")
-    p.set_defaults(func=run_compare)
-    return p
-
-
-def run_compare(args: argparse.Namespace) -> int:
-    """The ``compare`` subcommand: returns the exit code."""
-    from zerobench import compare_report as report  # rendering pulls in rich / matplotlib: only when asked
-
-    console = report.make_console()
-    try:
-        baseline, new = load_run(args.baseline), load_run(args.run)
-        names = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns,
-                                    *(m.name for m in METRICS)]))
-        rules = parse_rules(args.fail_on, names)
-        report_only = [m for text in args.report_only for m in resolve_metric(text, names, rule=text)]
-    except (RunLoadError, ValueError) as e:
-        console.print(f"[bold red]compare: {e}[/]")
-        return 2
-    comparison = compare_runs(baseline, new, rules, gate=args.gate, per_rank=args.per_rank, report_only=report_only)
-    mismatches = config_mismatches(baseline, new)
-    code = exit_code(comparison, mismatches)
-    info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate,
-                             rules=[r.text for r in rules] + [f"report-only {t}" for t in args.report_only],
-                             exit_code=code, hardware=hardware_differences(baseline.meta, new.meta))
-    report.print_report(console, comparison, mismatches, info, show_all=args.show_all)
-    if args.markdown:
-        report.write_markdown(args.markdown, comparison, mismatches, info)
-    if args.plot:
-        report.plot_changes(comparison, args.plot, title=f"{args.run.name} vs {args.baseline.name} -- "
-                                                        + report.summary_line(comparison, info))
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        comparison.to_csv(args.csv, index=False)
-    return code
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m zerobench.compare BASELINE RUN ...``, usable before the CLI wires it."""
-    parser = argparse.ArgumentParser(prog="zerobench")
-    register_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["compare", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

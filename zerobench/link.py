@@ -130,3 +130,20 @@ class SerialLink:
         self.busy_until = end
         self.served += 1
         return start, end
+
+
+def link_from_config(config: dict):
+    """The zerobench.link.Link a cell emulated, from its config (None when off)."""
+    def value(name):
+        v = config.get(name)
+        if v is None or (isinstance(v, float) and math.isnan(v)) or v == "":
+            return None
+        return v
+
+    preset, gbps = value("emulate_link"), value("emulate_gbps")
+    if preset is None and not gbps:
+        return None
+    latency = value("emulate_latency_us")
+    if gbps:
+        return resolve_link(preset, float(gbps), (float(latency) or None) if preset else float(latency or 0.0))
+    return resolve_link(preset)

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from zerobench.results import REFERENCE_ENGINE, cell_records, load_results, reference_cells  # noqa: E402
+from zerobench.runfolder import RunFolder  # noqa: E402
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
@@ -133,14 +134,12 @@ def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
 
 
 def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path) -> Path | None:
-    steps_path = run_dir / "steps.csv"
-    if not steps_path.exists():
-        return None
-    steps = pd.read_csv(steps_path)
-    if steps.empty:
+    folder = RunFolder(run_dir)
+    steps = folder.steps()
+    if steps is None or steps.empty:
         return None
     config = results.drop_duplicates("cell_id").set_index("cell_id")
-    reference = json.loads((run_dir / "reference.json").read_text()) if (run_dir / "reference.json").exists() else {}
+    reference = {str(k): v for k, v in folder.references().items()}
     warmup = json.loads((run_dir / "workload.json").read_text())["data"]["warmup_steps"]
     mean = steps.groupby(["cell_id", "step"], sort=False)["loss"].mean().reset_index()
     groups = sorted({(int(config.loc[c, "world_size"]), config.loc[c, "dtype"]) for c in mean["cell_id"].unique()})

@@ -16,14 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from zerobench import data as data_mod
 from zerobench import devices
-from zerobench.engines import OptimizerSpec
 from zerobench.files import write_json_atomic
 from zerobench.launch import launch_cell
 from zerobench.matrix import Cell, expand
-from zerobench.models import build_model, loss_fn
+from zerobench.reference import loss_deviation, reference_losses
 from zerobench.results import write_tables
+from zerobench.runfolder import zerobench_version
 from zerobench.workload import Workload, load_workload
 
 FINISHED = ("ok", "skipped")  # statuses --resume does not run again
@@ -53,6 +52,8 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "workload": workload.name,
         "workload_file": workload.source,
         "description": workload.description,
+        "zerobench_version": zerobench_version(),
+        "working_directory": str(Path.cwd()),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "torch_version": torch.__version__,
@@ -118,39 +119,6 @@ def _cpu_count() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-# --------------------------------------------------------------------------------------
-# Single-process reference
-
-
-def reference_losses(workload: Workload, world_size: int) -> list[float]:
-    """Losses of plain single-process fp32 training on the global batch, every step
-    (warm-up included): what a correct data-parallel engine must reproduce."""
-    d = workload.data
-    model = build_model(workload.model, workload.seed)
-    o = workload.optimizer
-    opt = OptimizerSpec(o.kind, o.lr, o.hyper()).build(model.parameters())
-    loss_of = loss_fn(workload.model)
-    losses = []
-    for step in range(d.warmup_steps + d.steps):
-        inputs, targets = data_mod.global_batch(workload.model, d.batch_size * world_size, d.seed, step)
-        loss = loss_of(model(inputs), targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
-
-
-def loss_deviation(record: dict, reference: list[float], warmup: int) -> float | None:
-    """max over measured steps of |mean over ranks of the rank losses - reference|."""
-    ranks = record.get("ranks") or []
-    if not ranks or not reference:
-        return None
-    steps = len(ranks[0]["losses"])
-    means = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(steps)]
-    return max(abs(m - reference[warmup + i]) for i, m in enumerate(means))
 
 
 # --------------------------------------------------------------------------------------

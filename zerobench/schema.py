@@ -85,14 +85,90 @@ CORE_METRICS: tuple[Metric, ...] = (
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 
 
-def _with_analysis_metrics() -> tuple[Metric, ...]:
-    # The profiling layer defines its own columns next to the code that computes them.
-    from zerobench.profiling.columns import ANALYSIS_METRICS, GPU_TELEMETRY_METRICS, bandwidth_metrics
+#: Numbers an engine adds per rank through ``Engine.extra_metrics`` (empty for the others).
+ENGINE_METRICS: tuple[Metric, ...] = (
+    # impl-fsdp's rate limiter (timing pass, summed over the measured steps)
+    Metric("limiter_stall_s", "s", "impl-fsdp: time blocked on all-gathers the limiter held back", "context", "none"),
+    Metric("limiter_stalls", "", "impl-fsdp: all-gathers the limiter held back", "context", "none"),
+    Metric("limiter_overruns", "", "impl-fsdp: all-gathers issued beyond the limiter depth (should be 0)", "context", "none"),
+    Metric("max_inflight_all_gathers", "", "impl-fsdp: most all-gathers issued and not yet consumed at once", "context", "none"),
+    Metric("all_gathers", "", "impl-fsdp: all-gathers issued over the measured steps", "context", "none"),
+    # impl-zero1 / impl-zero2 partitioning
+    Metric("zero_partition_imbalance_pct", "%", "impl-zero: largest rank's share over the mean share, minus 1", "context", "none"),
+    Metric("zero_rank_numel_count", "", "impl-zero: parameter elements this rank owns", "context", "none"),
+)
 
-    return CORE_METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
+# -- columns `zerobench analyze` adds after a profiled run. All come from one profiled pass
+# of a few steps, under the profiler's overhead: compare them between cells of one run,
+# not with the timing pass.
+ANALYSIS_METRICS: tuple[Metric, ...] = (
+    Metric("overlap_ratio", "", "traced steps: time computing while communicating / time communicating (HTA)", "time", "higher"),
+    Metric("exposed_comm_s", "s", "per traced step: communication time not covered by compute", "time"),
+    Metric("comm_s", "s", "per traced step: communication time (union of comm intervals)", "time"),
+    Metric("compute_s", "s", "per traced step: compute time (union of compute intervals)", "time"),
+    Metric("idle_s", "s", "per traced step: step - compute - exposed comm (framework overhead, gaps)", "time"),
+    Metric("step_trace_s", "s", "mean traced step time (under the profiler)", "context", "none"),
+    Metric("trace_steps", "", "steps in the trace", "context", "none"),
+    Metric("max_inflight_all_gathers_trace", "", "most all-gathers issued and not yet complete at once", "deterministic", "none"),
+    Metric("limiter_wait_s", "s", "per traced step: main thread in impl::rate_limiter_wait (impl engines)", "time"),
+    Metric("collective_wait_s", "s", "per traced step: main thread in impl::wait_* (impl engines)", "time"),
+)
 
 
-#: Every column the suite may write: the core ones, those `zerobench analyze` adds after a
-#: profiled run, and GPU telemetry where NVML is present.
-METRICS = _with_analysis_metrics()
+def bandwidth_metrics() -> tuple[Metric, ...]:
+    """Per collective kind: ``<kind>_calls_trace``, ``<kind>_bytes_trace``,
+    ``<kind>_algbw_median_gbps``, ``<kind>_busbw_median_gbps`` (from ``zerobench analyze``)."""
+    out = []
+    for kind in COLLECTIVE_KINDS:
+        out += [
+            Metric(f"{kind}_calls_trace", "", f"{kind} calls per traced step", "deterministic", "none"),
+            Metric(f"{kind}_bytes_trace", "B", f"{kind} bytes per traced step (nccl-tests size)", "deterministic", "none"),
+            Metric(f"{kind}_algbw_median_gbps", "GB/s", f"median {kind} algorithm bandwidth (bytes / duration)", "time", "higher"),
+            Metric(f"{kind}_busbw_median_gbps", "GB/s", f"median {kind} bus bandwidth (nccl-tests factor)", "time", "higher"),
+        ]
+    return tuple(out)
+
+
+#: NVML sampling during the timing pass (GPU only).
+GPU_TELEMETRY_METRICS: tuple[Metric, ...] = (
+    Metric("gpu_util_mean_pct", "%", "NVML utilization, mean over the timed pass", "context", "none"),
+    Metric("gpu_util_max_pct", "%", "NVML utilization, max over the timed pass", "context", "none"),
+    Metric("gpu_mem_used_max_bytes", "B", "NVML memory used (whole device), max over the timed pass", "context", "none"),
+    Metric("gpu_power_mean_w", "W", "NVML board power, mean over the timed pass", "context", "none"),
+    Metric("gpu_power_max_w", "W", "NVML board power, max over the timed pass", "context", "none"),
+    Metric("gpu_telemetry_samples", "", "NVML samples taken", "context", "none"),
+)
+
+#: Every metric column the suite may write: the core ones, the engines' own, those
+#: `zerobench analyze` adds after a profiled run, and GPU telemetry where NVML is present.
+METRICS = CORE_METRICS + ENGINE_METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
 METRIC_BY_NAME = {m.name: m for m in METRICS}
+
+#: What each identifying and context column holds (engine axes are documented by the
+#: engines' ``Axis.doc``: ``zerobench engines``).
+COLUMN_DOCS: dict[str, str] = {
+    "run_id": "the run folder's name",
+    "cell_id": "engine, world size, dtype and the axes that differ from their defaults",
+    "status": "ok, failed or skipped",
+    "error": "why the cell failed or was skipped (empty when ok)",
+    "engine": "engine name (`zerobench engines`)",
+    "world_size": "ranks in the cell",
+    "dtype": "fp32 or bf16",
+    "rank": "the rank this row measures",
+    "workload": "workload name",
+    "model": "model kind and its size fields",
+    "backend": "gloo or nccl",
+    "device": "cpu or cuda",
+    "batch_size": "samples per rank per step",
+    "steps": "measured steps of the timing pass",
+    "emulation": "interconnect emulation, when on",
+}
+
+#: Column -> pandas dtype for the columns whose type the schema fixes (see
+#: zerobench.runfolder.RunFolder.results): strings stay strings, counts stay integers
+#: even when some rows are empty.
+_STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
+_INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
+                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "cuda_alloc_retries", "cuda_ooms",
+                    "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
+COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}

@@ -10,7 +10,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same command runs under
 
 (``zerobench run --prepare-only`` makes the run folder; ``zerobench cells WORKLOAD``
 lists the cell ids.) Rank 0 gathers every rank's measurements and writes
-``cells/<cell>.json``; traces are written by each rank into ``traces/``.
+``cells/<cell>.json``; traces are written by each rank to ``traces/<cell>/rank<r>.json.gz``.
+``zerobench show``, ``plot`` and ``compare`` then build the run's tables from ``cells/``
+(with the single-process loss reference) when no ``zerobench run`` did.
 
 A cell runs up to three passes, in this order, so that measuring never distorts
 what is measured:
@@ -35,14 +37,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from zerobench import data as data_mod
 from zerobench import devices
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
-from zerobench.files import write_json_atomic
+from zerobench.files import write_atomic, write_json_atomic
 from zerobench.matrix import Cell, expand, find_cell
 from zerobench.memory import StorageTracker
 from zerobench.models import build_model, loss_fn, samples_to_tokens
+from zerobench.runfolder import RunFolder
 from zerobench.workload import Workload, parse_workload
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
@@ -141,7 +145,7 @@ class CellRunner:
     # -- pass 2: profiling ----------------------------------------------------------
 
     def profile_pass(self, engine, trace_path: Path) -> None:
-        from torch.profiler import ProfilerActivity, profile, record_function
+        from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
         activities = [ProfilerActivity.CPU]
         if self.ctx.device.type == "cuda":
@@ -149,21 +153,15 @@ class CellRunner:
         first = self.w.data.warmup_steps + self.w.data.steps
         batches = [self.batch(first + i) for i in range(self.w.run.profile_steps)]
         dist.barrier()
-        with profile(activities=activities, record_shapes=True) as prof:
+        # A schedule makes prof.step() label each step ProfilerStep#N (all of them traced).
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=0, warmup=0, active=len(batches), repeat=1)) as prof:
             for inputs, targets in batches:
                 with record_function("zerobench::step"):
                     engine.train_step(inputs, targets, self.loss)
                     self.sync()
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = trace_path.with_name(trace_path.name + ".tmp.json")
-        prof.export_chrome_trace(str(tmp))
-        import gzip
-        import shutil
-
-        with open(tmp, "rb") as src, gzip.open(str(trace_path) + ".tmp", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(str(trace_path) + ".tmp", trace_path)
-        tmp.unlink()
+                prof.step()  # marks ProfilerStep#N, the step boundaries trace tools (HTA) read
+        _export_trace(prof, trace_path)
 
     # -- pass 3: memory and communication --------------------------------------------
 
@@ -215,6 +213,23 @@ class CellRunner:
         del engine
         gc.collect()
         return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+
+
+def _export_trace(prof, trace_path: Path) -> None:
+    """Write the profile as gzipped Chrome trace JSON, atomically. The trace's
+    ``traceName`` (which torch sets to the file it exported to) names the final path,
+    not the temporary file."""
+    import gzip
+
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = trace_path.with_name(f".{trace_path.name}.{os.getpid()}.json")
+    try:
+        prof.export_chrome_trace(str(tmp))
+        trace = json.loads(tmp.read_text())
+    finally:
+        tmp.unlink(missing_ok=True)
+    trace["traceName"] = str(trace_path)
+    write_atomic(trace_path, lambda f: f.write(gzip.compress(json.dumps(trace).encode())), mode="wb")
 
 
 def _settled_bytes(tracker: StorageTracker, quiet_s: float = 0.03, limit_s: float = 1.0) -> int:
@@ -300,7 +315,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
         engine = runner.build()
         record = runner.timing_pass(engine)
         if profile:
-            runner.profile_pass(engine, run_dir / "traces" / f"{cell_id}.rank{rank}.json.gz")
+            runner.profile_pass(engine, RunFolder(run_dir).trace_path(cell_id, rank))
         del engine
         gc.collect()
         if workload.run.memory_pass:
@@ -334,6 +349,11 @@ def _set_emulation(cell: Cell) -> None:
         emulation.install(link)
 
 
+@record  # under torchrun: the error goes to its error file, which its failure summary names
+def _run_cell_recorded(args: argparse.Namespace) -> None:
+    run_cell(args.run_dir, args.cell, args.profile, args.device)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m zerobench.worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="run folder made by `zerobench run`")
@@ -344,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     # A crash in C++ (abort, segfault) then leaves every thread's Python stack in the log.
     faulthandler.enable(all_threads=True)
     try:
-        run_cell(args.run_dir, args.cell, args.profile, args.device)
+        _run_cell_recorded(args)
     except Exception:
         traceback.print_exc()
         code = 1  # peers may be blocked in a collective with this rank: exit hard, at once

@@ -136,7 +136,7 @@ class RunConfig:
     reference: bool = True
     """Compute single-process reference losses on the global batch and record each
     cell's deviation from them (loss_max_abs_diff_ref)."""
-    profile_steps: int = 2
+    profile_steps: int = 3
     """Steps traced by the profiled pass (``zerobench run --profile``)."""
 
     def check(self) -> None:

@@ -5,7 +5,7 @@ analysis a function of a parsed :class:`Trace`, plotting opt-in (:mod:`.plots`,
 imported on demand). From a notebook::
 
     from zerobench import profiling as zp
-    t = zp.load_trace("results/<run>/traces/<cell>.rank0.json.gz")
+    t = zp.load_trace("results/<run>/traces/<cell>/rank0.json.gz")
     zp.step_breakdown(t)             # compute / exposed comm / idle per step
     zp.comm_comp_overlap(t)          # HTA's overlap ratio
     zp.collectives(t)                # bytes, duration, algbw, busbw per collective

@@ -33,27 +33,9 @@ import pandas as pd
 from . import intervals as iv
 from .overlap import compute_intervals, modelled_intervals, step_windows
 from .trace import Trace
+from zerobench.link import link_from_config  # noqa: F401  (re-exported: callers of best)
 
 WAIT_LABELS = ("zerobench::wait_all_gather", "impl::wait_all_gather")
-
-
-def link_from_config(config: dict):
-    """The zerobench.link.Link a cell emulated, from its config (None when off)."""
-    from zerobench.link import resolve_link
-
-    def value(name):
-        v = config.get(name)
-        if v is None or (isinstance(v, float) and math.isnan(v)) or v == "":
-            return None
-        return v
-
-    preset, gbps = value("emulate_link"), value("emulate_gbps")
-    if preset is None and not gbps:
-        return None
-    latency = value("emulate_latency_us")
-    if gbps:
-        return resolve_link(preset, float(gbps), (float(latency) or None) if preset else float(latency or 0.0))
-    return resolve_link(preset)
 
 
 def _all_gather_waits(trace: Trace) -> pd.DataFrame:

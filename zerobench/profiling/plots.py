@@ -19,6 +19,8 @@ import pandas as pd  # noqa: E402
 
 from . import intervals as iv  # noqa: E402
 from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows  # noqa: E402
+from zerobench.runfolder import RunFolder  # noqa: E402
+
 from .trace import Trace, load_trace  # noqa: E402
 
 COLORS = {"compute": "#4C72B0", "comm hidden": "#DD8452", "comm exposed": "#C44E52", "wait": "#8C8C8C",
@@ -113,16 +115,15 @@ def plot_overlap(summary: pd.DataFrame, path) -> Path:
 def plot_run(run_dir) -> list[Path]:
     """Every plot of a run analysed by ``zerobench analyze``: one timeline per cell,
     and the overlap chart. Returns the files written."""
-    from .analyze import _cell_config, _emulation_from, find_traces
-
-    run_dir = Path(run_dir)
+    folder = RunFolder(run_dir)
+    run_dir = folder.root
     written = []
     by_cell: dict[str, dict[int, Path]] = {}
-    for cell_id, rank, p in find_traces(run_dir):
+    for cell_id, rank, p in folder.find_traces():
         by_cell.setdefault(cell_id, {})[rank] = p
     for cell_id, paths in by_cell.items():
         traces = {r: load_trace(p, rank=r) for r, p in paths.items()}
-        emulation = _emulation_from(_cell_config(run_dir, cell_id))
+        emulation = folder.emulation(cell_id)
         written.append(plot_timeline(traces, run_dir / "plots" / f"timeline_{cell_id}.png",
                                      title=f"{cell_id}: last traced step", emulation=emulation))
     summary_path = run_dir / "analysis" / "summary.csv"

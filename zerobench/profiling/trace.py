@@ -5,7 +5,7 @@ Holistic Trace Analysis. Every analysis in this package is a function of the
 :class:`Trace` returned by :func:`load_trace`, so a notebook can call them directly::
 
     from zerobench.profiling import load_trace, overlap_summary
-    t = load_trace("results/<run>/traces/<cell>.rank0.json.gz")
+    t = load_trace("results/<run>/traces/<cell>/rank0.json.gz")
     t.events.query("name.str.startswith('gloo:')")
 
 Times stay in the trace's unit, microseconds, relative to the first event of the

@@ -1,0 +1,188 @@
+"""The run folder: cells run under torchrun become tables on `show`, traces that other
+tools read, typed loading, documented columns, and an import graph without cycles."""
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from zerobench.cli import main
+from zerobench.runfolder import RunFolder
+from zerobench.schema import COLUMN_DOCS, METRIC_BY_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = textwrap.dedent("""
+    name = "torchrun"
+    [model]
+    kind = "mlp"
+    depth = 2
+    width = 32
+    [data]
+    batch_size = 8
+    warmup_steps = 1
+    steps = 2
+    [run]
+    timeout_s = 120
+    memory_pass = false
+    [matrix]
+    engine = ["ddp"]
+    world_size = [2]
+""")
+CELL = "ddp-ws2-fp32"
+
+
+def _worker_env(rank: int, world: int, port: int, **extra) -> dict:
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra}
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(tmp_path_factory):
+    """A run prepared with --prepare-only whose cell ran its ranks through the worker's
+    entry point, as torchrun starts them: no results.csv, no reference."""
+    root = tmp_path_factory.mktemp("torchrun")
+    (root / "w.toml").write_text(WORKLOAD)
+    assert main(["run", str(root / "w.toml"), "--results", str(root), "--prepare-only"]) == 0
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "zerobench.worker", "--run-dir", str(run_dir), "--cell", CELL,
+                               "--profile", "--device", "cpu"], env=_worker_env(r, 2, port), cwd=ROOT)
+             for r in range(2)]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    assert not (run_dir / "results.csv").exists()
+    return run_dir
+
+
+def test_show_builds_tables_and_reference_from_cells(torchrun_run):
+    assert main(["show", str(torchrun_run)]) == 0
+    folder = RunFolder(torchrun_run)
+    results = folder.results()
+    assert list(results["rank"]) == [0, 1] and (results["status"] == "ok").all()
+    assert results["loss_max_abs_diff_ref"].notna().all()  # the single-process reference was computed
+    assert results["loss_max_abs_diff_ref"].max() < 1e-4
+    assert 2 in folder.references()
+    meta = folder.meta()
+    assert meta["zerobench_version"] and Path(meta["working_directory"]) == Path.cwd()
+    # Axes and counts keep their types when read back.
+    assert results["gradient_as_bucket_view"].dtype == "boolean"
+    assert results["world_size"].dtype == "Int64" and results["rank"].dtype == "Int64"
+    assert results["batch_size"].dtype == "Int64" and results["error"].dtype == "string"
+
+
+def test_traces_are_per_cell_with_profiler_steps(torchrun_run):
+    folder = RunFolder(torchrun_run)
+    assert [(c, r) for c, r, _ in folder.find_traces()] == [(CELL, 0), (CELL, 1)]
+    trace = json.loads(__import__("gzip").open(folder.trace_path(CELL, 0), "rt").read())
+    assert Path(trace["traceName"]) == folder.trace_path(CELL, 0)  # not a deleted temporary file
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert len(steps) >= 3  # run.profile_steps defaults to 3
+    # zerobench's own analysis reads the per-cell layout
+    assert main(["analyze", str(torchrun_run), "--no-plots"]) == 0
+    assert RunFolder(torchrun_run).results()["overlap_ratio"].notna().all()
+
+
+def test_holistic_trace_analysis_reads_one_rank_per_file(torchrun_run):
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed (pip install "
+                              "'zerobench[hta]' or HolisticTraceAnalysis --no-deps)")
+    analysis = hta.TraceAnalysis(trace_dir=str(RunFolder(torchrun_run).traces_dir / CELL))
+    assert sorted(analysis.t.get_ranks()) == [0, 1]
+
+
+def test_worker_records_errors_for_torchrun(tmp_path):
+    error_file = tmp_path / "error.json"
+    proc = subprocess.run([sys.executable, "-m", "zerobench.worker", "--run-dir", str(tmp_path / "missing"),
+                           "--cell", CELL], env=_worker_env(0, 1, _free_port(), TORCHELASTIC_ERROR_FILE=str(error_file)),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    message = json.loads(error_file.read_text())["message"]
+    assert "FileNotFoundError" in json.dumps(message)
+
+
+def test_every_results_column_is_documented():
+    from zerobench.matrix import EMULATION_AXES, engine_axes
+    from zerobench.engines import ENGINES
+
+    axes = set(EMULATION_AXES) | {a for e in ENGINES for a in engine_axes(e)}
+    documented = set(METRIC_BY_NAME) | set(COLUMN_DOCS) | axes
+    for csv in sorted((ROOT / "results").glob("**/results.csv")):
+        undocumented = set(pd.read_csv(csv, nrows=1).columns) - documented
+        assert not undocumented, f"{csv}: {sorted(undocumented)}"
+
+
+def test_schema_imports_no_pandas_or_analyses():
+    code = "import sys, zerobench.schema; print(sorted(m for m in sys.modules if m == 'pandas' or m.startswith('zerobench.')))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['zerobench.schema']"
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports (anywhere in the file)."""
+    graph = {}
+    paths = sorted((ROOT / package).rglob("*.py"))
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in paths}
+    for path in paths:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = name.split(".") if parts[-1] == "__init__" else name.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+                # `from pkg import sub` depends on pkg.sub, not on pkg's __init__, when sub is a module
+                subs = {f"{base}.{a.name}" for a in node.names}
+                deps |= subs if subs & modules else {base}
+        graph[name] = {d for d in deps if d.split(".")[0] == package}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node, stack):
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep, stack + [dep])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_zerobench_has_no_import_cycle():
+    graph = _imports("zerobench")
+    assert graph["zerobench.runfolder"] and graph["zerobench.cli"]  # the walk sees imports
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_cli_never_swallows_an_import_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "zerobench.compare", None)  # as a broken module would
+    with pytest.raises(ImportError):
+        main(["engines"])
