@@ -112,6 +112,10 @@ ANALYSIS_METRICS: tuple[Metric, ...] = (
     Metric("max_inflight_all_gathers_trace", "", "most all-gathers issued and not yet complete at once", "deterministic", "none"),
     Metric("limiter_wait_s", "s", "per traced step: main thread in impl::rate_limiter_wait (impl engines)", "time"),
     Metric("collective_wait_s", "s", "per traced step: main thread in impl::wait_* (impl engines)", "time"),
+    # emulated cells only (zerobench/profiling/best.py, [Note: best achievable exposed comm])
+    Metric("exposed_all_gather_s", "s", "per traced step: main thread waiting on all-gathers (emulated cells)", "time"),
+    Metric("best_exposed_all_gather_s", "s", "per traced step: all-gather time no one-ahead prefetch could hide", "time"),
+    Metric("exposed_vs_best", "", "exposed_all_gather_s / best_exposed_all_gather_s (1: the best the schedule allows)", "time"),
 )
 
 
