@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cells)
 
     # Subcommands that live with their own modules.
-    for module in ("zerobench.compare", "zerobench.profiling.analyze"):
+    for module in ("zerobench.compare", "zerobench.profiling.analyze", "zerobench.estimate"):
         try:
             importlib.import_module(module).register_cli(sub)
         except (ImportError, AttributeError):
