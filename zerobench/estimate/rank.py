@@ -72,6 +72,23 @@ def _batch(w: Workload, world: int, rank: int, step: int, fake: bool):
     return inputs.clone(), targets.clone()  # own storages, not views of the global batch
 
 
+def _fake_pg_ddp_hook(module) -> None:
+    """DDP's built-in all-reduce hook asserts on the fake group's result (not a tensor).
+    A hook that hands back the bucket, reduced in place as gloo's all-reduce does, keeps
+    the same buffers alive for the same time."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        def hook(_state, bucket):
+            buffer = bucket.buffer()
+            dist.all_reduce(buffer)
+            future = torch.futures.Future()
+            future.set_result(buffer)
+            return future
+
+        module.register_comm_hook(None, hook)
+
+
 def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool) -> dict:
     """Peak and composition of ``rank`` for ``cell`` (its world size) on a fake process group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
@@ -95,6 +112,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool) -> dict:
                 engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
                 model = _model(w)
                 engine.wrap(model, list(model.blocks))
+                _fake_pg_ddp_hook(engine.module)
                 engine.build_optimizer(spec)
                 for step in range(w.run.memory_warmup_steps):
                     engine.train_step(*_batch(w, world, rank, step, fake), loss)
