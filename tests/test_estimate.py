@@ -35,3 +35,29 @@ def test_bad_world_sizes_name_the_field(bad):
 def test_bad_precision_names_allowed_values():
     with pytest.raises(ValueError, match="allowed: 'fp32', 'mixed'"):
         model_state_bytes(10, 2, 1, precision="fp16")
+
+
+def test_hybrid_shard_group_must_divide_world_size():
+    from zerobench.estimate import why_not
+    from zerobench.matrix import Cell
+
+    cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
+    assert "not a multiple of the shard group size 3" in why_not(cell, 8, 3)
+    assert why_not(cell, 12, 3) is None
+    assert "world size 0" in why_not(cell, 0, None)
+
+
+def test_estimate_matches_curated_memory_pass(tmp_path):
+    """ws2 estimate of two quickstart engines vs the committed curated run's real peak (rank 0)."""
+    import pandas as pd
+
+    from zerobench.estimate import against_run, estimate
+
+    out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path, log=lambda *_: None,
+                   only=["ddp-fp32", "impl-fsdp-fp32-backward_prefetch=pre-limit_all_gathers=on"])
+    frame = pd.read_csv(out / "estimate.csv")
+    assert (frame["status"] == "ok").all(), frame["reason"].tolist()
+    both = against_run(frame, pd.read_csv("results/curated/20261121-165230-quickstart/results.csv"))
+    assert len(both) == 2
+    assert (both["diff_pct"].abs() < 3).all(), both.to_string()
+    assert (out / "plots" / "estimate_peak.png").exists()

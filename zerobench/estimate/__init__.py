@@ -212,6 +212,10 @@ def cmd_estimate(args) -> int:
     print(format_table(frame))
     print(f"estimate: {out_dir / 'estimate.csv'} ({time.perf_counter() - started:.1f} s)")
     print(f"plot: {out_dir / 'plots' / 'estimate_peak.png'}")
+    if args.against:
+        both = against_run(frame, pd.read_csv(Path(args.against) / "results.csv"))
+        print(f"estimated vs real peak ({args.against}):")
+        print(both.to_string(index=False))
     return 0
 
 
@@ -227,6 +231,8 @@ def register_cli(sub) -> None:
     p.add_argument("--hybrid-shard-size", type=int, default=None,
                    help="HYBRID_SHARD shard group size (must divide every world size)")
     p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
+    p.add_argument("--against", type=Path, metavar="RUN",
+                   help="a run folder (with the memory pass) to compare the estimates with, per rank")
     p.set_defaults(func=cmd_estimate)
 
 
@@ -234,3 +240,18 @@ def argparse_bool():
     import argparse
 
     return argparse.BooleanOptionalAction
+
+
+def against_run(estimates, results):
+    """Estimated vs real per-rank peak, per configuration, world size and rank: the rows of
+    ``estimates`` (estimate.csv) that a run's ``results`` (results.csv, memory pass) also
+    has, with ``diff_pct`` = 100 * (estimated - real) / real."""
+    import pandas as pd
+
+    real = results[results["status"] == "ok"].copy()
+    real["config"] = [cid.replace(f"-ws{ws}", "") for cid, ws in zip(real["cell_id"], real["world_size"])]
+    real = real[["config", "world_size", "rank", "peak_mem_bytes"]].rename(columns={"peak_mem_bytes": "real_peak_bytes"})
+    est = estimates[estimates["status"] == "ok"][["config", "world_size", "rank", "peak_mem_bytes"]]
+    both = pd.merge(est, real, on=["config", "world_size", "rank"])
+    both["diff_pct"] = 100.0 * (both["peak_mem_bytes"] - both["real_peak_bytes"]) / both["real_peak_bytes"]
+    return both
