@@ -247,10 +247,16 @@ def register_simulate(sub) -> None:
     register_cli(sub)
 
 
+def register_estimate(sub) -> None:
+    from zerobench.estimate import register_cli
+
+    register_cli(sub)
+
+
 #: One register function per subcommand, in the order `zerobench --help` lists them.
 #: A new command adds its ``register_<name>(subparsers)`` here.
 COMMANDS = [register_run, register_plot, register_show, register_list, register_engines, register_cells,
-            register_compare, register_analyze, register_simulate]
+            register_compare, register_analyze, register_estimate, register_simulate]
 
 
 def build_parser() -> argparse.ArgumentParser:

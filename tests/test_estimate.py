@@ -1,0 +1,63 @@
+"""zerobench estimate: the analytic ZeRO model states (paper Figure 1), input checks,
+and one estimate against the harness's memory pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobench.estimate import parse_world_sizes
+from zerobench.estimate.analytic import FIGURE1_PAPER_GB, figure1, model_state_bytes
+
+
+def test_figure1_within_1_percent():
+    """Exact values 120, 31.406, 16.64, 1.875 GB. The paper prints one decimal: 1.875 is
+    printed 1.9 (1.3% away), so each value must round to the printed one, and be within
+    1% of it wherever one decimal resolves 1%."""
+    got = figure1(7.5e9, 64)
+    for name, paper in FIGURE1_PAPER_GB.items():
+        assert round(got[name], 1) == paper, (name, got[name], paper)
+        if paper >= 5:
+            assert abs(got[name] - paper) / paper < 0.01, (name, got[name], paper)
+
+
+def test_stages_shrink_and_fp32_counts_16_bytes():
+    totals = [model_state_bytes(1000, 8, s)["total"] for s in range(4)]
+    assert totals == sorted(totals, reverse=True)
+    assert totals[0] == 16 * 1000 and totals[3] == 16 * 1000 / 8
+
+
+@pytest.mark.parametrize("bad", ["0", "-4", "x", "8,,64"])
+def test_bad_world_sizes_name_the_field(bad):
+    with pytest.raises(ValueError, match="--world-sizes"):
+        parse_world_sizes(bad)
+
+
+def test_bad_precision_names_allowed_values():
+    with pytest.raises(ValueError, match="allowed: 'fp32', 'mixed'"):
+        model_state_bytes(10, 2, 1, precision="fp16")
+
+
+def test_hybrid_shard_group_must_divide_world_size():
+    from zerobench.estimate import why_not
+    from zerobench.matrix import Cell
+
+    cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
+    assert "not a multiple of the shard group size 3" in why_not(cell, 8, 3)
+    assert why_not(cell, 12, 3) is None
+    assert "world size 0" in why_not(cell, 0, None)
+
+
+def test_estimate_matches_curated_memory_pass(tmp_path):
+    """ws2 estimate of two quickstart engines vs the committed curated run's real peak (rank 0)."""
+    import pandas as pd
+
+    from zerobench.estimate import against_run, estimate
+
+    out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path, log=lambda *_: None,
+                   only=["ddp-fp32", "impl-fsdp-fp32-backward_prefetch=pre-limit_all_gathers=on"])
+    frame = pd.read_csv(out / "estimate.csv")
+    assert (frame["status"] == "ok").all(), frame["reason"].tolist()
+    both = against_run(frame, pd.read_csv("results/curated/20261121-165230-quickstart/results.csv"))
+    assert len(both) == 2
+    assert (both["diff_pct"].abs() < 3).all(), both.to_string()
+    assert (out / "plots" / "estimate_peak.png").exists()
