@@ -1,6 +1,6 @@
 """impl.fsdp beyond parity: the rate limiter, what each strategy keeps unsharded, the
 first-iteration order check, no_sync, clip_grad_norm_, summon_full_params, frozen and
-ignored modules, and the errors the seeds document (seed-behaviours §2)."""
+ignored modules, and the errors docs/behaviour.md §F lists."""
 
 from __future__ import annotations
 

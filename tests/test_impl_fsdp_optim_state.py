@@ -1,4 +1,4 @@
-"""Optimizer state dicts of impl.fsdp (seed-behaviours §2.10, §3): the unflattened state
+"""Optimizer state dicts of impl.fsdp (docs/behaviour.md §F12): the unflattened state
 equals single-process Adam's under the same names, and every way back (shard the full
 dict, scatter it from rank 0, flatten the sharded one) resumes training exactly."""
 

@@ -1,6 +1,6 @@
 """Prefetched all-gathers really are in flight while a unit computes.
 
-Relative, never absolute (STYLE.md): on an emulated slow interconnect (each collective
+Relative, never absolute: on an emulated slow interconnect (each collective
 takes at least its latency, slept in wait) and with "compute" that sleeps (so the two
 cores are not what is measured), a step with forward prefetch and BACKWARD_PRE must be
 clearly faster than one without prefetch, and the limiter at depth 1 must give some of

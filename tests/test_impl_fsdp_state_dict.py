@@ -1,4 +1,4 @@
-"""Model state dicts of impl.fsdp (seed-behaviours §2.9): FULL, LOCAL and SHARDED save
+"""Model state dicts of impl.fsdp (docs/behaviour.md §F11): FULL, LOCAL and SHARDED save
 what single-process training would hold, under the unwrapped model's names, and load
 back into a freshly wrapped model."""
 

@@ -30,7 +30,7 @@ from zerobench.testing import run_ranks
 
 TOL = 1e-5
 
-# -- bucketer (seed-behaviours.md §4) ----------------------------------------------------------
+# -- bucketer (docs/behaviour.md §Z2.2) -------------------------------------------------------
 
 SMALL, LARGE = 1000, 262_144  # fp32: 1000 * ws * 4 B < 0.25 MB; 262144 * 4 B = 1 MiB, alone at any ws
 

@@ -1,6 +1,6 @@
 """The hooks that drive FSDP through an iteration, and the state the root shares.
 
-Per unit and iteration (seed-behaviours §2.5, §2.6)::
+Per unit and iteration (docs/behaviour.md §F2)::
 
     pre_forward    unshard + wait; forward-prefetch the next unit; install the views
     (module forward)
