@@ -9,21 +9,19 @@ that back.
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
+import pytest
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import warm_up_imports  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from tests.helpers.fsdp import warm_up_imports
+from zerobench.testing import run_ranks
 
-from impl import comm  # noqa: E402
-from impl.fsdp import BackwardPrefetch  # noqa: E402
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl import comm
+from impl.fsdp import BackwardPrefetch
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
@@ -78,8 +76,9 @@ def overlap_body(rank, world_size):
         comm.set_emulation(None)
 
 
-def test_prefetch_overlaps_all_gathers_with_compute():
-    t = run_ranks(overlap_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_prefetch_overlaps_all_gathers_with_compute(world_size):
+    t = run_ranks(overlap_body, world_size)[0]
     # Without prefetch every all-gather is exposed: 1 + 4 in forward and 4 in backward,
     # each a full latency (10 ms) before its block computes for 10 ms: ~0.2 s. With
     # prefetch only the first block's in each direction is (nothing computes before it
