@@ -1,7 +1,7 @@
 """End to end, profiled: `zerobench run --profile` traces real gloo ranks of the impl FSDP
 under an emulated interconnect, `zerobench analyze` reads the traces back, and the
 measurements say what prefetching and the rate limiter do. Asserted relatively, never as
-absolute times (see ../shared/STYLE.md)."""
+absolute times (the suite runs on shared, noisy machines)."""
 
 import json
 import textwrap

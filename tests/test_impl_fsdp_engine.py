@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import MLP, warm_up_imports  # noqa: E402
-from zerobench.engines.base import OptimizerSpec, RankContext  # noqa: E402
-from zerobench.engines.impl_fsdp import FSDPEngine  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from tests.helpers.fsdp import MLP, warm_up_imports
+from zerobench.engines.base import OptimizerSpec, RankContext
+from zerobench.engines.impl_fsdp import FSDPEngine
+from zerobench.testing import run_ranks
 
 warm_up_imports()
 
@@ -54,9 +51,10 @@ def engine_body(rank, world_size, options, dtype):
 @pytest.mark.parametrize("options,dtype", [
     ({"backward_prefetch": "pre", "forward_prefetch": True, "limit_all_gathers": True, "limiter_depth": 1}, "fp32"),
     ({"sharding_strategy": "SHARD_GRAD_OP", "cpu_offload": True}, "bf16"),
-])
-def test_engine_trains_and_reports(options, dtype):
-    for losses, metrics, sharded, numel, n_params, n_grads in run_ranks(engine_body, 2, args=(options, dtype)):
+], ids=["FULL_SHARD-pre-limit1-fp32", "SHARD_GRAD_OP-offload-bf16"])
+@pytest.mark.world_size(2)
+def test_engine_trains_and_reports(options, dtype, world_size):
+    for losses, metrics, sharded, numel, n_params, n_grads in run_ranks(engine_body, world_size, args=(options, dtype)):
         assert all(l == l for l in losses)  # finite
         assert set(metrics) == METRICS
         assert metrics["all_gathers"] > 0

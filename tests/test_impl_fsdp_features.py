@@ -1,22 +1,20 @@
 """impl.fsdp beyond parity: the rate limiter, what each strategy keeps unsharded, the
 first-iteration order check, no_sync, clip_grad_norm_, summon_full_params, frozen and
-ignored modules, and the errors the seeds document (seed-behaviours §2)."""
+ignored modules, and the errors docs/behaviour.md §F lists."""
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import (  # noqa: E402
-    TOL,
+from tests.helpers.fsdp import (
     MLP,
+    TOL,
+    Block,
     batches,
     get_by_name,
     loss_fn,
@@ -29,13 +27,13 @@ from test_impl_fsdp_common import (  # noqa: E402
     unit_policy,
     warm_up_imports,
 )
-from zerobench.testing import run_ranks  # noqa: E402
+from zerobench.testing import run_ranks
 
-from impl import comm  # noqa: E402
-from zerobench import emulation  # noqa: E402
-from zerobench.link import Link  # noqa: E402
-from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy  # noqa: E402
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl import comm
+from zerobench import emulation
+from zerobench.link import Link
+from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
@@ -88,8 +86,9 @@ def limiter_body(rank, world_size):
     return out
 
 
-def test_limiter_bounds_units_in_flight_and_strategies_keep_what_they_should():
-    out = run_ranks(limiter_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_limiter_bounds_units_in_flight_and_strategies_keep_what_they_should(world_size):
+    out = run_ranks(limiter_body, world_size)[0]
     # Without a limit, a prefetch puts a second unit in flight beside the current one.
     assert out["off"]["max_inflight_all_gathers"] == 2
     assert out["off"]["limiter_stalls"] == 0
@@ -142,8 +141,9 @@ def order_body(rank, world_size):
     return str(info.value)
 
 
-def test_first_iteration_order_check_raises_on_every_rank():
-    messages = run_ranks(order_body, 2)
+@pytest.mark.world_size(2)
+def test_first_iteration_order_check_raises_on_every_rank(world_size):
+    messages = run_ranks(order_body, world_size)
     assert all("rank 0 is all-gathering the unit with index" in m for m in messages)
 
 
@@ -180,8 +180,9 @@ def no_sync_body(rank, world_size):
     return failures
 
 
-def test_no_sync_accumulation_equals_the_big_batch():
-    failures = run_ranks(no_sync_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_no_sync_accumulation_equals_the_big_batch(world_size):
+    failures = run_ranks(no_sync_body, world_size)[0]
     assert not failures, "\n".join(failures)
 
 
@@ -210,8 +211,9 @@ def clip_body(rank, world_size):
     return failures
 
 
-def test_clip_grad_norm_returns_the_single_process_total_norm():
-    failures = run_ranks(clip_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_clip_grad_norm_returns_the_single_process_total_norm(world_size):
+    failures = run_ranks(clip_body, world_size)[0]
     assert not failures, "\n".join(failures)
 
 
@@ -241,8 +243,9 @@ def summon_body(rank, world_size):
     return out
 
 
-def test_summon_full_params_writeback():
-    assert run_ranks(summon_body, 2)[0] == {"FULL_SHARD": True, "SHARD_GRAD_OP": True, "NO_SHARD": True}
+@pytest.mark.world_size(2)
+def test_summon_full_params_writeback(world_size):
+    assert run_ranks(summon_body, world_size)[0] == {"FULL_SHARD": True, "SHARD_GRAD_OP": True, "NO_SHARD": True}
 
 
 # -- frozen and ignored modules --------------------------------------------------------
@@ -289,8 +292,9 @@ def frozen_ignored_body(rank, world_size):
     return failures
 
 
-def test_frozen_and_ignored_modules():
-    failures = run_ranks(frozen_ignored_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_frozen_and_ignored_modules(world_size):
+    failures = run_ranks(frozen_ignored_body, world_size)[0]
     assert not failures, "\n".join(failures)
 
 
@@ -352,8 +356,9 @@ def errors_body(rank, world_size):
     return True
 
 
-def test_documented_errors():
-    assert run_ranks(errors_body, 2) == [True, True]
+@pytest.mark.world_size(2)
+def test_documented_errors(world_size):
+    assert run_ranks(errors_body, world_size) == [True, True]
 
 
 def meta_body(rank, world_size):
@@ -372,8 +377,9 @@ def meta_body(rank, world_size):
     return bounded and all(torch.equal(everyone[0], e) for e in everyone)
 
 
-def test_meta_init_and_sync_module_states():
-    assert run_ranks(meta_body, 2) == [True, True]
+@pytest.mark.world_size(2)
+def test_meta_init_and_sync_module_states(world_size):
+    assert run_ranks(meta_body, world_size) == [True, True]
 
 
 # -- HYBRID_SHARD from an explicit pair of groups ----------------------------------------
@@ -393,8 +399,9 @@ def hybrid_pair_body(rank, world_size):
     return max(abs(a - b) for a, b in zip(losses, ref_losses)), max_param_diff(model, ref_params), shard_numel
 
 
-def test_hybrid_shard_from_a_pair_of_groups():
-    results = run_ranks(hybrid_pair_body, 4)
+@pytest.mark.world_size(4)
+def test_hybrid_shard_from_a_pair_of_groups(world_size):
+    results = run_ranks(hybrid_pair_body, world_size)
     for loss_diff, param_diff, shard_numel in results:
         assert loss_diff <= TOL and param_diff <= TOL
         assert shard_numel == (30 * 5 + 5 + 1) // 2  # the head's 155 parameters over 2 ranks, padded
@@ -431,8 +438,9 @@ def mp_buffers_body(rank, world_size):
     return True
 
 
-def test_mixed_precision_buffers_and_low_precision_grads():
-    assert run_ranks(mp_buffers_body, 2) == [True, True]
+@pytest.mark.world_size(2)
+def test_mixed_precision_buffers_and_low_precision_grads(world_size):
+    assert run_ranks(mp_buffers_body, world_size) == [True, True]
 
 
 # -- profiler labels ----------------------------------------------------------------------
@@ -453,8 +461,9 @@ def labels_body(rank, world_size):
     return sorted({e.name for e in prof.events() if e.name.startswith("impl::")})
 
 
-def test_collectives_waits_and_stalls_are_labelled():
-    names = run_ranks(labels_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_collectives_waits_and_stalls_are_labelled(world_size):
+    names = run_ranks(labels_body, world_size)[0]
     for label in ("impl::all_gather", "impl::wait_all_gather", "impl::reduce_scatter", "impl::wait_reduce_scatter",
                   "impl::rate_limiter_wait", "impl::fsdp::pre_forward", "impl::fsdp::post_backward",
                   "impl::fsdp::end_of_backward"):
@@ -484,8 +493,9 @@ def unused_param_body(rank, world_size):
     return max_param_diff(model, {n: p.detach() for n, p in ref.named_parameters()})
 
 
-def test_unit_with_a_parameter_that_gets_no_gradient():
-    assert max(run_ranks(unused_param_body, 2)) <= TOL
+@pytest.mark.world_size(2)
+def test_unit_with_a_parameter_that_gets_no_gradient(world_size):
+    assert max(run_ranks(unused_param_body, world_size)) <= TOL
 
 
 # -- the auto-wrap policies ------------------------------------------------------------------
@@ -493,8 +503,6 @@ def test_unit_with_a_parameter_that_gets_no_gradient():
 
 def policies_body(rank, world_size):
     import functools
-
-    from test_impl_fsdp_common import Block
 
     from impl.fsdp import always_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
@@ -530,7 +538,8 @@ def policies_body(rank, world_size):
     return out
 
 
-def test_auto_wrap_policies():
-    for name, (units, expected, loss_diff, param_diff) in run_ranks(policies_body, 2)[0].items():
+@pytest.mark.world_size(2)
+def test_auto_wrap_policies(world_size):
+    for name, (units, expected, loss_diff, param_diff) in run_ranks(policies_body, world_size)[0].items():
         assert expected is None or units == expected, (name, units)
         assert loss_diff <= TOL and param_diff <= TOL, name

@@ -22,18 +22,15 @@ unit unsharded from forward to backward.
 
 from __future__ import annotations
 
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import MLP, unit_policy, warm_up_imports  # noqa: E402
-from zerobench.memory import StorageTracker  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from tests.helpers.fsdp import MLP, unit_policy, warm_up_imports
+from zerobench.memory import StorageTracker
+from zerobench.testing import run_ranks
 
-from impl.fsdp import BackwardPrefetch, ShardingStrategy  # noqa: E402
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl.fsdp import BackwardPrefetch, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 

@@ -1,18 +1,15 @@
-"""Optimizer state dicts of impl.fsdp (seed-behaviours §2.10, §3): the unflattened state
+"""Optimizer state dicts of impl.fsdp (docs/behaviour.md §F12): the unflattened state
 equals single-process Adam's under the same names, and every way back (shard the full
 dict, scatter it from rank 0, flatten the sharded one) resumes training exactly."""
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import (  # noqa: E402
+from tests.helpers.fsdp import (
     TOL,
     batches,
     full_params,
@@ -23,10 +20,10 @@ from test_impl_fsdp_common import (  # noqa: E402
     unit_policy,
     warm_up_imports,
 )
-from zerobench.testing import run_ranks  # noqa: E402
+from zerobench.testing import run_ranks
 
-from impl.fsdp import OptimStateKeyType, ShardingStrategy  # noqa: E402
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl.fsdp import OptimStateKeyType, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
@@ -114,6 +111,7 @@ def optim_body(rank, world_size):
     return failures
 
 
-def test_optimizer_state_dicts():
-    failures = run_ranks(optim_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_optimizer_state_dicts(world_size):
+    failures = run_ranks(optim_body, world_size)[0]
     assert not failures, "\n".join(failures)

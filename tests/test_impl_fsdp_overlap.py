@@ -1,6 +1,6 @@
 """Prefetched all-gathers really are in flight while a unit computes.
 
-Relative, never absolute (STYLE.md): on an emulated slow interconnect (each collective
+Relative, never absolute: on an emulated slow interconnect (each collective
 takes at least its latency, slept in wait) and with "compute" that sleeps (so the two
 cores are not what is measured), a step with forward prefetch and BACKWARD_PRE must be
 clearly faster than one without prefetch, and the limiter at depth 1 must give some of
@@ -9,23 +9,21 @@ that back.
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
+import pytest
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import warm_up_imports  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from tests.helpers.fsdp import warm_up_imports
+from zerobench.testing import run_ranks
 
-from impl import comm  # noqa: E402
-from zerobench import emulation  # noqa: E402
-from zerobench.link import Link  # noqa: E402
-from impl.fsdp import BackwardPrefetch  # noqa: E402
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl import comm
+from zerobench import emulation
+from zerobench.link import Link
+from impl.fsdp import BackwardPrefetch
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
@@ -80,8 +78,9 @@ def overlap_body(rank, world_size):
         emulation.uninstall()
 
 
-def test_prefetch_overlaps_all_gathers_with_compute():
-    t = run_ranks(overlap_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_prefetch_overlaps_all_gathers_with_compute(world_size):
+    t = run_ranks(overlap_body, world_size)[0]
     # Without prefetch every all-gather is exposed: 1 + 4 in forward and 4 in backward,
     # each a full latency (10 ms) before its block computes for 10 ms: ~0.2 s. With
     # prefetch only the first block's in each direction is (nothing computes before it

@@ -1,7 +1,7 @@
 """Parity of impl.fsdp with single-process training, over the whole option matrix.
 
-Each world size runs ONE world and loops over its configurations inside it: every
-sharding strategy x backward prefetch x forward prefetch x limit_all_gathers, on the
+Each (world size, strategy, backward prefetch) is one test id and one world, which loops
+over forward prefetch x limit_all_gathers inside it, on the
 MLP (four units and a root) and on the transformer-ish model whose forward order
 differs from its registration order, with tied weights and three nesting levels.
 Losses and parameters after the steps must match the reference within 1e-5 (fp32).
@@ -13,14 +13,11 @@ reference that computes in bf16 the same way; see test_bf16_parity for its toler
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import (  # noqa: E402
+from tests.helpers.fsdp import (
     LR,
     MOMENTUM,
     STEPS,
@@ -32,15 +29,20 @@ from test_impl_fsdp_common import (  # noqa: E402
     unit_policy,
     warm_up_imports,
 )
-from zerobench.testing import run_ranks  # noqa: E402
+from zerobench.testing import run_ranks
 
-from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy  # noqa: E402
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
-PREFETCHES = (None, BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST)
-MATRIX = list(itertools.product(ShardingStrategy, PREFETCHES, (False, True), (False, True)))
+PREFETCHES = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
+# One test id per strategy and backward prefetch (``-k FULL_SHARD-pre``); forward
+# prefetch and limit_all_gathers are looped inside the world, which costs less than
+# starting a world for each of them.
+STRATEGY_PREFETCH = [
+    pytest.param(strategy, bwd, id=f"{strategy.name}-{bwd}") for strategy in ShardingStrategy for bwd in PREFETCHES
+]
 
 
 def _name(strategy, bwd, fwd, limit, extra=""):
@@ -58,30 +60,43 @@ def _check(kind, rank, world_size, ref, failures, name, **fsdp_kwargs):
         failures.append(f"{kind} {name}: loss diff {loss_diff:.3g}, param diff {param_diff:.3g}")
 
 
-def matrix_body(rank, world_size):
+def matrix_body(rank, world_size, strategy, bwd):
     failures = []
     refs = {kind: reference_train(kind) for kind in ("mlp", "ordered")}
-    for strategy, bwd, fwd, limit in MATRIX:
+    for fwd, limit in itertools.product((False, True), (False, True)):
         name = _name(strategy, bwd, fwd, limit)
         kwargs = dict(sharding_strategy=strategy, backward_prefetch=bwd, forward_prefetch=fwd, limit_all_gathers=limit)
         _check("mlp", rank, world_size, refs["mlp"], failures, name, **kwargs)
-        # The ordered model on a quarter of the matrix: every strategy and prefetch once.
+        # The ordered model on half of these: every strategy and prefetch once.
         if fwd == limit:
             _check("ordered", rank, world_size, refs["ordered"], failures, name, **kwargs)
-    # The limiter at depth 1 (prefetches held back), and CPU offload (a no-op on CPU).
-    for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD):
-        kwargs = dict(sharding_strategy=strategy, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)
-        _check("mlp", rank, world_size, refs["mlp"], failures, _name(strategy, None, True, True, "/depth=1"),
-               limit_all_gathers=True, limiter_depth=1, **kwargs)
-        _check("mlp", rank, world_size, refs["mlp"], failures, _name(strategy, None, True, False, "/offload"),
-               cpu_offload=CPUOffload(offload_params=True), **kwargs)
     return failures
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_parity_matrix(world_size):
-    failures = run_ranks(matrix_body, world_size, timeout=240)[0]
+@pytest.mark.world_size(2, 4)
+@pytest.mark.parametrize("strategy, bwd", STRATEGY_PREFETCH)
+def test_parity_matrix(world_size, strategy, bwd):
+    failures = run_ranks(matrix_body, world_size, args=(strategy, PREFETCHES[bwd]), timeout=240)[0]
     assert not failures, f"{len(failures)} configurations differ from single-process training:\n" + "\n".join(failures)
+
+
+def limiter_offload_body(rank, world_size, strategy):
+    """The limiter at depth 1 (prefetches held back), and CPU offload (a no-op on CPU)."""
+    failures = []
+    ref = reference_train("mlp")
+    kwargs = dict(sharding_strategy=strategy, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)
+    _check("mlp", rank, world_size, ref, failures, _name(strategy, None, True, True, "/depth=1"),
+           limit_all_gathers=True, limiter_depth=1, **kwargs)
+    _check("mlp", rank, world_size, ref, failures, _name(strategy, None, True, False, "/offload"),
+           cpu_offload=CPUOffload(offload_params=True), **kwargs)
+    return failures
+
+
+@pytest.mark.world_size(2, 4)
+@pytest.mark.parametrize("strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD], ids=lambda s: s.name)
+def test_parity_limiter_depth_1_and_cpu_offload(world_size, strategy):
+    failures = run_ranks(limiter_offload_body, world_size, args=(strategy,), timeout=240)[0]
+    assert not failures, "\n".join(failures)
 
 
 # [Note: bf16 tolerance]
@@ -107,13 +122,13 @@ def bf16_param_tol(grad_max: float, steps: int = STEPS) -> float:
     return 1.5 * LR * carried * 2 * 2**-8 * grad_max
 
 
-def bf16_body(rank, world_size):
+def bf16_body(rank, world_size, strategy):
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
     failures = []
     for kind in ("mlp", "ordered"):
         ref_losses, ref_params, grad_max = reference_train(kind, param_dtype=torch.bfloat16)
         param_tol = bf16_param_tol(grad_max)
-        for strategy, bwd in itertools.product(ShardingStrategy, (BackwardPrefetch.BACKWARD_PRE, None)):
+        for bwd in (BackwardPrefetch.BACKWARD_PRE, None):
             raw = make_model(kind)
             model = FSDP(raw, auto_wrap_policy=unit_policy(raw), sharding_strategy=strategy, backward_prefetch=bwd,
                          forward_prefetch=bwd is not None, limit_all_gathers=True, mixed_precision=mp)
@@ -127,7 +142,8 @@ def bf16_body(rank, world_size):
     return failures
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_bf16_parity(world_size):
-    failures = run_ranks(bf16_body, world_size, timeout=240)[0]
+@pytest.mark.world_size(2, 4)
+@pytest.mark.parametrize("strategy", list(ShardingStrategy), ids=lambda s: s.name)
+def test_bf16_parity(world_size, strategy):
+    failures = run_ranks(bf16_body, world_size, args=(strategy,), timeout=240)[0]
     assert not failures, "\n".join(failures)

@@ -1,19 +1,16 @@
-"""Model state dicts of impl.fsdp (seed-behaviours §2.9): FULL, LOCAL and SHARDED save
+"""Model state dicts of impl.fsdp (docs/behaviour.md §F11): FULL, LOCAL and SHARDED save
 what single-process training would hold, under the unwrapped model's names, and load
 back into a freshly wrapped model."""
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import (  # noqa: E402
+from tests.helpers.fsdp import (
     TOL,
     full_params,
     make_model,
@@ -22,15 +19,15 @@ from test_impl_fsdp_common import (  # noqa: E402
     unit_policy,
     warm_up_imports,
 )
-from zerobench.testing import run_ranks  # noqa: E402
+from zerobench.testing import run_ranks
 
-from impl.fsdp import (  # noqa: E402
+from impl.fsdp import (
     FullStateDictConfig,
     LocalStateDictConfig,
     ShardingStrategy,
     StateDictType,
 )
-from impl.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
@@ -111,6 +108,7 @@ def state_dict_body(rank, world_size):
     return failures
 
 
-def test_model_state_dicts_round_trip():
-    failures = run_ranks(state_dict_body, 2)[0]
+@pytest.mark.world_size(2)
+def test_model_state_dicts_round_trip(world_size):
+    failures = run_ranks(state_dict_body, world_size)[0]
     assert not failures, "\n".join(failures)

@@ -6,8 +6,6 @@ configuration would cost more than the configurations themselves).
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import pytest
@@ -24,9 +22,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from torch.distributed.optim.utils import functional_optim_map  # noqa: F401
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import (
+from tests.helpers.zero import (
     OPTIMIZERS,
+    average_grads,
     batches,
     loss_fn,
     make_model,
@@ -42,14 +40,6 @@ from impl.zero import ZeroRedundancyOptimizer
 from zerobench.testing import run_ranks
 
 TOL = 1e-5
-
-
-def average_grads(model, world_size):
-    """What DDP does for stage 1: every rank ends backward with the mean gradient."""
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= world_size
 
 
 def sharded_step(model, opt, x, y, rank, world_size):
@@ -110,7 +100,7 @@ def _parity_world(rank, world_size):
     return True
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.world_size(2, 4)
 def test_parity_with_single_process(world_size):
     run_ranks(_parity_world, world_size)
 
@@ -161,7 +151,7 @@ def _torch_comparison_world(rank, world_size):
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.world_size(2, 4)
 def test_matches_torch_zero_redundancy_optimizer(world_size):
     results = run_ranks(_torch_comparison_world, world_size)
     assert len(results[0]) == 4
@@ -204,8 +194,9 @@ def _api_world(rank, world_size):
     return True
 
 
-def test_public_api():
-    run_ranks(_api_world, 2)
+@pytest.mark.world_size(2)
+def test_public_api(world_size):
+    run_ranks(_api_world, world_size)
 
 
 def _join_world(rank, world_size):
@@ -227,5 +218,6 @@ def _join_world(rank, world_size):
     return True
 
 
-def test_join_uneven_inputs():
-    run_ranks(_join_world, 2, timeout=60)
+@pytest.mark.world_size(2)
+def test_join_uneven_inputs(world_size):
+    run_ranks(_join_world, world_size, timeout=60)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import profile
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import (
+from tests.helpers.zero import (
     OPTIMIZERS,
     batches,
     loss_fn,
@@ -32,7 +29,7 @@ from zerobench.testing import run_ranks
 
 TOL = 1e-5
 
-# -- bucketer (seed-behaviours.md §4) ----------------------------------------------------------
+# -- bucketer (docs/behaviour.md §Z2.2) -------------------------------------------------------
 
 SMALL, LARGE = 1000, 262_144  # fp32: 1000 * ws * 4 B < 0.25 MB; 262144 * 4 B = 1 MiB, alone at any ws
 
@@ -100,7 +97,7 @@ def _bucketer_world(rank, world_size):
     return True
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.world_size(2, 4)
 def test_bucketer_semantics(world_size):
     run_ranks(_bucketer_world, world_size)
 
@@ -176,7 +173,7 @@ def _stage2_parity_world(rank, world_size):
     return True
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.world_size(2, 4)
 def test_stage2_parity_with_single_process(world_size):
     run_ranks(_stage2_parity_world, world_size)
 
@@ -249,5 +246,6 @@ def _stage2_memory_world(rank, world_size):
     return True
 
 
-def test_stage2_sharded_gradients_and_labels():
-    run_ranks(_stage2_memory_world, 2)
+@pytest.mark.world_size(2)
+def test_stage2_sharded_gradients_and_labels(world_size):
+    run_ranks(_stage2_memory_world, world_size)

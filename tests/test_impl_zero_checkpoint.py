@@ -5,15 +5,13 @@ at world size 2 loads at world size 4 (into either stage) and into a plain
 from __future__ import annotations
 
 import copy
-import os
-import sys
 
+import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero1 import average_grads
-from test_impl_zero_common import (
+from tests.helpers.zero import (
     OPTIMIZERS,
+    average_grads,
     batches,
     loss_fn,
     make_model,

@@ -3,15 +3,12 @@ parity with single-process training, and what the memory pass will see."""
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_zero_common import (
+from tests.helpers.zero import (
     batches,
     make_model,
     max_abs_diff,
@@ -97,7 +94,7 @@ def _engines_world(rank, world_size):
     return report
 
 
-@pytest.mark.parametrize("world_size", [2])
+@pytest.mark.world_size(2)
 def test_engines_train_and_shard(world_size):
     reports = run_ranks(_engines_world, world_size)
     model = make_model()

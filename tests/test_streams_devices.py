@@ -11,13 +11,12 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_impl_fsdp_common import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from tests.helpers.fsdp import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports
+from zerobench.testing import run_ranks
 
-from impl.fsdp.rate_limiter import FreeEventQueue, RateLimiter  # noqa: E402
-from impl.streams import Streams  # noqa: E402
-from zerobench import devices  # noqa: E402
+from impl.fsdp.rate_limiter import FreeEventQueue, RateLimiter
+from impl.streams import Streams
+from zerobench import devices
 
 warm_up_imports()
 

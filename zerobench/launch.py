@@ -5,7 +5,7 @@ environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER
 so what runs here is exactly what runs under torchrun on a cluster.
 
 [Note: why subprocesses]
-Measured on the 2-core CI machine (../shared/cpu-facts.md): spawn costs 3.3-4.2 s per
+Measured on the 2-core CI machine (torch 2.13, November 2026): spawn costs 3.3-4.2 s per
 world-2 cell, forkserver 1.5-2.1 s, fork 0.06 s but hangs when children run
 multi-threaded OpenMP after the parent did. A plain subprocess costs about what spawn
 does, but it is the torchrun protocol itself (no launcher of our own), it isolates

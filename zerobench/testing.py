@@ -3,7 +3,7 @@
 The pattern of DeepSpeed's ``DistributedTest``: one world per call, a file store
 (no port races between tests), a per-call timeout, and failures reported with the
 rank that raised them. Results come back through files, never through
-multiprocessing queues (see ../shared/cpu-facts.md: tensors through queues fail once
+multiprocessing queues (measured with torch 2.13: tensors through queues fail once
 the child exits, large pickles deadlock against join).
 
 Children are forked by default: 0.06 s per world instead of 3-4 s with spawn. Fork is

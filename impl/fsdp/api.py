@@ -1,7 +1,7 @@
 """Public policies of the reference FSDP: small enums and frozen dataclasses.
 
-They mirror PyTorch 1.13's ``torch.distributed.fsdp`` configuration objects (seed 004,
-seed-behaviours §2.1) so that code written against that API reads the same here.
+They mirror PyTorch 1.13's ``torch.distributed.fsdp`` configuration objects
+(docs/behaviour.md §F1) so that code written against that API reads the same here.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def divide_factors(world_size: int) -> tuple[float, float]:
     Dividing part of the average out before the sum and the rest after it keeps
     low-precision gradients from overflowing in the sum or underflowing in the
     division (PyTorch's default FSDP comm hook; not in the 1.13 seed, see
-    seed-behaviours §2.10): ws=2 -> (2, 1), ws=4 -> (2, 2), ws=64 -> (8, 8).
+    docs/behaviour.md §F13): ws=2 -> (2, 1), ws=4 -> (2, 2), ws=64 -> (8, 8).
     """
     factor = 1
     while world_size % factor == 0 and world_size / factor > factor:

@@ -1,6 +1,6 @@
 """The recorded execution order of units: what to prefetch, and the order check.
 
-As in PyTorch 1.13 (seed-behaviours §2.7): the pre-forward order is recorded on the
+As in PyTorch 1.13 (docs/behaviour.md §F4): the pre-forward order is recorded on the
 first iteration and drives forward prefetch; the post-forward order is recorded every
 iteration and, reversed, drives backward prefetch. Both prefetch one unit ahead.
 

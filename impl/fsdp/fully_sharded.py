@@ -1,6 +1,6 @@
 """The public entry point: ``FullyShardedDataParallel``, PyTorch 1.13's constructor.
 
-Construction (seed-behaviours §2.2) validates the arguments, wraps children as the
+Construction (docs/behaviour.md §F2) validates the arguments, wraps children as the
 auto-wrap policy says, and flattens and shards the parameters this instance manages:
 those of its module that are neither inside a nested instance nor ignored ("the outer
 unit takes the leftovers"). Everything that needs the whole tree (which instance is
@@ -82,7 +82,7 @@ class FullyShardedDataParallel(nn.Module):
         if sharding_strategy is not None and not isinstance(sharding_strategy, ShardingStrategy):
             raise ValueError(f"sharding_strategy must be a ShardingStrategy or None, got {sharding_strategy!r}")
 
-        # Steps numbered as in seed-behaviours §2.2.
+        # Steps in the order docs/behaviour.md §F2 lists them.
         # 1. ignored modules, expanded over their subtrees and nested instances' sets.
         ignored = _ignored_modules(module, ignored_modules)
         ignored_params = {id(p) for m in ignored for p in m.parameters()}
@@ -218,7 +218,7 @@ class FullyShardedDataParallel(nn.Module):
         return runtime.post_forward(self, output)
 
     def _lazy_init(self) -> None:
-        """Make this instance the root of every instance below it (seed-behaviours §2.3)."""
+        """Make this instance the root of every instance below it (docs/behaviour.md §F2, lazy init)."""
         instances = [m for m in self.modules() if isinstance(m, FullyShardedDataParallel)]
         for inst in instances[1:]:
             if inst._root_state is not None and inst._is_root:

@@ -1,4 +1,4 @@
-"""Optimizer state dicts of an FSDP tree (seed-behaviours §2.10 and §3).
+"""Optimizer state dicts of an FSDP tree (docs/behaviour.md §F12).
 
 The optimizer holds state for each unit's flat shard (``exp_avg`` of shape
 ``(shard_numel,)``, a scalar ``step``, ...). These functions translate between that

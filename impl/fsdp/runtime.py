@@ -1,6 +1,6 @@
 """The hooks that drive FSDP through an iteration, and the state the root shares.
 
-Per unit and iteration (seed-behaviours §2.5, §2.6)::
+Per unit and iteration (docs/behaviour.md §F2)::
 
     pre_forward    unshard + wait; forward-prefetch the next unit; install the views
     (module forward)
@@ -28,6 +28,7 @@ from collections import deque
 import torch
 from torch.autograd import Variable
 from torch.autograd.profiler import record_function
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from impl.fsdp.api import BackwardPrefetch, ShardingStrategy, TrainingState
 from impl.fsdp.exec_order import ExecutionOrder
@@ -79,40 +80,18 @@ def frees_after_backward(instance, sync: bool) -> bool:
 
 
 def _tensors(obj):
-    if torch.is_tensor(obj):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
+    """The tensors of a (nested) forward output."""
+    return [t for t in tree_leaves(obj) if torch.is_tensor(t)]
 
 
 def cast_floats(obj, dtype: torch.dtype):
     """Cast the floating-point tensors of a (nested) forward input, keeping requires_grad."""
-    if torch.is_tensor(obj):
-        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
-    if isinstance(obj, tuple):
-        return tuple(cast_floats(o, dtype) for o in obj)
-    if isinstance(obj, list):
-        return [cast_floats(o, dtype) for o in obj]
-    if isinstance(obj, dict):
-        return {k: cast_floats(v, dtype) for k, v in obj.items()}
-    return obj
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t, obj)
 
 
 def to_device(obj, device: torch.device):
     """Move the tensors of a (nested) forward input to the compute device."""
-    if torch.is_tensor(obj):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, tuple):
-        return tuple(to_device(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [to_device(o, device) for o in obj]
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    return obj
+    return tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), obj)
 
 
 # -- forward ---------------------------------------------------------------------------

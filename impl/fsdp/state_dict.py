@@ -1,4 +1,4 @@
-"""Model state dicts of an FSDP tree: FULL, LOCAL and SHARDED (seed-behaviours §2.9).
+"""Model state dicts of an FSDP tree: FULL, LOCAL and SHARDED (docs/behaviour.md §F11).
 
 Keys are those of the unwrapped model (FSDP's ``_fsdp_wrapped_module.`` prefixes are
 stripped), except LOCAL's ``<unit>.flat_param`` entries:

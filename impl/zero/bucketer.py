@@ -1,7 +1,7 @@
 """Batch many small reduce-scatters into few large ones, asynchronously.
 
 The semantics of fairscale's ``ReduceScatterBucketer`` as its tests pin them down
-(seed-behaviours.md §4), with the collectives made asynchronous. See
+(docs/behaviour.md §Z2.2), with the collectives made asynchronous. See
 [Note: bucketer semantics].
 
 [Note: bucketer semantics]
@@ -10,7 +10,7 @@ rank (equal shapes); the reduction's result on this rank — the sum over ranks 
 ``tensors_per_rank[this rank]`` — is handed to ``callback_fn`` as its first argument.
 
 * **Buffered** iff ``bucket_cap_mb > 0`` and ``numel * world_size * element_size <
-  bucket_cap_mb * 2**20`` (strict, seed-behaviours.md §7.7): the inputs are copied
+  bucket_cap_mb * 2**20`` (strict, docs/behaviour.md §Z2.2): the inputs are copied
   into row ``r`` of an open ``(world_size, shard_capacity)`` bucket, so the caller
   may free them at once. A bucket without room for the next input is issued first.
 * **Oversized** inputs are issued at once, alone, *without* issuing the open bucket:

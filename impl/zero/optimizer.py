@@ -5,7 +5,7 @@ methods and properties), as in ZeRO (arXiv 1910.02054) stage 1, "P_os": every ra
 keeps the whole model and computes full gradients (DDP averages them), but each
 parameter's optimizer state lives only on the rank that owns it. Each rank steps its
 own parameters and then broadcasts them to the others. Behaviour follows
-seed-behaviours.md §1; the deliberate differences are listed in docs/zero.md.
+docs/behaviour.md §Z1; the deliberate differences are listed in docs/zero.md.
 
 Layers (one file each): constructor checks (``validation.py``), who owns what
 (``partition.py``), flat bucket views (``param_buckets.py``), local/global state

@@ -1,6 +1,6 @@
 """``parameters_as_bucket_view``: each rank's trainable parameters as views of one flat tensor.
 
-As in PyTorch's ``ZeroRedundancyOptimizer`` (seed-behaviours.md §1.4): for every
+As in PyTorch's ``ZeroRedundancyOptimizer`` (docs/behaviour.md §Z1.4): for every
 device and every rank, the trainable parameters that rank owns are copied back to
 back into one flat ``bucket`` and their ``.data`` becomes a view into it. The owner's
 update then reaches the other ranks as *one* broadcast per (device, rank) instead of

@@ -1,6 +1,6 @@
 """Which rank owns which parameter: the sorted-greedy partition of ZeRO stage 1.
 
-As in PyTorch's ``ZeroRedundancyOptimizer`` (seed-behaviours.md §1.2): parameters are
+As in PyTorch's ``ZeroRedundancyOptimizer`` (docs/behaviour.md §Z1.2): parameters are
 never split; within each param group they are visited largest first and each goes to
 the rank with the fewest elements so far. See [Note: shared running sizes].
 
@@ -66,7 +66,7 @@ def manual_partition(
 ) -> list[ParamGroups]:
     """The partition a user gives by hand (one group only), validated.
 
-    Errors as in seed-behaviours.md §1.2: more than one group is a RuntimeError; a list
+    Errors as in docs/behaviour.md §Z1.2: more than one group is a RuntimeError; a list
     of the wrong length or naming a parameter the optimizer does not hold, a ValueError.
     A subset of the parameters is allowed (the rest are simply never stepped).
     """

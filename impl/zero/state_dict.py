@@ -5,7 +5,7 @@ parameter" order. A ZeRO rank's local optimizer only holds its own shard, so its
 indices are local. The global state dict — the one a plain ``torch.optim``
 optimizer of the whole model would produce, and the one saved to disk — is rebuilt
 by mapping each rank's local positions back to global ones through the partition
-(seed-behaviours.md §1.7). Since the partition is not stored in the checkpoint, a
+(docs/behaviour.md §Z1.6). Since the partition is not stored in the checkpoint, a
 state dict saved at one world size loads at any other.
 """
 

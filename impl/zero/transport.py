@@ -5,7 +5,7 @@ as bytes: the length as an int64 tensor, then the ``torch.save`` bytes as a uint
 tensor, both broadcast through :mod:`impl.comm` (so they show up in traces as
 ``impl::broadcast``). Broadcast rather than gather because that is what every backend
 implements for tensors on the default device (PyTorch's ZeroRedundancyOptimizer makes
-the same choice for NCCL, seed-behaviours.md §1.7).
+the same choice for NCCL, docs/behaviour.md §Z1.6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Constructor checks shared by both stages, with the errors of seed-behaviours.md §1.1.
+"""Constructor checks shared by both stages, with the errors of docs/behaviour.md §Z1.1.
 
 The messages match PyTorch's ``ZeroRedundancyOptimizer`` fragment for fragment, so code
 (and tests) written against torch's errors keep working.
@@ -12,7 +12,7 @@ import torch
 
 
 def materialize_params(params: Any, owner: str) -> list:
-    """``params`` as a list of tensors or of group dicts, validated (seed-behaviours.md §1.1)."""
+    """``params`` as a list of tensors or of group dicts, validated (docs/behaviour.md §Z1.1)."""
     if isinstance(params, torch.Tensor):
         raise TypeError(f"`params` argument should be an iterable of Tensors, but got {torch.typename(params)}")
     try:

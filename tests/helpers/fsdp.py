@@ -1,6 +1,6 @@
 """Models, data and the single-process reference for the impl FSDP tests.
 
-The other test_impl_fsdp*.py files import the helpers from here. Every distributed
+The test_impl_fsdp*.py files import the helpers from here. Every distributed
 test compares against single-process training on the same global batch: each rank
 trains on its slice, so the averaged gradient equals the full batch's.
 """

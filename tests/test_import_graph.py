@@ -1,0 +1,70 @@
+"""The import graph of impl/ and zerobench/ (module- and function-level imports, read
+with ``ast``): no new cycle may appear, and impl.zero and impl.comm are in none.
+
+Run ``python -m tests.helpers.import_graph impl zerobench`` to print every cycle.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.helpers.import_graph import cycles, describe, import_graph
+
+# Cycles that exist today, each to be removed by a restructure (issue 14: item 1 for
+# impl.fsdp, item 3 for the zerobench ones). Delete an entry once its cycle is gone;
+# the test then keeps it from coming back.
+KNOWN_CYCLES = [
+    ["impl.fsdp.fully_sharded", "impl.fsdp.optim_state", "impl.fsdp.state_dict", "impl.fsdp.utils"],
+    ["zerobench.compare", "zerobench.compare_report"],
+    ["zerobench.profiling.analyze", "zerobench.profiling.plots"],
+    ["zerobench.profiling.columns", "zerobench.schema"],
+]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(["impl", "zerobench"])
+
+
+def _write(root, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_checker_finds_cycles_through_function_level_and_relative_imports(tmp_path):
+    _write(tmp_path, {
+        "pkg/__init__.py": "from pkg.a import A\n",
+        "pkg/a.py": "from . import b\nA = 1\n",
+        "pkg/b.py": "def f():\n    from .c import C\n",
+        "pkg/c.py": "import pkg.a\nC = 1\n",
+        "pkg/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.e import E\n",
+        "pkg/e.py": "import pkg.d\nimport os\nE = 1\n",
+    })
+    g = import_graph(["pkg"], root=tmp_path)
+    assert g["pkg.a"] == {"pkg.b"} and g["pkg.b"] == {"pkg.c"} and g["pkg.c"] == {"pkg.a"}
+    assert g["pkg.d"] == set()  # TYPE_CHECKING-only imports never run
+    assert g["pkg.e"] == {"pkg.d"}  # imports outside the packages are dropped
+    assert cycles(g) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert "pkg.c -> pkg.a" in describe(cycles(g)[0], g)
+
+
+def test_no_new_import_cycle(graph):
+    new = [c for c in cycles(graph) if c not in KNOWN_CYCLES]
+    assert not new, "new import cycles:\n" + "\n".join(describe(c, graph) for c in new)
+
+
+@pytest.mark.parametrize("package", ["impl.zero", "impl.comm", "zerobench.engines", "zerobench.memory", "zerobench.files", "zerobench.testing"])
+def test_package_is_in_no_cycle(graph, package):
+    assert any(m == package or m.startswith(package + ".") for m in graph), f"{package} not found"
+    inside = [c for c in cycles(graph) if any(m == package or m.startswith(package + ".") for m in c)]
+    assert not inside, "\n".join(describe(c, graph) for c in inside)
+
+
+@pytest.mark.xfail(reason="cycles remain in impl.fsdp and zerobench (KNOWN_CYCLES)", strict=False)
+def test_whole_graph_is_acyclic(graph):
+    found = cycles(graph)
+    assert not found, "\n".join(describe(c, graph) for c in found)
