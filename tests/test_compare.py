@@ -435,5 +435,5 @@ def test_hardware_difference_is_reported(tmp_path, capsys):
     assert "avx512f" in hardware_differences({"cpu_flags": ["avx512f"]}, {"cpu_flags": ["avx2"]})[0]
     base = write_run(tmp_path / "base", *make_run(), meta={"cpu_flags": ["avx512f"]})
     new = write_run(tmp_path / "new", *make_run(), meta={"cpu_flags": ["avx2"]})
-    assert main([str(base), str(new)]) == 0
+    assert cli(base, new) == 0
     assert "different hardware" in capsys.readouterr().out
