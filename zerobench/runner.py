@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zerobench import devices
 from zerobench.files import write_json_atomic
+from zerobench import preflight
 from zerobench.launch import launch_cell
 from zerobench.matrix import Cell, expand
 from zerobench.reference import loss_deviation, reference_losses
@@ -170,15 +171,22 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
 
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    params = preflight.parameter_count(workload)
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("cells", total=len(todo))
             for i, cell in enumerate(todo, 1):
                 progress.update(task, description=escape(f"cell {i}/{len(todo)} {cell.id}"))
-                if workload.run.reference and cell.skip_reason is None and cell.world_size not in references:
-                    references[cell.world_size] = reference_losses(workload, cell.world_size)
-                    write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
-                record = run_one(run_dir, workload, cell, profile, device, references.get(cell.world_size))
+                refused = preflight.refusal(workload, cell, device_type, params) if cell.skip_reason is None else None
+                if refused is not None:  # never allocate what cannot fit; the matrix goes on
+                    record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),
+                              "ranks": []}
+                    write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
+                else:
+                    if workload.run.reference and cell.skip_reason is None and cell.world_size not in references:
+                        references[cell.world_size] = reference_losses(workload, cell.world_size)
+                        write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                    record = run_one(run_dir, workload, cell, profile, device, references.get(cell.world_size))
                 console.print(_one_line(record))
                 progress.advance(task)
                 write_tables(run_dir)
