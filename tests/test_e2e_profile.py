@@ -38,8 +38,8 @@ WORKLOAD = textwrap.dedent("""
     emulate_gbps = [0.1]
     emulate_latency_us = [200.0]
 """)
-NO_PREFETCH = "impl-fsdp-ws2-fp32-emulate_gbps=0.1-emulate_latency_us=200"
-BOTH_PREFETCH = "impl-fsdp-ws2-fp32-backward_prefetch=pre-forward_prefetch=on-emulate_gbps=0.1-emulate_latency_us=200"
+NO_PREFETCH = "impl-fsdp-ws2-fp32-backward_prefetch=none-limit_all_gathers=off-emulate_gbps=0.1-emulate_latency_us=200"
+BOTH_PREFETCH = "impl-fsdp-ws2-fp32-forward_prefetch=on-limit_all_gathers=off-emulate_gbps=0.1-emulate_latency_us=200"
 
 
 @pytest.fixture(scope="module")

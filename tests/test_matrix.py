@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerobench.matrix import Cell, expand
+from zerobench.matrix import Cell, engine_axes, expand
 from zerobench.workload import WorkloadError, parse_workload
 
 
@@ -101,3 +101,11 @@ def test_find_cell_expands_only_its_engine_and_agrees_with_the_full_matrix():
         assert find_cell(w, cell.id) == cell
     assert find_cell(w, "impl-fsdp-ws2-fp32-nonsense=1") is None
     assert find_cell(w, "deepspeed-ws2-fp32") is None
+
+
+def test_impl_fsdp_defaults_are_torch_fsdp1s():
+    """A workload that leaves the knobs out compares the same schedule on both FSDPs."""
+    impl, torch1 = engine_axes("impl-fsdp"), engine_axes("torch-fsdp1")
+    shared = set(impl) & set(torch1)
+    assert {"sharding_strategy", "backward_prefetch", "forward_prefetch", "limit_all_gathers"} <= shared
+    assert {name: impl[name].default for name in shared} == {name: torch1[name].default for name in shared}

@@ -26,11 +26,14 @@ class FSDPEngine(Engine):
             "FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
             doc="HYBRID_SHARD shards within groups of world/2 ranks (or LOCAL_WORLD_SIZE) and replicates across them",
         ),
-        "backward_prefetch": Axis("none", choices=("none", "pre", "post"),
+        # Defaults follow torch-fsdp1's (PyTorch 2.x FSDP: BACKWARD_PRE, limit_all_gathers=True), so
+        # a workload that leaves these axes out compares the same schedule on both. impl's class
+        # itself keeps the 1.13 signature (None / False): docs/behaviour.md §F1.
+        "backward_prefetch": Axis("pre", choices=("none", "pre", "post"),
                                   doc="BACKWARD_PRE / BACKWARD_POST / no backward prefetch"),
         "forward_prefetch": Axis(False, choices=(False, True),
                                  doc="prefetch the next unit's all-gather in forward (recorded order)"),
-        "limit_all_gathers": Axis(False, choices=(False, True),
+        "limit_all_gathers": Axis(True, choices=(True, False),
                                   doc="bound the unsharded units in flight to limiter_depth"),
         "limiter_depth": Axis(2, type=int, minimum=1, applies_when=("limit_all_gathers", True),
                               doc="units in flight allowed by limit_all_gathers"),
