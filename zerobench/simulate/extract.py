@@ -28,10 +28,11 @@ import pandas as pd
 
 from zerobench.files import write_atomic
 from zerobench.profiling import intervals as iv
-from zerobench.profiling.analyze import _cell_config, find_traces
+from zerobench.profiling.analyze import find_traces
 from zerobench.profiling.collectives import collectives
 from zerobench.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
 from zerobench.profiling.trace import Trace, load_trace
+from zerobench.runfolder import RunFolder
 
 from .schedule import ENGINES, Knobs, Schedule, Unit
 
@@ -176,7 +177,7 @@ def extract_cell(run_dir, cell_id: str) -> Schedule:
     per_rank = [r for r in per_rank if len(r["forward"]) == n]
     mean = lambda key, i: sum(r[key][i] for r in per_rank) / len(per_rank)  # noqa: E731
     units = [Unit(f"unit{i}", int(per_rank[0]["bytes"][i]), mean("forward", i), mean("backward", i)) for i in range(n)]
-    config = _cell_config(run_dir, cell_id)
+    config = RunFolder(run_dir).cell_config(cell_id)
     engine = config.get("engine", "impl-fsdp")
     if engine not in ENGINES:
         raise ValueError(f"{cell_id}: engine {engine!r} cannot be simulated (allowed: {', '.join(ENGINES)})")
