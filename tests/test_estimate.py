@@ -48,7 +48,7 @@ def test_hybrid_shard_group_must_divide_world_size():
 
 
 def test_estimate_matches_curated_memory_pass(tmp_path):
-    """ws2 estimate of two quickstart engines vs the committed curated run's real peak (rank 0)."""
+    """ws2 estimate of two quickstart engines vs the committed baseline run.s real peak (rank 0)."""
     import pandas as pd
 
     from zerobench.estimate import against_run, estimate
@@ -57,7 +57,7 @@ def test_estimate_matches_curated_memory_pass(tmp_path):
                    only=["ddp-fp32", "impl-fsdp-fp32"])
     frame = pd.read_csv(out / "estimate.csv")
     assert (frame["status"] == "ok").all(), frame["reason"].tolist()
-    both = against_run(frame, pd.read_csv("results/curated/20261121-165230-quickstart/results.csv"))
+    both = against_run(frame, pd.read_csv("results/baselines/cpu-quickstart/results.csv"))
     assert len(both) == 2
     assert (both["diff_pct"].abs() < 3).all(), both.to_string()
     assert (out / "plots" / "estimate_peak.png").exists()
