@@ -92,14 +92,18 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._initialized = False
         Optimizer.__init__(self, params, defaults)
         Joinable.__init__(self)
-        check_same_dense_type(self._all_params(), "ZeroRedundancyOptimizer")
+        # Every parameter, in "group, then parameter" order: a plain list attribute, as in
+        # PyTorch (code such as join hooks iterates ``zero._all_params``). Unlike PyTorch it
+        # also gains the parameters of groups added later by ``add_param_group``.
+        self._all_params: list[torch.Tensor] = index_to_param(self.param_groups)
+        check_same_dense_type(self._all_params, "ZeroRedundancyOptimizer")
 
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size: int = dist.get_world_size(self.process_group)
         self.rank: int = dist.get_rank(self.process_group)  # rank within the group
         self.global_rank: int = dist.get_global_rank(self.process_group, self.rank)  # for broadcast src
         # Buckets and object transport live here (the first parameter's device).
-        self._default_device = self._all_params()[0].device
+        self._default_device = self._all_params[0].device
         # Lazily derived views of the partition, all dropped together by _clear_cache.
         self._cache: dict[str, Any] = {}
         # requires_grad of every parameter at the last bucket build: a change means
@@ -120,11 +124,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     # -- partition and the maps derived from it ------------------------------------
 
-    def _all_params(self) -> list[torch.Tensor]:
-        return index_to_param(self.param_groups)
-
     def _trainable_mask(self) -> list[bool]:
-        return [p.requires_grad for p in self._all_params()]
+        return [p.requires_grad for p in self._all_params]
 
     def _clear_cache(self) -> None:
         self._cache.clear()
@@ -162,7 +163,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     @property
     def _index_to_param(self) -> list[torch.Tensor]:
         if "index_to_param" not in self._cache:
-            self._cache["index_to_param"] = self._all_params()
+            self._cache["index_to_param"] = index_to_param(self.param_groups)
         return self._cache["index_to_param"]
 
     @property
@@ -192,6 +193,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         super().add_param_group(param_group)
         if not self._initialized:
             return
+        self._all_params.extend(self.param_groups[-1]["params"])
         self._clear_cache()
         local_groups = self._partition_parameters()[self.rank]
         if len(local_groups) == len(self.optim.param_groups) + 1:
