@@ -40,6 +40,9 @@ from impl.fsdp.rate_limiter import RateLimiter
 from impl.fsdp.unit import FlatParamUnit
 from impl.fsdp.wrap import recursive_wrap
 
+# What each nesting level adds to parameter names; summon_full_params strips it.
+_WRAPPED_PREFIX = "_fsdp_wrapped_module."
+
 # Construction order of units in this process, for the first-iteration order check.
 # Every rank builds the same model the same way, so equal indices mean the same unit.
 _next_unit_index = 0
@@ -256,6 +259,21 @@ class FullyShardedDataParallel(nn.Module):
     def __getitem__(self, key):
         return self._fsdp_wrapped_module.__getitem__(key)
 
+    # -- names inside summon_full_params (as PyTorch 1.13) ---------------------------------
+
+    def named_parameters(self, *args, **kwargs) -> Iterator[tuple[str, nn.Parameter]]:
+        """Inside ``summon_full_params`` the names lose every ``_fsdp_wrapped_module.``
+        prefix (nested instances add one each), so they are the unwrapped model's."""
+        in_summon = self.training_state is TrainingState.SUMMON_FULL_PARAMS
+        for name, param in super().named_parameters(*args, **kwargs):
+            yield (name.replace(_WRAPPED_PREFIX, "") if in_summon else name), param
+
+    def named_buffers(self, *args, **kwargs) -> Iterator[tuple[str, torch.Tensor]]:
+        """As ``named_parameters``: clean names inside ``summon_full_params``."""
+        in_summon = self.training_state is TrainingState.SUMMON_FULL_PARAMS
+        for name, buf in super().named_buffers(*args, **kwargs):
+            yield (name.replace(_WRAPPED_PREFIX, "") if in_summon else name), buf
+
     # -- utilities (utils.py holds the mechanics) --------------------------------------
 
     @property
@@ -290,6 +308,18 @@ class FullyShardedDataParallel(nn.Module):
             yield
         finally:
             state.sync_gradients = previous
+
+    def apply(self, fn: Callable[[nn.Module], None]) -> "FullyShardedDataParallel":
+        """``nn.Module.apply`` with this instance's full parameters summoned around it
+        (writeback on), as in PyTorch 1.13: ``fn`` sees every module's original
+        parameters with their full shapes (nested instances summon their own as the
+        recursion reaches them), and each rank keeps its shard of what ``fn`` wrote.
+        Typical use: ``model.apply(init_fn)``. Not allowed inside ``summon_full_params``."""
+        from impl.fsdp.utils import summon_full_params
+
+        runtime.check_state(self, TrainingState.IDLE)
+        with summon_full_params(self, recurse=False, writeback=True):
+            return super().apply(fn)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         from impl.fsdp.utils import clip_grad_norm_
