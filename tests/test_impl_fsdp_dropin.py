@@ -171,3 +171,25 @@ def test_apply_summons_full_parameters():
             peers = []
         for r in peers:
             assert all(torch.equal(a, b) for a, b in zip(shards, results[r][key])), (key, r)
+
+
+def public_api_body(rank, world_size):
+    """PyTorch 1.13's remaining public methods, properties and attributes."""
+    raw = make_model("mlp")
+    model = FSDP(raw, auto_wrap_policy=unit_policy(raw), sharding_strategy=ShardingStrategy.FULL_SHARD)
+    assert model.module is raw
+    instances = FSDP.fsdp_modules(model)
+    assert instances[0] is model and len(instances) == 5
+    assert FSDP.fsdp_modules(model, root_only=True) == [model]
+    assert model.check_is_root() and not instances[1].check_is_root()
+    assert (model.rank, model.world_size) == (rank, world_size)
+    assert model.params == [model.flat_param] and model.limit_all_gathers is False
+    assert model.params_with_grad == []
+    train(model, "mlp", rank, world_size, steps=1)
+    model(torch.zeros(2, 30)).sum().backward()
+    assert len(model.params_with_grad) == 5
+    return True
+
+
+def test_public_api_of_pytorch_1_13():
+    run_ranks(public_api_body, 2)

@@ -148,6 +148,9 @@ class FullyShardedDataParallel(nn.Module):
                 strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
         self.process_group = shard_group
         self.sharding_strategy = strategy
+        # PyTorch 1.13's public attributes: rank and size in the (shard) process group.
+        self.rank = dist.get_rank(shard_group)
+        self.world_size = dist.get_world_size(shard_group)
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
             _broadcast_module_states(module, ignored, managed)
@@ -160,6 +163,12 @@ class FullyShardedDataParallel(nn.Module):
         self._limit_all_gathers = limit_all_gathers
         self._limiter_depth = limiter_depth
         self._ignored_modules = ignored
+        # The same settings under PyTorch 1.13's public attribute names.
+        self.mixed_precision = mixed_precision
+        self.cpu_offload = self._cpu_offload
+        self.backward_prefetch = backward_prefetch
+        self.forward_prefetch = forward_prefetch
+        self.limit_all_gathers = limit_all_gathers
         self.training_state = TrainingState.IDLE
         # Set at lazy init: whether this is the root, and the state shared under it.
         self._is_root: bool | None = None
@@ -176,6 +185,7 @@ class FullyShardedDataParallel(nn.Module):
 
         # 9. flatten and shard.
         self._fsdp_wrapped_module = module
+        self.params: list[nn.Parameter] = []
         self._unit: FlatParamUnit | None = None
         if managed:
             for fqn, _, _, p in managed:
@@ -204,6 +214,7 @@ class FullyShardedDataParallel(nn.Module):
             )
             _next_unit_index += 1
             self.flat_param = handle.sharded_flat
+            self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
             if handle.requires_grad:
                 for param in handle.unsharded_params:
                     param.register_post_accumulate_grad_hook(functools.partial(_post_accumulate_grad, self))
@@ -279,6 +290,31 @@ class FullyShardedDataParallel(nn.Module):
     @property
     def is_root(self) -> bool | None:
         return self._is_root
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module (like DistributedDataParallel's ``module``)."""
+        return self._fsdp_wrapped_module
+
+    def check_is_root(self) -> bool:
+        """Whether this instance is the root; runs the lazy initialization if needed (as in 1.13)."""
+        if self._root_state is None:
+            self._lazy_init()
+        return bool(self._is_root)
+
+    @staticmethod
+    def fsdp_modules(module: nn.Module, root_only: bool = False) -> list["FullyShardedDataParallel"]:
+        """Every FSDP instance in ``module`` (``module`` included), only the roots with ``root_only``."""
+        return [
+            m
+            for m in module.modules()
+            if isinstance(m, FullyShardedDataParallel) and (not root_only or m.check_is_root())
+        ]
+
+    @property
+    def params_with_grad(self) -> list[nn.Parameter]:
+        """Every parameter of this tree that has a gradient (the flat shards, outside summon)."""
+        return [p for p in self.parameters() if p.grad is not None]
 
     def fsdp_instances(self) -> list["FullyShardedDataParallel"]:
         """Every FSDP instance in this tree, this one first."""
