@@ -185,6 +185,8 @@ def public_api_body(rank, world_size):
     assert (model.rank, model.world_size) == (rank, world_size)
     assert model.params == [model.flat_param] and model.limit_all_gathers is False
     assert model.params_with_grad == []
+    with pytest.raises(NotImplementedError, match="register_comm_hook"):
+        model.register_comm_hook(None, lambda *a: None)
     train(model, "mlp", rank, world_size, steps=1)
     model(torch.zeros(2, 30)).sum().backward()
     assert len(model.params_with_grad) == 5

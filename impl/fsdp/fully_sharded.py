@@ -357,6 +357,14 @@ class FullyShardedDataParallel(nn.Module):
         with summon_full_params(self, recurse=False, writeback=True):
             return super().apply(fn)
 
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Not implemented (docs/fsdp.md, "Differences from PyTorch FSDP 1.13"): raise
+        rather than fall through to the wrapped module's attribute lookup."""
+        raise NotImplementedError(
+            "impl.fsdp does not support register_comm_hook: its gradient reduction "
+            "(pre/post divide, HYBRID_SHARD's two stages, bounded reductions in flight) has no hook point"
+        )
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         from impl.fsdp.utils import clip_grad_norm_
 
