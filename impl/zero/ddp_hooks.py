@@ -173,9 +173,8 @@ def hook_with_zero_step_interleaved(
         index = bucket.index()
         _check_order(zero, index)
         if index == 0:
-            # Runs after DDP's own end-of-backward work was queued? No: DDP queues its
-            # finalization when the last bucket is ready, after this; both run on the
-            # autograd thread once the graph is done, this one first.
+            # Queued before DDP's own finalization (queued when its last bucket is
+            # ready); both run on the autograd thread once the graph is done, this first.
             torch.autograd.Variable._execution_engine.queue_callback(lambda: _finish_interleaved(zero))
         owns = _owns(zero, index)
 
