@@ -222,12 +222,12 @@ def summon_body(rank, world_size):
     for strategy in (FULL, GRAD_OP, NO_SHARD):
         model = wrapped_mlp(sharding_strategy=strategy)
         train(model, "mlp", rank, world_size, steps=1)
-        with FSDP.summon_full_params(model):
+        with FSDP.summon_full_params(model), torch.no_grad():  # nn.Parameters, as in PyTorch
             w = get_by_name(model, "blocks.1.0.weight")
             assert w.shape == (30, 30)
             w.fill_(0.5)
             get_by_name(model, "head.bias").fill_(-1.0)
-        with FSDP.summon_full_params(model, writeback=False):
+        with FSDP.summon_full_params(model, writeback=False), torch.no_grad():
             assert torch.all(get_by_name(model, "blocks.1.0.weight") == 0.5)
             assert torch.all(get_by_name(model, "head.bias") == -1.0)
             get_by_name(model, "head.bias").fill_(7.0)  # not written back

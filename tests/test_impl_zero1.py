@@ -221,3 +221,26 @@ def _join_world(rank, world_size):
 @pytest.mark.world_size(2)
 def test_join_uneven_inputs(world_size):
     run_ranks(_join_world, world_size, timeout=60)
+
+
+def _all_params_world(rank, world_size):
+    """``_all_params`` is a plain list, as in torch: code written against torch's class
+    iterates it (join hooks do). Same parameters in the same order as torch's; groups
+    added later join it, and the trainable mask follows them."""
+    model = make_model()
+    groups = param_groups(model, "adam")
+    ours = ZeroRedundancyOptimizer(groups, torch.optim.SGD, lr=0.1)
+    theirs = TorchZero(param_groups(model, "adam"), torch.optim.SGD, lr=0.1)
+    assert isinstance(ours._all_params, list)
+    assert [id(p) for p in ours._all_params] == [id(p) for p in theirs._all_params]
+    assert sum(p.numel() for p in ours._all_params) == sum(p.numel() for p in model.parameters())
+    extra = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+    ours.add_param_group({"params": [extra], "lr": 0.01})
+    assert ours._all_params[-1] is extra
+    assert ours._trainable_mask()[-1] is False
+    return True
+
+
+@pytest.mark.world_size(2)
+def test_all_params_is_a_list(world_size):
+    run_ranks(_all_params_world, world_size)

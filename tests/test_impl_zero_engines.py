@@ -48,7 +48,11 @@ def _engines_world(rank, world_size):
         ref_opt.step()
 
     report = {}
-    configs = [(Zero1Engine, {"parameters_as_bucket_view": v}) for v in (False, True)]
+    zero1 = {"parameters_as_bucket_view": False, "overlap_with_ddp": False, "overlap_hook": "step"}
+    configs = [(Zero1Engine, {**zero1, "parameters_as_bucket_view": v}) for v in (False, True)]
+    # overlap_with_ddp: the step runs in DDP's hook; the engine runs the no-update warm-up
+    # iterations itself, so parameters follow the reference from the first step on.
+    configs += [(Zero1Engine, {**zero1, "overlap_with_ddp": True, "overlap_hook": h}) for h in ("step", "interleaved")]
     configs += [(Zero2Engine, {"bucket_cap_mb": cap, "max_in_flight": 2}) for cap in (0.0, 25.0)]
     for engine_cls, options in configs:
         for name, axis in engine_cls.options.items():
@@ -82,7 +86,7 @@ def _engines_world(rank, world_size):
             "metrics": engine.extra_metrics(),
         }
     # bf16 is autocast over fp32 parameters: gradients, shards and state stay fp32.
-    for engine_cls, options in configs[::2]:
+    for engine_cls, options in configs[::2]:  # includes overlap_with_ddp (step)
         model = make_model()
         engine = engine_cls(options, ctx, "bf16")
         engine.wrap(model, blocks=[])
@@ -121,3 +125,7 @@ def test_engine_axes():
         Zero2Engine.options["bucket_cap_mb"].check("bucket_cap_mb", -1.0)
     with pytest.raises(ValueError, match="parameters_as_bucket_view"):
         Zero1Engine.options["parameters_as_bucket_view"].check("parameters_as_bucket_view", "yes")
+    with pytest.raises(ValueError, match="overlap_with_ddp"):
+        Zero1Engine.options["overlap_with_ddp"].check("overlap_with_ddp", "yes")
+    assert Zero1Engine.options["overlap_with_ddp"].default is False
+    assert not Zero1Engine.options["overlap_hook"].applies({"overlap_with_ddp": False})

@@ -94,13 +94,6 @@ def test_constructor_validation(cls):
         cls([p], _FunctionalAdam, lr=0.1)
 
 
-def test_overlap_with_ddp_is_rejected():
-    from impl.zero import ZeroRedundancyOptimizer
-
-    with pytest.raises(NotImplementedError, match="overlap_with_ddp=True"):
-        ZeroRedundancyOptimizer([nn.Parameter(torch.zeros(2))], torch.optim.SGD, overlap_with_ddp=True, lr=0.1)
-
-
 # -- stage-2 shard math (no communication) -------------------------------------------------------
 
 

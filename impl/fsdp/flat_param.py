@@ -217,17 +217,39 @@ class FlatParamHandle:
         for s in self.shared:
             s.module.__dict__[s.name] = self.unsharded_params[s.primary]
 
-    def use_views_of(self, full: torch.Tensor) -> None:
-        """Point the module attributes at views of ``full`` (1-D, at least ``numel``),
-        e.g. a full-precision copy for ``summon_full_params``."""
-        self._set_views(torch.split(full[: self.padded_numel], self._split_sizes))
-
-    def _set_views(self, pieces) -> None:
-        views = [piece.view(info.shape) for piece, info in zip(pieces, self.infos)]
-        for view, info in zip(views, self.infos):
-            info.module.__dict__[info.name] = view
+    def expose_full_params(self, full: torch.Tensor) -> list[nn.Parameter]:
+        """Register the original parameters again, as ``nn.Parameter`` views of ``full``
+        (1-D, at least ``numel``): ``module.weight`` and ``named_parameters()`` see them,
+        with their original names and shapes, as on the unwrapped model
+        (``summon_full_params``). Tied names get the same object. Returns the parameters,
+        in ``infos`` order; ``hide_full_params`` undoes this."""
+        pieces = torch.split(full[: self.padded_numel], self._split_sizes)
+        params = [
+            nn.Parameter(piece.view(info.shape), requires_grad=self.requires_grad)
+            for piece, info in zip(pieces, self.infos)
+        ]
+        for param, info in zip(params, self.infos):
+            info.module._parameters[info.name] = param
+            info.module.__dict__[info.name] = param
         for s in self.shared:
-            s.module.__dict__[s.name] = views[s.primary]
+            s.module._parameters[s.name] = params[s.primary]
+            s.module.__dict__[s.name] = params[s.primary]
+        return params
+
+    @torch.no_grad()
+    def hide_full_params(self, params: list[nn.Parameter], full: torch.Tensor, snapshot: list) -> None:
+        """Undo ``expose_full_params``: unregister the parameters and put back the
+        attribute values of ``snapshot``. A parameter the user replaced
+        (``module.weight = nn.Parameter(...)``, ``p.data = ...``) is first copied into
+        ``full``, so that a writeback sees it like an in-place edit."""
+        pieces = torch.split(full[: self.padded_numel], self._split_sizes)
+        for param, piece, info in zip(params, pieces, self.infos):
+            current = info.module._parameters.get(info.name, param)
+            if current is not param or current.data_ptr() != piece.data_ptr():
+                piece.copy_(current.detach().reshape(-1))
+        for ref in [*self.infos, *self.shared]:
+            ref.module._parameters.pop(ref.name, None)
+        self.restore_views(snapshot)
 
     # -- gradients -------------------------------------------------------------------
 

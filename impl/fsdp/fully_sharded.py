@@ -41,6 +41,9 @@ from impl.fsdp.unit import FlatParamUnit
 from impl.streams import Streams
 from impl.fsdp.wrap import recursive_wrap
 
+# What each nesting level adds to parameter names; summon_full_params strips it.
+_WRAPPED_PREFIX = "_fsdp_wrapped_module."
+
 # Construction order of units in this process, for the first-iteration order check.
 # Every rank builds the same model the same way, so equal indices mean the same unit.
 _next_unit_index = 0
@@ -146,6 +149,9 @@ class FullyShardedDataParallel(nn.Module):
                 strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
         self.process_group = shard_group
         self.sharding_strategy = strategy
+        # PyTorch 1.13's public attributes: rank and size in the (shard) process group.
+        self.rank = dist.get_rank(shard_group)
+        self.world_size = dist.get_world_size(shard_group)
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
             _broadcast_module_states(module, ignored, managed)
@@ -158,6 +164,12 @@ class FullyShardedDataParallel(nn.Module):
         self._limit_all_gathers = limit_all_gathers
         self._limiter_depth = limiter_depth
         self._ignored_modules = ignored
+        # The same settings under PyTorch 1.13's public attribute names.
+        self.mixed_precision = mixed_precision
+        self.cpu_offload = self._cpu_offload
+        self.backward_prefetch = backward_prefetch
+        self.forward_prefetch = forward_prefetch
+        self.limit_all_gathers = limit_all_gathers
         self.training_state = TrainingState.IDLE
         # Set at lazy init: whether this is the root, and the state shared under it.
         self._is_root: bool | None = None
@@ -174,6 +186,7 @@ class FullyShardedDataParallel(nn.Module):
 
         # 9. flatten and shard.
         self._fsdp_wrapped_module = module
+        self.params: list[nn.Parameter] = []
         self._unit: FlatParamUnit | None = None
         if managed:
             for fqn, _, _, p in managed:
@@ -202,6 +215,7 @@ class FullyShardedDataParallel(nn.Module):
             )
             _next_unit_index += 1
             self.flat_param = handle.sharded_flat
+            self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
             if handle.requires_grad:
                 for param in handle.unsharded_params:
                     param.register_post_accumulate_grad_hook(functools.partial(_post_accumulate_grad, self))
@@ -260,11 +274,51 @@ class FullyShardedDataParallel(nn.Module):
     def __getitem__(self, key):
         return self._fsdp_wrapped_module.__getitem__(key)
 
+    # -- names inside summon_full_params (as PyTorch 1.13) ---------------------------------
+
+    def named_parameters(self, *args, **kwargs) -> Iterator[tuple[str, nn.Parameter]]:
+        """Inside ``summon_full_params`` the names lose every ``_fsdp_wrapped_module.``
+        prefix (nested instances add one each), so they are the unwrapped model's."""
+        in_summon = self.training_state is TrainingState.SUMMON_FULL_PARAMS
+        for name, param in super().named_parameters(*args, **kwargs):
+            yield (name.replace(_WRAPPED_PREFIX, "") if in_summon else name), param
+
+    def named_buffers(self, *args, **kwargs) -> Iterator[tuple[str, torch.Tensor]]:
+        """As ``named_parameters``: clean names inside ``summon_full_params``."""
+        in_summon = self.training_state is TrainingState.SUMMON_FULL_PARAMS
+        for name, buf in super().named_buffers(*args, **kwargs):
+            yield (name.replace(_WRAPPED_PREFIX, "") if in_summon else name), buf
+
     # -- utilities (utils.py holds the mechanics) --------------------------------------
 
     @property
     def is_root(self) -> bool | None:
         return self._is_root
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module (like DistributedDataParallel's ``module``)."""
+        return self._fsdp_wrapped_module
+
+    def check_is_root(self) -> bool:
+        """Whether this instance is the root; runs the lazy initialization if needed (as in 1.13)."""
+        if self._root_state is None:
+            self._lazy_init()
+        return bool(self._is_root)
+
+    @staticmethod
+    def fsdp_modules(module: nn.Module, root_only: bool = False) -> list["FullyShardedDataParallel"]:
+        """Every FSDP instance in ``module`` (``module`` included), only the roots with ``root_only``."""
+        return [
+            m
+            for m in module.modules()
+            if isinstance(m, FullyShardedDataParallel) and (not root_only or m.check_is_root())
+        ]
+
+    @property
+    def params_with_grad(self) -> list[nn.Parameter]:
+        """Every parameter of this tree that has a gradient (the flat shards, outside summon)."""
+        return [p for p in self.parameters() if p.grad is not None]
 
     def fsdp_instances(self) -> list["FullyShardedDataParallel"]:
         """Every FSDP instance in this tree, this one first."""
@@ -294,6 +348,26 @@ class FullyShardedDataParallel(nn.Module):
             yield
         finally:
             state.sync_gradients = previous
+
+    def apply(self, fn: Callable[[nn.Module], None]) -> "FullyShardedDataParallel":
+        """``nn.Module.apply`` with this instance's full parameters summoned around it
+        (writeback on), as in PyTorch 1.13: ``fn`` sees every module's original
+        parameters with their full shapes (nested instances summon their own as the
+        recursion reaches them), and each rank keeps its shard of what ``fn`` wrote.
+        Typical use: ``model.apply(init_fn)``. Not allowed inside ``summon_full_params``."""
+        from impl.fsdp.utils import summon_full_params
+
+        runtime.check_state(self, TrainingState.IDLE)
+        with summon_full_params(self, recurse=False, writeback=True):
+            return super().apply(fn)
+
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Not implemented (docs/fsdp.md, "Differences from PyTorch FSDP 1.13"): raise
+        rather than fall through to the wrapped module's attribute lookup."""
+        raise NotImplementedError(
+            "impl.fsdp does not support register_comm_hook: its gradient reduction "
+            "(pre/post divide, HYBRID_SHARD's two stages, bounded reductions in flight) has no hook point"
+        )
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         from impl.fsdp.utils import clip_grad_norm_

@@ -75,56 +75,72 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
 def summon_full_params(
     module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False, offload_to_cpu: bool = False
 ):
-    """Make the full, full-precision parameters of every FSDP instance in ``module``
-    (or only ``module`` itself if not ``recurse``) available as the original attributes.
+    """Expose the full, full-precision original parameters of every FSDP instance in
+    ``module`` (or only ``module`` itself if not ``recurse``), as PyTorch 1.13 does.
+
+    Inside the context each original parameter is an ``nn.Parameter`` registered on its
+    module again, with its full shape: ``model.named_parameters()`` / ``parameters()``
+    yield them under the unwrapped model's names (FSDP's ``_fsdp_wrapped_module.``
+    prefixes are stripped, the flat shards are hidden), and they can be read and edited.
+    With ``rank0_only`` only global rank 0 gets them; the other ranks keep the flat
+    shards. ``offload_to_cpu`` puts the full copies of sharded units in CPU memory.
 
     On exit, with ``writeback``, each rank copies its own slice of any edits back into its
-    shard (NO_SHARD edits persist directly). Not allowed during forward or backward.
+    shard (NO_SHARD edits persist regardless: the full parameter is the shard). Not
+    allowed during forward or backward, nor nested in another summon of the same units.
     """
     from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
 
     if writeback and rank0_only:
-        raise ValueError("writeback=True and rank0_only=True is not supported, as model parameter shapes differ across ranks")
+        raise ValueError(
+            "writeback=True and rank0_only=True is not supported, as model parameter shapes will be different "
+            "across ranks, and writing to them can lead to inconsistencies across ranks when the context is exited."
+        )
     if offload_to_cpu and not rank0_only:
-        warnings.warn("offload_to_cpu=True without rank0_only=True keeps a full copy in CPU memory on every rank")
+        warnings.warn(
+            "offload_to_cpu and rank0_only=False will result in full parameters being redundantly copied to CPU "
+            "memory for GPUs that reside on the same machine, which may incur the risk of CPU OOM. It is "
+            "recommended to use ``offload_to_cpu`` with rank0_only=True."
+        )
     if recurse:
         instances = [m for m in module.modules() if isinstance(m, FSDP)]
     else:
         instances = [module] if isinstance(module, FSDP) else []
-    is_rank0 = dist.get_rank() == 0
-    full_copies = []
     for inst in instances:
         check_state(inst, TrainingState.IDLE)
-        inst.training_state = TrainingState.SUMMON_FULL_PARAMS
+    exposes = not rank0_only or dist.get_rank() == 0
+    summoned = []  # (instance, full copy, exposed parameters, attribute snapshot)
     try:
         for inst in instances:
+            inst.training_state = TrainingState.SUMMON_FULL_PARAMS
             unit = inst._unit
             if unit is None:
-                full_copies.append(None)
                 continue
             h = unit.handle
+            sharded = unit.sharded and h.shard_world > 1
             shard = h.sharded_flat.detach().to(h.device)  # from CPU under offload
-            if unit.sharded and h.shard_world > 1:
+            if sharded:
                 full = torch.empty(h.padded_numel, dtype=shard.dtype, device=shard.device)
                 comm.all_gather(full, shard, group=unit.shard_group, async_op=False)
+                if offload_to_cpu:
+                    full = full.cpu()
             else:
                 full = shard  # NO_SHARD (or a one-rank shard group): the shard is the full parameter
-            if offload_to_cpu and full.device.type != "cpu":
-                full = full.cpu()
-            full_copies.append((full, h.views_snapshot()))
-            if rank0_only and not is_rank0:
-                continue
-            with torch.no_grad():
-                h.use_views_of(full)
+            if not exposes:
+                continue  # rank0_only, not rank 0: keep the flat shard
+            snapshot = h.views_snapshot()
+            params = h.expose_full_params(full)
+            # The flat shard leaves named_parameters() but stays an attribute.
+            inst.__dict__["flat_param"] = inst._parameters.pop("flat_param")
+            summoned.append((inst, full, params, snapshot))
         yield
     finally:
-        for inst, copy in zip(instances, full_copies):
-            unit = inst._unit
-            if unit is not None and copy is not None:
-                full, snapshot = copy
-                h = unit.handle
-                if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
-                    with torch.no_grad():
-                        h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
-                h.restore_views(snapshot)  # drop the references to the full copy
+        for inst, full, params, snapshot in reversed(summoned):
+            h = inst._unit.handle
+            h.hide_full_params(params, full, snapshot)  # drops the references to the full copy
+            inst._parameters["flat_param"] = inst.__dict__.pop("flat_param")
+            if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
+                with torch.no_grad():
+                    h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
+        for inst in instances:
             inst.training_state = TrainingState.IDLE

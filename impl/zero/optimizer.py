@@ -15,6 +15,7 @@ This file only ties them together.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -35,10 +36,11 @@ from impl.zero.state_dict import (
     sync_hyperparams,
 )
 from impl.zero.transport import broadcast_object, copy_to_device
+from impl.zero.overlap import BucketAssignment, OverlapInfo, OverlapStatus, assign_buckets, build_assignment_tensors
 from impl.zero.validation import (
-    check_optimizer_class,
     check_same_dense_type,
     materialize_params,
+    optimizer_constructor,
 )
 
 
@@ -63,8 +65,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         parameters_as_bucket_view: keep each rank's trainable parameters as views of
             one flat tensor, so the post-step broadcast is one collective per rank and
             device instead of one per parameter.
-        overlap_with_ddp: not implemented here; ``True`` raises NotImplementedError
-            (use ``impl.zero.ZeroStage2Optimizer`` for gradient-side overlap).
+        overlap_with_ddp: run the step inside DDP's communication hook, bucket by
+            bucket (register ``impl.zero.ddp_hooks.hook_with_zero_step`` or
+            ``hook_with_zero_step_interleaved`` on the DDP model); needs a functional
+            optimizer or a class with one (``Adam``, ``SGD``, ...); ``step()`` then does
+            nothing, and the first two iterations (three with ``static_graph``) do not
+            update the parameters. See impl/zero/overlap.py and docs/zero.md.
         **defaults: the local optimizer's keyword arguments (``lr``, ...).
 
     The local optimizer, holding only this rank's parameters, is ``self.optim``.
@@ -80,35 +86,42 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         **defaults: Any,
     ):
         params = materialize_params(params, "ZeroRedundancyOptimizer")
-        if overlap_with_ddp:
-            raise NotImplementedError(
-                "impl.zero.ZeroRedundancyOptimizer does not implement overlap_with_ddp=True "
-                "(see docs/zero.md); use torch.distributed.optim.ZeroRedundancyOptimizer for it, "
-                "or impl.zero.ZeroStage2Optimizer for gradient reduction overlapped with backward"
-            )
-        check_optimizer_class(optimizer_class)
+        self._overlap_with_ddp = bool(overlap_with_ddp)
+        self._optim_constructor = optimizer_constructor(optimizer_class, self._overlap_with_ddp)
+        self._optim_defaults = defaults
         # The base constructor calls add_param_group once per group; until the end of
         # __init__ that must only append (there is no partition or local optimizer yet).
         self._initialized = False
         Optimizer.__init__(self, params, defaults)
         Joinable.__init__(self)
-        check_same_dense_type(self._all_params(), "ZeroRedundancyOptimizer")
+        # Every parameter, in "group, then parameter" order: a plain list attribute, as in
+        # PyTorch (code such as join hooks iterates ``zero._all_params``). Unlike PyTorch it
+        # also gains the parameters of groups added later by ``add_param_group``.
+        self._all_params: list[torch.Tensor] = index_to_param(self.param_groups)
+        check_same_dense_type(self._all_params, "ZeroRedundancyOptimizer")
 
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size: int = dist.get_world_size(self.process_group)
         self.rank: int = dist.get_rank(self.process_group)  # rank within the group
         self.global_rank: int = dist.get_global_rank(self.process_group, self.rank)  # for broadcast src
         # Buckets and object transport live here (the first parameter's device).
-        self._default_device = self._all_params()[0].device
+        self._default_device = self._all_params[0].device
         # Lazily derived views of the partition, all dropped together by _clear_cache.
         self._cache: dict[str, Any] = {}
         # requires_grad of every parameter at the last bucket build: a change means
         # frozen parameters must leave (or join) the buckets.
         self._is_trainable_mask = self._trainable_mask()
 
-        self.optim: Optimizer = optimizer_class(self._partition_parameters()[self.rank], **defaults)
-        # The local class may add defaults of its own (betas, ...): make them public.
-        sync_hyperparams(self.optim.param_groups, self.param_groups)
+        if not self._overlap_with_ddp:
+            self._init_local_optimizer()
+        else:
+            # The local optimizer waits for DDP's final buckets (_init_zero_for_overlap).
+            self._overlap_info = OverlapInfo(self.world_size)
+            if parameters_as_bucket_view:
+                warnings.warn(
+                    "`parameters_as_bucket_view=True` will be ignored since `overlap_with_ddp=True`; "
+                    "instead, a different bucketing strategy will be used"
+                )
 
         self.parameters_as_bucket_view = parameters_as_bucket_view
         # buckets[device_index][rank]: flat views of each rank's trainable parameters.
@@ -118,13 +131,62 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._all_state_dicts: list[dict[str, Any]] = []
         self._initialized = True
 
+    def _init_local_optimizer(self) -> None:
+        """Build ``self.optim`` over this rank's partition. With overlap it is a
+        functional optimizer over one flat parameter list (docs/behaviour.md §Z1.8)."""
+        groups = self._partition_parameters()[self.rank]
+        if not self._overlap_with_ddp:
+            self.optim = self._optim_constructor(groups, **self._optim_defaults)
+        else:
+            if len(groups) != 1:
+                raise AssertionError("Initializing the local functional optimizer with more than one parameter group")
+            params = groups[0]["params"]
+            kwargs = dict(self._optim_defaults)
+            if "_allow_empty_param_list" in inspect.signature(self._optim_constructor).parameters:
+                kwargs["_allow_empty_param_list"] = True  # a rank may own no bucket
+            elif not params:
+                warnings.warn(f"{self._optim_constructor} does not support `_allow_empty_param_list`; it may refuse an empty parameter list")
+            self.optim = self._optim_constructor(params, **kwargs)
+            if not hasattr(self.optim, "param_groups"):
+                # Functional optimizers hold one ``param_group``.
+                self.optim.param_groups = [self.optim.param_group]
+        # The local class may add defaults of its own (betas, ...): make them public.
+        sync_hyperparams(self.optim.param_groups, self.param_groups)
+
+    # -- overlap_with_ddp (impl/zero/overlap.py, impl/zero/ddp_hooks.py) --------------
+
+    def _init_zero_for_overlap(self) -> None:
+        """The deferred initialization, run by the hook once DDP's buckets are known:
+        the bucket assignment becomes the (manual) partition, every assignment gets its
+        flat tensor, and the local functional optimizer is built."""
+        if not self._overlap_with_ddp:
+            raise AssertionError("`_init_zero_for_overlap()` should only be called when `overlap_with_ddp=True`")
+        self._overlap_info.status = OverlapStatus.INITIALIZED
+        self._clear_cache()
+        assignments = self._bucket_assignments_per_rank
+        self._partition_parameters(self._overlap_info.params_per_rank)
+        build_assignment_tensors(assignments)
+        self._init_local_optimizer()
+
+    @property
+    def _bucket_assignments_per_rank(self) -> list[dict[int, BucketAssignment]]:
+        """``[rank][bucket index]``: the DDP bucket (parts) each rank steps."""
+        if not self._overlap_with_ddp:
+            raise AssertionError("`_bucket_assignments_per_rank` only be used if `overlap_with_ddp=True`")
+        if "bucket_assignments" not in self._cache:
+            if self._overlap_info.status is not OverlapStatus.INITIALIZED:
+                raise AssertionError("the bucket assignment needs DDP's final buckets")
+            self._cache["bucket_assignments"] = assign_buckets(self._overlap_info, self.rank)
+        return self._cache["bucket_assignments"]
+
+    def _check_overlap_initialized(self) -> None:
+        if self._overlap_with_ddp and self._overlap_info.status is not OverlapStatus.INITIALIZED:
+            raise RuntimeError("This method should not be called until this ZeroRedundancyOptimizer instance has been fully initialized")
+
     # -- partition and the maps derived from it ------------------------------------
 
-    def _all_params(self) -> list[torch.Tensor]:
-        return index_to_param(self.param_groups)
-
     def _trainable_mask(self) -> list[bool]:
-        return [p.requires_grad for p in self._all_params()]
+        return [p.requires_grad for p in self._all_params]
 
     def _clear_cache(self) -> None:
         self._cache.clear()
@@ -162,7 +224,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     @property
     def _index_to_param(self) -> list[torch.Tensor]:
         if "index_to_param" not in self._cache:
-            self._cache["index_to_param"] = self._all_params()
+            self._cache["index_to_param"] = index_to_param(self.param_groups)
         return self._cache["index_to_param"]
 
     @property
@@ -178,7 +240,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return rank_numels(self._partition_parameters())
 
     def _build_param_buckets(self) -> None:
-        if self.parameters_as_bucket_view:
+        if self.parameters_as_bucket_view and not self._overlap_with_ddp:
             self._buckets = param_buckets.build_bucket_views(self._device_to_params_per_rank)
 
     # -- step ---------------------------------------------------------------------
@@ -189,9 +251,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         Older groups keep their owners (the partition goes group by group), so the
         local optimizer only ever gains this rank's share of the new group.
         """
+        if self._initialized and self._overlap_with_ddp:
+            raise RuntimeError("ZeroRedundancyOptimizer with `overlap_with_ddp=True` only supports a single parameter group")
         super().add_param_group(param_group)
         if not self._initialized:
             return
+        self._all_params.extend(self.param_groups[-1]["params"])
         self._clear_cache()
         local_groups = self._partition_parameters()[self.rank]
         if len(local_groups) == len(self.optim.param_groups) + 1:
@@ -199,17 +264,35 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._build_param_buckets()
         self._is_trainable_mask = self._trainable_mask()
 
-    def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
-        """Step this rank's shard only; no communication."""
+    def _local_step(
+        self,
+        gradients: list[torch.Tensor | None] | None = None,
+        closure: Callable[[], float] | None = None,
+        **kwargs: Any,
+    ) -> float | None:
+        """Step this rank's shard only; no communication. ``gradients`` (overlap only):
+        one entry per local parameter, None for those not in the bucket being stepped."""
         Join.notify_join_context(self)
         mask = self._trainable_mask()
         if mask != self._is_trainable_mask:
+            if self._overlap_with_ddp:
+                raise RuntimeError(
+                    "ZeroRedundancyOptimizer with `overlap_with_ddp=True` does not support changing parameter "
+                    "trainability at run time"
+                )
             warnings.warn("ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter buckets if enabled")
             self._build_param_buckets()
             self._is_trainable_mask = mask
         # LR schedulers edit the public groups; the local optimizer must see it.
         sync_hyperparams(self.param_groups, self.optim.param_groups)
-        loss = self.optim.step(**kwargs) if closure is None else self.optim.step(closure=closure, **kwargs)
+        if gradients is None:
+            loss = self.optim.step(**kwargs) if closure is None else self.optim.step(closure=closure, **kwargs)
+        else:
+            if not self._overlap_with_ddp:
+                raise AssertionError("Specifying `gradients` should not be used when `overlap_with_ddp=False`")
+            if closure is not None:
+                raise AssertionError("`closure` is not supported when using a local functional optimizer")
+            loss = self.optim.step(gradients=gradients)
         sync_hyperparams(self.optim.param_groups, self.param_groups)
         return loss
 
@@ -231,7 +314,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             handle.wait()
 
     def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
-        """Step this rank's parameters, then bring every rank's parameters up to date."""
+        """Step this rank's parameters, then bring every rank's parameters up to date.
+        With ``overlap_with_ddp`` the hook steps: this warns and returns None."""
+        if self._overlap_with_ddp:
+            warnings.warn("`step()` should not be included in the training loop when `overlap_with_ddp=True`")
+            return None
         loss = self._local_step(closure=closure, **kwargs)
         self._sync_params()
         return loss
@@ -258,6 +345,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         The target keeps the local dicts on CPU; ``state_dict()`` there then builds the
         global dict. Other ranks drop any earlier consolidation.
         """
+        self._check_overlap_initialized()
         sync_hyperparams(self.param_groups, self.optim.param_groups)
         self._all_state_dicts = []
         for rank in range(self.world_size):
@@ -282,6 +370,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         Same format as a plain ``torch.optim`` optimizer over all parameters (global
         indices, sorted), so it loads there, or into this class at any world size.
         """
+        self._check_overlap_initialized()
         if not self._all_state_dicts:
             raise RuntimeError(
                 "Optimizer state has not been consolidated on this rank. "
@@ -301,6 +390,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         Unlike torch, the caller's dict is not modified, and the public ``self.state``
         does not keep a second copy of the owned state. See docs/zero.md.
         """
+        self._check_overlap_initialized()
         check_param_groups_match(state_dict["param_groups"], self.param_groups)
         for index, value in state_dict["state"].items():
             param = self._index_to_param[index]

@@ -44,9 +44,33 @@ def check_same_dense_type(params: list[torch.Tensor], owner: str) -> None:
             raise ValueError(f"{owner} only supports using the same dense type for all parameters but got both {first} and {other}")
 
 
+def _is_functional(optimizer_class: Any) -> bool:
+    # Recognised by module, so that the (TorchScript) functional classes are only imported
+    # when overlap_with_ddp needs them.
+    return getattr(optimizer_class, "__module__", "").startswith("torch.distributed.optim.functional_")
+
+
 def check_optimizer_class(optimizer_class: type) -> None:
     """Functional optimizers (``torch.distributed.optim.functional_*``) only make sense
-    with ``overlap_with_ddp=True``, which this implementation does not provide.
-    Recognised by module, so that the (TorchScript) functional classes are never imported."""
-    if getattr(optimizer_class, "__module__", "").startswith("torch.distributed.optim.functional_"):
+    with ``overlap_with_ddp=True``."""
+    if _is_functional(optimizer_class):
         raise ValueError(f"Passing in a functional optimizer {optimizer_class} when `overlap_with_ddp=False`")
+
+
+def optimizer_constructor(optimizer_class: Any, overlap_with_ddp: bool) -> Any:
+    """The local optimizer's class (docs/behaviour.md §Z1.1): as given without overlap (a
+    functional one is refused); with overlap a functional optimizer, as given or
+    translated from its ``torch.optim`` class (``Adam`` -> ``_FunctionalAdam``, ...)."""
+    if not overlap_with_ddp:
+        check_optimizer_class(optimizer_class)
+        return optimizer_class
+    if _is_functional(optimizer_class):
+        return optimizer_class
+    from torch.distributed.optim.utils import functional_optim_map
+
+    if optimizer_class in functional_optim_map:
+        return functional_optim_map[optimizer_class]
+    raise ValueError(
+        "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is no supported "
+        f"functional optimizer equivalent for {optimizer_class}"
+    )

@@ -9,6 +9,14 @@
   parameters are all-gathered after the step. Every collective goes through
   ``impl.comm``.
 
+``impl-zero1`` has the axis ``overlap_with_ddp`` (PyTorch's constructor argument): the
+optimizer step runs inside DDP's communication hook, bucket by bucket
+(``impl.zero.ddp_hooks``; ``overlap_hook`` picks ``hook_with_zero_step`` or the
+interleaved one). Those first iterations do not update the parameters, so
+the engine's first ``train_step`` runs them itself on its batch, forward and backward
+only, before the real step (PyTorch's documented remedy, "prepend dummy inputs"). The
+losses and parameters then follow plain DDP training step for step.
+
 Both report, per rank, ``zero_partition_imbalance_pct``: how far the largest rank's
 stepped elements exceed the mean, in percent (0 is perfect; stage 1 never splits a
 parameter, stage 2 always does), and ``zero_rank_numel_count``: the elements this rank
@@ -22,6 +30,7 @@ import torch
 
 from impl import comm
 from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
+from impl.zero.overlap import OverlapStatus
 from impl.zero.partition import imbalance
 from zerobench.engines.base import AutocastEngine, Axis
 from zerobench.engines.torch_zero1 import TorchZero1Engine
@@ -40,6 +49,56 @@ class Zero1Engine(TorchZero1Engine):
 
     name = "impl-zero1"
     zero_class = ZeroRedundancyOptimizer
+    options = {
+        "parameters_as_bucket_view": Axis(False, choices=(False, True), applies_when=("overlap_with_ddp", False),
+                                          doc="pack each rank's parameters into one flat bucket per device"),
+        "overlap_with_ddp": Axis(False, choices=(False, True),
+                                 doc="run the optimizer step inside DDP's communication hook, bucket by bucket"),
+        "overlap_hook": Axis("step", choices=("step", "interleaved"), applies_when=("overlap_with_ddp", True),
+                             doc="step: all buckets after the last all-reduce (hook_with_zero_step); "
+                                 "interleaved: each bucket as its all-reduce completes"),
+    }
+
+    @property
+    def _overlap(self) -> bool:
+        return bool(self.opts.get("overlap_with_ddp", False))
+
+    def build_optimizer(self, spec):
+        if not self._overlap:
+            return super().build_optimizer(spec)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        from impl.zero.ddp_hooks import hook_with_zero_step, hook_with_zero_step_interleaved
+
+        self.optimizer = self.zero_class(
+            self.module.parameters(), optimizer_class=spec.cls, overlap_with_ddp=True, **spec.kwargs()
+        )
+        make_hook = hook_with_zero_step_interleaved if self.opts.get("overlap_hook") == "interleaved" else hook_with_zero_step
+        self.module.register_comm_hook(None, make_hook(allreduce_hook, self.module, self.optimizer))
+        return self.optimizer
+
+    def train_step(self, inputs, targets, loss_fn):
+        if not self._overlap:
+            return super().train_step(inputs, targets, loss_fn)
+        # The iterations before DDP's buckets are final and recorded update nothing: run
+        # them here, on this batch, so that every step the harness sees is a real one.
+        for _ in range(3):
+            if self.optimizer._overlap_info.status is not OverlapStatus.UNINITIALIZED:
+                break
+            with self.autocast():
+                warm = loss_fn(self.module(inputs), targets)
+            warm.backward()
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            raise RuntimeError("overlap_with_ddp: DDP did not rebuild its buckets within 3 iterations")
+        with self.phase("forward"):
+            with self.autocast():
+                loss = loss_fn(self.module(inputs), targets)
+        with self.phase("backward"):
+            loss.backward()  # the hook steps and broadcasts
+        with self.phase("optimizer"):
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
 
     def extra_metrics(self):
         return partition_metrics(self.optimizer.rank_numels(), self.ctx.rank)
