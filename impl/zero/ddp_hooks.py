@@ -111,6 +111,19 @@ def _check_order(zero: ZeroRedundancyOptimizer, index: int) -> None:
     seen.append(index)
 
 
+def _run_hook(hook: Hook, ddp_ref, zero: ZeroRedundancyOptimizer, state: Any, bucket: dist.GradBucket):
+    """Run the wrapped hook and the overlap's setup; return its future and the bucket's
+    index, or None for the index while ZeRO is not yet stepping in hooks (the warm-up
+    iterations, docs/behaviour.md §Z1.8)."""
+    fut = hook(state, bucket)
+    _setup(ddp_ref, zero, bucket)
+    if zero._overlap_info.status is not OverlapStatus.INITIALIZED:
+        return fut, None
+    index = bucket.index()
+    _check_order(zero, index)
+    return fut, index
+
+
 def hook_with_zero_step(hook: Hook, ddp, zero: ZeroRedundancyOptimizer, shard_buckets: bool = False) -> Hook:
     """Wrap ``hook`` so that the last bucket's hook runs the optimizer step.
 
@@ -124,16 +137,13 @@ def hook_with_zero_step(hook: Hook, ddp, zero: ZeroRedundancyOptimizer, shard_bu
     ddp_ref = weakref.ref(ddp)
 
     def hook_with_zero_fn(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        fut = hook(state, bucket)
-        _setup(ddp_ref, zero, bucket)
-        info = zero._overlap_info
-        if info.status is not OverlapStatus.INITIALIZED:
+        fut, index = _run_hook(hook, ddp_ref, zero, state, bucket)
+        if index is None:
             return fut
-        index = bucket.index()
+        info = zero._overlap_info
         if _owns(zero, index):
             info.bucket_index_to_bucket[index] = bucket
             info.bucket_index_to_future[index] = fut
-        _check_order(zero, index)
         if index != len(info.params_per_bucket) - 1:
             return fut
         for i in range(len(info.params_per_bucket)):
@@ -165,13 +175,10 @@ def hook_with_zero_step_interleaved(
     ddp_ref = weakref.ref(ddp)
 
     def hook_with_zero_interleaved_fn(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        fut = hook(state, bucket)
-        _setup(ddp_ref, zero, bucket)
-        info = zero._overlap_info
-        if info.status is not OverlapStatus.INITIALIZED:
+        fut, index = _run_hook(hook, ddp_ref, zero, state, bucket)
+        if index is None:
             return fut
-        index = bucket.index()
-        _check_order(zero, index)
+        info = zero._overlap_info
         if index == 0:
             # Queued before DDP's own finalization (queued when its last bucket is
             # ready); both run on the autograd thread once the graph is done, this first.
