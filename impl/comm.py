@@ -59,46 +59,37 @@ class Handle:
         self._waited = True
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = True) -> Handle:
-    """Gather equal 1-D shards ``input`` from every rank into ``output`` (rank order)."""
-    nbytes = output.numel() * output.element_size()
-    with record_function("impl::all_gather"):
-        work = _all_gather_single()(output, input, group=group, async_op=True)
-    handle = Handle(work, "all_gather", nbytes)
+def _issue(kind: str, buffer: torch.Tensor, start, async_op: bool) -> Handle:
+    """Start one collective under its ``impl::<kind>`` label; ``buffer`` is the tensor
+    whose size is the collective's (nccl-tests convention). Always issued asynchronously,
+    so a synchronous call's whole wait shows as one ``impl::wait_<kind>`` span."""
+    nbytes = buffer.numel() * buffer.element_size()
+    with record_function(f"impl::{kind}"):
+        work = start()
+    handle = Handle(work, kind, nbytes)
     if not async_op:
         handle.wait()
     return handle
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = True) -> Handle:
+    """Gather equal 1-D shards ``input`` from every rank into ``output`` (rank order)."""
+    return _issue("all_gather", output,
+                  lambda: _all_gather_single()(output, input, group=group, async_op=True), async_op)
 
 
 def reduce_scatter(
     output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = True
 ) -> Handle:
     """Reduce ``input`` (1-D, world_size * output.numel()) across ranks; keep this rank's chunk."""
-    nbytes = input.numel() * input.element_size()
-    with record_function("impl::reduce_scatter"):
-        work = _reduce_scatter_single()(output, input, op=op, group=group, async_op=True)
-    handle = Handle(work, "reduce_scatter", nbytes)
-    if not async_op:
-        handle.wait()
-    return handle
+    return _issue("reduce_scatter", input,
+                  lambda: _reduce_scatter_single()(output, input, op=op, group=group, async_op=True), async_op)
 
 
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = True) -> Handle:
-    nbytes = tensor.numel() * tensor.element_size()
-    with record_function("impl::all_reduce"):
-        work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
-    handle = Handle(work, "all_reduce", nbytes)
-    if not async_op:
-        handle.wait()
-    return handle
+    return _issue("all_reduce", tensor, lambda: dist.all_reduce(tensor, op=op, group=group, async_op=True), async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = True) -> Handle:
     """Broadcast from global rank ``src``."""
-    nbytes = tensor.numel() * tensor.element_size()
-    with record_function("impl::broadcast"):
-        work = dist.broadcast(tensor, src=src, group=group, async_op=True)
-    handle = Handle(work, "broadcast", nbytes)
-    if not async_op:
-        handle.wait()
-    return handle
+    return _issue("broadcast", tensor, lambda: dist.broadcast(tensor, src=src, group=group, async_op=True), async_op)
