@@ -316,6 +316,29 @@ def test_extra_engine_metrics_and_numeric_axes_as_the_harness_lays_them_out(tmp_
     assert exit_code(compare_runs(base, other_axis), config_mismatches(base, other_axis)) == 2
 
 
+def test_axis_added_since_the_baseline_at_its_default_is_the_same_cell(tmp_path):
+    """A baseline written before impl-zero1 had overlap_hook stays usable while the run
+    has the axis at its default; any other value is a different configuration."""
+    cells = ("impl-zero1-ws2-fp32",)
+
+    def run(name: str, hook: str | None) -> Path:
+        results, steps = make_run(cells=cells)
+        results["engine"] = "impl-zero1"
+        if hook is not None:
+            results.insert(8, "overlap_hook", hook)
+        return write_run(tmp_path / name, results, steps)
+
+    base = load_run(run("base", None))
+    assert "overlap_hook" in load_run(run("probe", "step")).config_columns
+    for hook, expected in (("step", 0), ("interleaved", 2)):
+        new = load_run(run(f"new-{hook}", hook))
+        mismatches = config_mismatches(base, new)
+        assert list(mismatches["column"]) == ["overlap_hook"]
+        assert mismatches["severity"].item() == ("context" if expected == 0 else "identity")
+        assert exit_code(compare_runs(base, new), mismatches) == expected
+        assert exit_code(compare_runs(new, base), config_mismatches(new, base)) == expected  # axis dropped
+
+
 def test_report_only_ungates_defaults_but_not_rules(tmp_path):
     base = run_folder(tmp_path, "base")
     worse = run_folder(tmp_path, "worse", peak_mem=40 * MiB * 1.03)

@@ -359,6 +359,8 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
             bv = _text(b.loc[cell_id, col]) if col in b.columns else ""
             nv = _text(n.loc[cell_id, col]) if col in n.columns else ""
             if bv != nv:
+                if severity == "identity" and _axis_unrecorded_at_default(n.loc[cell_id, "engine"], col, bv, nv):
+                    severity = "context"  # an axis added (or dropped) since: the same configuration
                 rows.append({"cell_id": cell_id, "column": col, "baseline": bv, "new": nv, "severity": severity})
     for key in _META_KEYS:
         bv, nv = baseline.meta.get(key), new.meta.get(key)
@@ -366,6 +368,25 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
             rows.append({"cell_id": "(meta.json)", "column": key, "baseline": _text(bv), "new": _text(nv),
                          "severity": "context"})
     return pd.DataFrame(rows, columns=["cell_id", "column", "baseline", "new", "severity"])
+
+
+def _axis_unrecorded_at_default(engine, column: str, baseline: str, new: str) -> bool:
+    """Whether one run does not record an axis and the other has it at the engine's default.
+
+    An engine that gains an axis keeps its cell ids (Cell.id names only non-default
+    axes), so a baseline written before the axis existed still describes the same
+    configuration: the axis was at what is now its default. The same holds the other
+    way round for an axis a newer engine dropped. Any other value is a different cell.
+    """
+    if (baseline == "") == (new == ""):
+        return False
+    from zerobench.matrix import engine_axes  # imports the engines, hence torch: only when needed
+
+    try:
+        axis = engine_axes(str(engine)).get(column)
+    except (KeyError, ValueError):
+        return False  # an engine this version does not know: nothing to say what its default was
+    return axis is not None and _text(axis.default) == (baseline or new)
 
 
 #: meta.json fields whose difference is worth a line (git_commit, date, hostname always differ).
