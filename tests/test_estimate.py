@@ -61,3 +61,51 @@ def test_estimate_matches_curated_memory_pass(tmp_path):
     assert len(both) == 2
     assert (both["diff_pct"].abs() < 3).all(), both.to_string()
     assert (out / "plots" / "estimate_peak.png").exists()
+
+
+TINY_GPT = """
+name = "tiny-gpt"
+seed = 0
+[model]
+kind = "gpt"
+layers = 2
+d_model = 64
+heads = 2
+seq_len = 16
+vocab = 512
+[data]
+batch_size = 2
+[optimizer]
+kind = "adam"
+[run]
+memory_warmup_steps = 1
+[matrix]
+engine = ["ddp", "impl-fsdp", "torch-fsdp2"]
+world_size = [2]
+dtype = ["bf16"]
+"""
+
+
+def test_fake_tensors_estimate_as_real_tensors_do(tmp_path):
+    """Under fake tensors DDP's reducer, impl's first-iteration order check and fully_shard's
+    device mesh run with their small integer bookkeeping kept real: the model states
+    equal those of real tensors exactly, and the peak within a few bytes of that
+    bookkeeping (the mesh's rank list is real, so not tracked)."""
+    import pandas as pd
+
+    from zerobench.estimate import estimate
+
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY_GPT)
+
+    def run(fake: bool) -> pd.DataFrame:
+        out = estimate(workload, [4, 64], results_root=tmp_path / str(fake), log=lambda *_: None, fake_tensors=fake)
+        return pd.read_csv(out / "estimate.csv").set_index(["config", "world_size"])
+
+    fake, real = run(True), run(False)
+    assert (fake["status"] == "ok").all(), fake["reason"].tolist()
+    states = [c for c in real.columns if c.startswith("state_")]
+    pd.testing.assert_frame_equal(fake[states], real[states])
+    peaks = [c for c in real.columns if c.startswith("peak_mem")]
+    assert ((fake[peaks] - real[peaks]).abs() <= 8 * 64).all().all(), (fake[peaks] - real[peaks]).to_string()
+    assert real.loc[("impl-fsdp-bf16", 64), "state_params_numel"] < real.loc[("ddp-bf16", 64), "state_params_numel"]

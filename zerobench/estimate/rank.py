@@ -11,8 +11,9 @@ leaks between engines.
 
 With ``--fake-tensors`` the model, batches and everything the engine allocates are
 FakeTensors (no data), so a 7.5B-parameter model fits on a laptop; the tracker then
-follows their meta storages. Engines whose code needs real data (DDP's C++ reducer,
-``.item()`` in the optimizer) fail there; the cell is reported skipped with the error.
+follows their meta storages. DDP's C++ reducer runs there too, with its small integer
+bookkeeping kept real (``_fake_tensor_mode``). Engines whose code needs real data
+(``.item()`` in an optimizer) fail there; the cell is reported skipped with the error.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import time
 import traceback
 from pathlib import Path
@@ -48,7 +50,8 @@ def _unique_nbytes(tensors) -> tuple[int, int]:
             continue
         numel += t.numel()
         s = t.untyped_storage()
-        key = (id(s), s.nbytes()) if t.device.type == "meta" else s.data_ptr()
+        # A FakeTensor reports its fake device (cpu) but holds a meta storage, with no data pointer.
+        key = (id(s), s.nbytes()) if s.device.type == "meta" else s.data_ptr()
         if key not in seen:
             seen.add(key)
             nbytes += s.nbytes()
@@ -89,6 +92,63 @@ def _fake_pg_ddp_hook(module) -> None:
         module.register_comm_hook(None, hook)
 
 
+def _fake_tensor_mode():
+    """FakeTensorMode, except that small integer tensors on the host stay real.
+
+    Engines keep bookkeeping in small int tensors that they exchange with the other
+    ranks and then read as data: DDP's C++ reducer its bucket indices and sizes (through
+    data pointers, when it rebuilds its buckets after the first iteration), impl's FSDP
+    its first-iteration execution-order check (``.tolist()``), a DeviceMesh its rank
+    layout. A FakeTensor has no data, so those stay real: what a non-random factory
+    (``empty``, ``zeros``, ``arange``, ...) makes when the result is an integer host
+    tensor of at most ``_HOST_CONTROL_MAX_NUMEL`` elements, and what any op makes from
+    inputs that are all such real tensors. A few hundred bytes, outside the tracked
+    (meta) storages. Every floating-point tensor, whatever its size, and every tensor
+    derived from a fake one (the token ids of a fake batch included) stays fake.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._mode_utils import no_dispatch
+    from torch.utils._pytree import tree_leaves
+
+    def small_host_int(t, device: torch.device) -> bool:
+        return (device.type == "cpu" and not t.is_floating_point() and not t.is_complex()
+                and t.numel() <= _HOST_CONTROL_MAX_NUMEL)
+
+    class HostControlFakeMode(FakeTensorMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if tensors and all(not isinstance(t, FakeTensor) and small_host_int(t, t.device) for t in tensors):
+                with no_dispatch():
+                    return func(*args, **kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if (not tensors and func.overloadpacket in _HOST_CONTROL_FACTORIES and isinstance(out, FakeTensor)
+                    and small_host_int(out, out.fake_device)):
+                with no_dispatch():  # the fake result said what it is: a small integer host tensor
+                    return func(*args, **kwargs)
+            return out
+
+    return HostControlFakeMode(allow_non_fake_inputs=True)
+
+
+#: The largest integer host tensor _fake_tensor_mode leaves real (elements).
+_HOST_CONTROL_MAX_NUMEL = 1 << 16
+#: Factories whose small integer host results _fake_tensor_mode leaves real (never random ones).
+_HOST_CONTROL_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.zeros, torch.ops.aten.ones, torch.ops.aten.full,
+                           torch.ops.aten.arange, torch.ops.aten.scalar_tensor}
+
+
+@contextlib.contextmanager
+def _single_rank_ddp():
+    """DDP's constructor checks that every rank holds parameters of the same shapes by
+    exchanging them as data. One rank against a fake group has no one to disagree with,
+    and under fake tensors the shapes cannot be read as data: the check is skipped."""
+    from unittest import mock
+
+    with mock.patch("torch.nn.parallel.distributed._verify_param_shape_across_processes", lambda *a, **k: None):
+        yield
+
+
 def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool) -> dict:
     """Peak and composition of ``rank`` for ``cell`` (its world size) on a fake process group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
@@ -100,12 +160,8 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool) -> dict:
         ctx = RankContext(rank, world, rank, torch.device("cpu"), "fake")
         spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
         loss = loss_fn(w.model)
-        mode = contextlib.nullcontext()
-        if fake:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
-            mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with mode:
+        mode = _fake_tensor_mode() if fake else contextlib.nullcontext()
+        with mode, (_single_rank_ddp() if fake else contextlib.nullcontext()):
             tracker = StorageTracker("meta" if fake else "cpu", timeline=False)
             grads = []
             with tracker:
