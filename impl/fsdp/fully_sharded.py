@@ -28,14 +28,15 @@ from impl.fsdp.api import (
     DEFAULT_LIMITER_DEPTH,
     BackwardPrefetch,
     CPUOffload,
+    FullStateDictConfig,
     MixedPrecision,
     ShardingStrategy,
+    StateDictType,
     TrainingState,
 )
 from impl.fsdp import optim_state
 from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.flat_param import FlatParamHandle
-from impl.fsdp.state_dict import FullStateDictConfig, StateDictType
 from impl.fsdp.rate_limiter import RateLimiter
 from impl.fsdp.unit import FlatParamUnit
 from impl.streams import Streams

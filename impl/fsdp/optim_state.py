@@ -23,7 +23,6 @@ by its name in the unwrapped model.
 from __future__ import annotations
 
 import copy
-import enum
 from typing import Any
 
 import torch
@@ -31,11 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from impl import comm
-
-
-class OptimStateKeyType(enum.Enum):
-    PARAM_NAME = enum.auto()
-    PARAM_ID = enum.auto()
+from impl.fsdp.api import OptimStateKeyType  # defined in api.py, re-exported here
 
 
 def _param_map(model: nn.Module) -> dict[int, tuple[Any, list[str]]]:

@@ -22,39 +22,17 @@ Use it as in PyTorch::
 from __future__ import annotations
 
 import contextlib
-import enum
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from impl.fsdp.api import ShardingStrategy
-
-
-class StateDictType(enum.Enum):
-    FULL_STATE_DICT = enum.auto()
-    LOCAL_STATE_DICT = enum.auto()
-    SHARDED_STATE_DICT = enum.auto()
-
-
-@dataclass(frozen=True)
-class FullStateDictConfig:
-    offload_to_cpu: bool = False
-    """Copy the full tensors to the CPU."""
-    rank0_only: bool = False
-    """Only rank 0 returns (and keeps in memory) the full state dict; others get ``{}``."""
-
-
-@dataclass(frozen=True)
-class LocalStateDictConfig:
-    pass
-
-
-@dataclass(frozen=True)
-class ShardedStateDictConfig:
-    pass
-
+from impl.fsdp.api import (  # the policies are defined in api.py, re-exported here
+    FullStateDictConfig,
+    LocalStateDictConfig,
+    ShardedStateDictConfig,
+    StateDictType,
+)
 
 _CONFIG_OF = {
     StateDictType.FULL_STATE_DICT: FullStateDictConfig,
