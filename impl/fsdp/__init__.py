@@ -3,8 +3,10 @@
 Read in this order: api.py (policies), flat_param.py (one flat parameter's tensors),
 collectives.py (the collectives), unit.py (unshard / wait_for_unshard / reshard),
 rate_limiter.py ([Note: rate limiter]), exec_order.py (prefetch order and its check),
-runtime.py (the hooks), fully_sharded.py (the constructor), wrap.py, utils.py.
-docs/fsdp.md explains how they fit together.
+state.py (what each instance and each root's tree keep), traversal.py (finding the
+instances of a tree), runtime.py (the hooks), fully_sharded.py (the constructor),
+wrap.py, utils.py, state_dict.py, optim_state.py. docs/fsdp.md explains how they fit
+together.
 """
 
 from impl.fsdp.api import (
