@@ -15,8 +15,9 @@ import torch.nn as nn
 from tests.helpers.fsdp import make_model, train, unit_policy, warm_up_imports
 from zerobench.testing import run_ranks
 
-from impl.fsdp import ShardingStrategy
+from impl.fsdp import ShardingStrategy, TrainingState, traversal
 from impl.fsdp import FullyShardedDataParallel as FSDP
+from impl.fsdp.state import FSDPState
 
 warm_up_imports()
 
@@ -182,6 +183,12 @@ def public_api_body(rank, world_size):
     assert (model.rank, model.world_size) == (rank, world_size)
     assert model.params == [model.flat_param] and model.limit_all_gathers is False
     assert model.params_with_grad == []
+    # The attributes read the instance's FSDPState, which is how traversal finds instances.
+    assert traversal.fsdp_modules(model) == instances
+    assert traversal.fsdp_states(model) == [traversal.state_of(i) for i in instances]
+    assert model.sharding_strategy is ShardingStrategy.FULL_SHARD and model.training_state is TrainingState.IDLE
+    assert model._unit is traversal.state_of(model).unit and model._root_state is traversal.state_of(model).root_state
+    assert traversal.state_of(raw) is None and traversal.state_of(instances[1].module) is None
     with pytest.raises(NotImplementedError, match="register_comm_hook"):
         model.register_comm_hook(None, lambda *a: None)
     train(model, "mlp", rank, world_size, steps=1)
@@ -192,3 +199,18 @@ def public_api_body(rank, world_size):
 
 def test_public_api_of_pytorch_1_13():
     run_ranks(public_api_body, 2)
+
+
+def test_traversal_recognises_instances_by_their_state_not_their_class():
+    """What the hooks and utilities rely on to walk a tree without importing the class."""
+    inner, plain = nn.Linear(2, 2), nn.Linear(2, 2)
+    outer = nn.Sequential(inner, nn.Sequential(plain))
+    assert traversal.fsdp_modules(outer) == [] and traversal.state_of(outer) is None
+    inner_state = FSDPState(compute_device=torch.device("cpu"), sharding_strategy=ShardingStrategy.NO_SHARD)
+    inner._fsdp_state = inner_state
+    outer._fsdp_state = FSDPState(compute_device=torch.device("cpu"), sharding_strategy=ShardingStrategy.NO_SHARD)
+    assert traversal.fsdp_modules(outer) == [outer, inner]
+    assert traversal.fsdp_states(outer) == [outer._fsdp_state, inner_state]
+    assert list(traversal.named_fsdp_states(outer)) == [("", outer._fsdp_state), ("0", inner_state)]
+    assert list(traversal.managed_modules(outer, ignored=set())) == [outer, outer[1], plain]
+    assert list(traversal.managed_modules(outer, ignored={outer[1]})) == [outer]

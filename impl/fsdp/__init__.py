@@ -3,15 +3,27 @@
 Read in this order: api.py (policies), flat_param.py (one flat parameter's tensors),
 collectives.py (the collectives), unit.py (unshard / wait_for_unshard / reshard),
 rate_limiter.py ([Note: rate limiter]), exec_order.py (prefetch order and its check),
-runtime.py (the hooks), fully_sharded.py (the constructor), wrap.py, utils.py.
-docs/fsdp.md explains how they fit together.
+state.py (what each instance and each root's tree keep), traversal.py (finding the
+instances of a tree), runtime.py (the hooks), fully_sharded.py (the constructor),
+wrap.py, utils.py, state_dict.py, optim_state.py. docs/fsdp.md explains how they fit
+together.
 """
 
-from impl.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy, TrainingState
+from impl.fsdp.api import (
+    BackwardPrefetch,
+    CPUOffload,
+    FullStateDictConfig,
+    LocalStateDictConfig,
+    MixedPrecision,
+    OptimStateKeyType,
+    ShardedStateDictConfig,
+    ShardingStrategy,
+    StateDictType,
+    TrainingState,
+)
 from impl.fsdp.flat_param import ShardedState
 from impl.fsdp.fully_sharded import FullyShardedDataParallel
 from impl.fsdp.optim_state import (
-    OptimStateKeyType,
     flatten_sharded_optim_state_dict,
     full_optim_state_dict,
     rekey_optim_state_dict,
@@ -19,7 +31,6 @@ from impl.fsdp.optim_state import (
     shard_full_optim_state_dict,
     sharded_optim_state_dict,
 )
-from impl.fsdp.state_dict import FullStateDictConfig, LocalStateDictConfig, ShardedStateDictConfig, StateDictType
 from impl.fsdp.wrap import (
     always_wrap_policy,
     lambda_auto_wrap_policy,

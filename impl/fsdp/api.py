@@ -2,6 +2,7 @@
 
 They mirror PyTorch 1.13's ``torch.distributed.fsdp`` configuration objects
 (docs/behaviour.md §F1) so that code written against that API reads the same here.
+Every other module of the package may import this one; it imports none of them.
 """
 
 from __future__ import annotations
@@ -90,3 +91,44 @@ class TrainingState(enum.Enum):
 
 DEFAULT_LIMITER_DEPTH = 2
 """Unsharded units in flight allowed by ``limit_all_gathers`` (PyTorch's fixed 2)."""
+
+
+class StateDictType(enum.Enum):
+    """What ``state_dict()`` / ``load_state_dict()`` of an FSDP tree produce and accept
+    (state_dict.py; set with ``FSDP.state_dict_type``)."""
+
+    FULL_STATE_DICT = enum.auto()
+    """Every original parameter and buffer, unsharded, under the unwrapped model's names."""
+    LOCAL_STATE_DICT = enum.auto()
+    """Each unit's flat shard as this rank holds it (padded, 1-D), plus buffers."""
+    SHARDED_STATE_DICT = enum.auto()
+    """Each original parameter as a DTensor sharded on dim 0, plus buffers."""
+
+
+@dataclass(frozen=True)
+class FullStateDictConfig:
+    """Options of ``StateDictType.FULL_STATE_DICT``."""
+
+    offload_to_cpu: bool = False
+    """Copy the full tensors to the CPU."""
+    rank0_only: bool = False
+    """Only rank 0 returns (and keeps in memory) the full state dict; others get ``{}``."""
+
+
+@dataclass(frozen=True)
+class LocalStateDictConfig:
+    """Options of ``StateDictType.LOCAL_STATE_DICT`` (none)."""
+
+
+@dataclass(frozen=True)
+class ShardedStateDictConfig:
+    """Options of ``StateDictType.SHARDED_STATE_DICT`` (none)."""
+
+
+class OptimStateKeyType(enum.Enum):
+    """How ``rekey_optim_state_dict`` keys an unflattened optimizer state dict."""
+
+    PARAM_NAME = enum.auto()
+    """By the parameter's name in the unwrapped model."""
+    PARAM_ID = enum.auto()
+    """By the parameter's position in the unflattened optimizer order."""

@@ -17,7 +17,8 @@ from impl import comm
 
 
 class ExecutionOrder:
-    """Shared by every FSDP instance under one root."""
+    """Shared by every FSDP instance under one root. The instances are recorded and
+    returned as their ``FSDPState`` (state.py); this class only compares identities."""
 
     def __init__(self):
         # First iteration's pre-forward order of the instances with a flat parameter.
@@ -31,10 +32,12 @@ class ExecutionOrder:
 
     # -- forward -------------------------------------------------------------------
 
-    def record_pre_forward(self, instance, unit) -> None:
+    def record_pre_forward(self, instance, unit, check: bool) -> None:
+        """Record ``instance`` on the first iteration; with ``check`` (the module is in
+        training mode), first check that every rank is at the same unit."""
         if not self.is_first_iteration or id(instance) in self._forward_index:
             return
-        if unit.sharded and unit.handle.shard_world > 1 and instance.training:
+        if unit.sharded and unit.handle.shard_world > 1 and check:
             self._check_same_across_ranks(unit, len(self.forward_order))
         self._forward_index[id(instance)] = len(self.forward_order)
         self.forward_order.append(instance)

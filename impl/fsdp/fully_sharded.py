@@ -8,6 +8,12 @@ the root, the shared rate limiter and execution order) waits for the first forwa
 (``_lazy_init``). The optimizer must be built after wrapping: it sees ``flat_param``,
 each instance's shard.
 
+What the hooks and utilities need of an instance lives in its ``FSDPState``
+(state.py, kept as ``_fsdp_state``); the attributes PyTorch 1.13 exposes on the module
+(``training_state``, ``sharding_strategy``, ...) are properties reading it. No other
+module of the package but its ``__init__`` imports this one: the hooks and utilities
+find instances with traversal.py.
+
 Unlike PyTorch 1.13 this runs on CPU with gloo as well as on CUDA with NCCL.
 """
 
@@ -21,25 +27,26 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.modules.module import _IncompatibleKeys
 
 from impl import comm
-from impl.fsdp import process_groups, runtime
+from impl.fsdp import optim_state, process_groups, runtime, traversal, utils
+from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.api import (
     DEFAULT_LIMITER_DEPTH,
     BackwardPrefetch,
     CPUOffload,
     MixedPrecision,
     ShardingStrategy,
+    StateDictType,
     TrainingState,
 )
-from impl.fsdp import optim_state
-from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.flat_param import FlatParamHandle
-from impl.fsdp.state_dict import FullStateDictConfig, StateDictType
 from impl.fsdp.rate_limiter import RateLimiter
+from impl.fsdp.state import FSDPState, RootState
 from impl.fsdp.unit import FlatParamUnit
-from impl.streams import Streams
 from impl.fsdp.wrap import recursive_wrap
+from impl.streams import Streams
 
 # What each nesting level adds to parameter names; summon_full_params strips it.
 _WRAPPED_PREFIX = "_fsdp_wrapped_module."
@@ -92,12 +99,11 @@ class FullyShardedDataParallel(nn.Module):
 
         # 2. auto-wrap the children; each child instance gets the same arguments.
         if auto_wrap_policy is not None:
-            for name, sub in module.named_modules():
-                if isinstance(sub, FullyShardedDataParallel):
-                    raise ValueError(
-                        f"Expected {name or 'the module'} to NOT be FullyShardedDataParallel if using an "
-                        "`auto_wrap_policy`"
-                    )
+            for name, _ in traversal.named_fsdp_states(module):
+                raise ValueError(
+                    f"Expected {name or 'the module'} to NOT be FullyShardedDataParallel if using an "
+                    "`auto_wrap_policy`"
+                )
             child_kwargs = dict(
                 process_group=process_group,
                 sharding_strategy=sharding_strategy,
@@ -124,12 +130,12 @@ class FullyShardedDataParallel(nn.Module):
         devices = {p.device for _, _, _, p in managed}
         if len(devices) > 1:
             raise RuntimeError(f"FSDP only supports single device modules but got params on {sorted(map(str, devices))}")
-        self.compute_device = devices.pop() if devices else _default_device(device_id)
+        compute_device = devices.pop() if devices else _default_device(device_id)
         if device_id is not None and torch.device(device_id).type == "cuda":
             want = torch.device("cuda", torch.device(device_id).index or torch.cuda.current_device())
-            if self.compute_device != want:
+            if compute_device != want:
                 raise ValueError(
-                    f"Inconsistent compute device and `device_id`: {self.compute_device} vs {want}"
+                    f"Inconsistent compute device and `device_id`: {compute_device} vs {want}"
                 )
 
         # 7. groups and the effective strategy.
@@ -147,47 +153,33 @@ class FullyShardedDataParallel(nn.Module):
             world = dist.get_world_size(shard_group)
             if world == 1:
                 strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
+        # PyTorch 1.13's public attributes: the (shard) process group, rank and size in it.
+        # Descriptive only: the unit keeps the groups it communicates over.
         self.process_group = shard_group
-        self.sharding_strategy = strategy
-        # PyTorch 1.13's public attributes: rank and size in the (shard) process group.
         self.rank = dist.get_rank(shard_group)
         self.world_size = dist.get_world_size(shard_group)
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
             _broadcast_module_states(module, ignored, managed)
 
-        # Policies this instance applies (the root's limiter settings win at lazy init).
-        self._mixed_precision = mixed_precision
-        self._cpu_offload = cpu_offload or CPUOffload()
-        self._backward_prefetch = backward_prefetch
-        self._forward_prefetch = forward_prefetch
-        self._limit_all_gathers = limit_all_gathers
-        self._limiter_depth = limiter_depth
-        self._ignored_modules = ignored
-        # The same settings under PyTorch 1.13's public attribute names.
-        self.mixed_precision = mixed_precision
-        self.cpu_offload = self._cpu_offload
-        self.backward_prefetch = backward_prefetch
-        self.forward_prefetch = forward_prefetch
-        self.limit_all_gathers = limit_all_gathers
-        self.training_state = TrainingState.IDLE
-        # Set at lazy init: whether this is the root, and the state shared under it.
-        self._is_root: bool | None = None
-        self._root_state: runtime.RootState | None = None
-        # Whether this backward already ran this instance's pre-backward hook, and how many
-        # of its parameters have their gradient (post-backward runs when all have).
-        self._ran_pre_backward = False
-        self._grads_ready = 0
-        # What state_dict() returns; set with FSDP.state_dict_type (state_dict.py).
-        self._state_dict_type = StateDictType.FULL_STATE_DICT
-        self._state_dict_config = FullStateDictConfig()
-        # (id(module), buffer name) -> dtype before mixed precision cast it, for FULL state dicts.
-        self._original_buffer_dtypes: dict[tuple[int, str], torch.dtype] = {}
+        # Everything the hooks and utilities read; the root's lazy init completes it.
+        # Kept under traversal.STATE_ATTR, which is what makes this module an FSDP instance.
+        state = FSDPState(
+            compute_device=compute_device,
+            sharding_strategy=strategy,
+            mixed_precision=mixed_precision,
+            cpu_offload=cpu_offload or CPUOffload(),
+            backward_prefetch=backward_prefetch,
+            forward_prefetch=forward_prefetch,
+            limit_all_gathers=limit_all_gathers,
+            limiter_depth=limiter_depth,
+            ignored_modules=ignored,
+        )
+        self._fsdp_state = state
 
         # 9. flatten and shard.
         self._fsdp_wrapped_module = module
         self.params: list[nn.Parameter] = []
-        self._unit: FlatParamUnit | None = None
         if managed:
             for fqn, _, _, p in managed:
                 if getattr(p, "_impl_fsdp_flattened", False):
@@ -204,13 +196,13 @@ class FullyShardedDataParallel(nn.Module):
                 compute_dtype=param_dtype,
                 keep_unsharded_alias=not sharded
                 and (param_dtype is None or param_dtype == managed[0][3].dtype)
-                and not (self._cpu_offload.offload_params and self.compute_device.type != "cpu"),
-                offload_to_cpu=self._cpu_offload.offload_params,
+                and not (state.cpu_offload.offload_params and compute_device.type != "cpu"),
+                offload_to_cpu=state.cpu_offload.offload_params,
             )
             for _, _, _, p in managed:
                 p._impl_fsdp_flattened = True
             global _next_unit_index
-            self._unit = FlatParamUnit(
+            state.unit = FlatParamUnit(
                 handle, strategy, shard_group, replicate_group, world, mixed_precision, _next_unit_index
             )
             _next_unit_index += 1
@@ -218,47 +210,51 @@ class FullyShardedDataParallel(nn.Module):
             self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
             if handle.requires_grad:
                 for param in handle.unsharded_params:
-                    param.register_post_accumulate_grad_hook(functools.partial(_post_accumulate_grad, self))
+                    param.register_post_accumulate_grad_hook(functools.partial(runtime.post_accumulate_grad, state))
             if handle.keeps_unsharded:
                 handle.use_unsharded_params()
 
     # -- forward ---------------------------------------------------------------------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._root_state is None:
+        state = self._fsdp_state
+        if state.root_state is None:
             self._lazy_init()
-        args, kwargs = runtime.pre_forward(self, args, kwargs)
+        args, kwargs = runtime.pre_forward(state, args, kwargs, training=self.training)
         output = self._fsdp_wrapped_module(*args, **kwargs)
-        return runtime.post_forward(self, output)
+        return runtime.post_forward(state, output)
 
     def _lazy_init(self) -> None:
         """Make this instance the root of every instance below it (docs/behaviour.md §F2, lazy init)."""
-        instances = [m for m in self.modules() if isinstance(m, FullyShardedDataParallel)]
-        for inst in instances[1:]:
-            if inst._root_state is not None and inst._is_root:
+        me = self._fsdp_state
+        instances = traversal.fsdp_modules(self)
+        states = [inst._fsdp_state for inst in instances]
+        for other in states[1:]:
+            if other.root_state is not None and other.is_root:
                 raise RuntimeError("an FSDP instance that already ran as a root cannot be nested under another root")
-            if inst._limit_all_gathers != self._limit_all_gathers or inst._limiter_depth != self._limiter_depth:
+            if other.limit_all_gathers != me.limit_all_gathers or other.limiter_depth != me.limiter_depth:
                 warnings.warn("nested FSDP instances' limit_all_gathers/limiter_depth differ: the root's settings apply")
         # See [Note: streams]; the device of the units (a root without parameters may not know it).
-        streams = Streams(next((i.compute_device for i in instances if i._unit is not None), self.compute_device))
-        limiter = RateLimiter(self._limit_all_gathers, self._limiter_depth, use_events=streams.cuda)
-        state = runtime.RootState(self, instances, limiter, streams)
-        for inst in instances:
-            inst._is_root = inst is self
-            inst._root_state = state
-            if inst._unit is not None:
-                inst._unit.limiter = limiter
-                inst._unit.streams = streams
+        streams = Streams(next((s.compute_device for s in states if s.unit is not None), me.compute_device))
+        limiter = RateLimiter(me.limit_all_gathers, me.limiter_depth, use_events=streams.cuda)
+        shared = RootState(states, limiter, streams)
+        for inst, state in zip(instances, states):
+            state.is_root = state is me
+            state.root_state = shared
+            if state.unit is not None:
+                state.unit.limiter = limiter
+                state.unit.streams = streams
             inst._cast_buffers()
 
     def _cast_buffers(self) -> None:
-        mp = self._mixed_precision
+        state = self._fsdp_state
+        mp = state.mixed_precision
         if mp is None or mp.buffer_dtype is None:
             return
-        for module in _managed_modules(self._fsdp_wrapped_module, self._ignored_modules):
+        for module in traversal.managed_modules(self._fsdp_wrapped_module, state.ignored_modules):
             for name, buf in module._buffers.items():
                 if buf is not None and buf.is_floating_point() and buf.dtype != mp.buffer_dtype:
-                    self._original_buffer_dtypes[(id(module), name)] = buf.dtype
+                    state.original_buffer_dtypes[(id(module), name)] = buf.dtype
                     module._buffers[name] = buf.to(mp.buffer_dtype)
 
     def __getattr__(self, name: str) -> Any:
@@ -289,31 +285,76 @@ class FullyShardedDataParallel(nn.Module):
         for name, buf in super().named_buffers(*args, **kwargs):
             yield (name.replace(_WRAPPED_PREFIX, "") if in_summon else name), buf
 
-    # -- utilities (utils.py holds the mechanics) --------------------------------------
+    # -- the state, under PyTorch 1.13's attribute names (read-only) ------------------------
+
+    @property
+    def compute_device(self) -> torch.device:
+        return self._fsdp_state.compute_device
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy:
+        """The effective strategy (NO_SHARD when the shard group has a single rank)."""
+        return self._fsdp_state.sharding_strategy
+
+    @property
+    def mixed_precision(self) -> MixedPrecision | None:
+        return self._fsdp_state.mixed_precision
+
+    @property
+    def cpu_offload(self) -> CPUOffload:
+        return self._fsdp_state.cpu_offload
+
+    @property
+    def backward_prefetch(self) -> BackwardPrefetch | None:
+        return self._fsdp_state.backward_prefetch
+
+    @property
+    def forward_prefetch(self) -> bool:
+        return self._fsdp_state.forward_prefetch
+
+    @property
+    def limit_all_gathers(self) -> bool:
+        return self._fsdp_state.limit_all_gathers
+
+    @property
+    def training_state(self) -> TrainingState:
+        return self._fsdp_state.training_state
 
     @property
     def is_root(self) -> bool | None:
-        return self._is_root
+        return self._fsdp_state.is_root
+
+    @property
+    def _is_root(self) -> bool | None:
+        return self._fsdp_state.is_root
+
+    @property
+    def _root_state(self) -> RootState | None:
+        """What the tree shares (streams, limiter, execution order); None before lazy init."""
+        return self._fsdp_state.root_state
+
+    @property
+    def _unit(self) -> FlatParamUnit | None:
+        """This instance's flat parameter and its collectives; None if it manages none."""
+        return self._fsdp_state.unit
 
     @property
     def module(self) -> nn.Module:
         """The wrapped module (like DistributedDataParallel's ``module``)."""
         return self._fsdp_wrapped_module
 
+    # -- utilities (utils.py holds the mechanics) --------------------------------------
+
     def check_is_root(self) -> bool:
         """Whether this instance is the root; runs the lazy initialization if needed (as in 1.13)."""
-        if self._root_state is None:
+        if self._fsdp_state.root_state is None:
             self._lazy_init()
-        return bool(self._is_root)
+        return bool(self._fsdp_state.is_root)
 
     @staticmethod
     def fsdp_modules(module: nn.Module, root_only: bool = False) -> list["FullyShardedDataParallel"]:
         """Every FSDP instance in ``module`` (``module`` included), only the roots with ``root_only``."""
-        return [
-            m
-            for m in module.modules()
-            if isinstance(m, FullyShardedDataParallel) and (not root_only or m.check_is_root())
-        ]
+        return [m for m in traversal.fsdp_modules(module) if not root_only or m.check_is_root()]
 
     @property
     def params_with_grad(self) -> list[nn.Parameter]:
@@ -322,13 +363,14 @@ class FullyShardedDataParallel(nn.Module):
 
     def fsdp_instances(self) -> list["FullyShardedDataParallel"]:
         """Every FSDP instance in this tree, this one first."""
-        return [m for m in self.modules() if isinstance(m, FullyShardedDataParallel)]
+        return traversal.fsdp_modules(self)
 
     def limiter_metrics(self) -> dict[str, float]:
         """The rate limiter's counters since the previous call (see rate_limiter.py)."""
-        if self._root_state is None:
+        shared = self._fsdp_state.root_state
+        if shared is None:
             return RateLimiter(False, 1).take_metrics()
-        return self._root_state.limiter.take_metrics()
+        return shared.limiter.take_metrics()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -336,18 +378,16 @@ class FullyShardedDataParallel(nn.Module):
 
         Costs memory: every unit keeps a full-size gradient until the next synced backward.
         """
-        if self._root_state is None:
-            self._lazy_init()
-        if not self._is_root:
+        if not self.check_is_root():  # runs the lazy init if needed
             raise RuntimeError("no_sync() must be called on the root FSDP instance")
-        runtime.check_state(self, TrainingState.IDLE)
-        state = self._root_state
-        previous = state.sync_gradients
-        state.sync_gradients = False
+        runtime.check_state(self._fsdp_state, TrainingState.IDLE)
+        shared = self._fsdp_state.root_state
+        previous = shared.sync_gradients
+        shared.sync_gradients = False
         try:
             yield
         finally:
-            state.sync_gradients = previous
+            shared.sync_gradients = previous
 
     def apply(self, fn: Callable[[nn.Module], None]) -> "FullyShardedDataParallel":
         """``nn.Module.apply`` with this instance's full parameters summoned around it
@@ -355,10 +395,8 @@ class FullyShardedDataParallel(nn.Module):
         parameters with their full shapes (nested instances summon their own as the
         recursion reaches them), and each rank keeps its shard of what ``fn`` wrote.
         Typical use: ``model.apply(init_fn)``. Not allowed inside ``summon_full_params``."""
-        from impl.fsdp.utils import summon_full_params
-
-        runtime.check_state(self, TrainingState.IDLE)
-        with summon_full_params(self, recurse=False, writeback=True):
+        runtime.check_state(self._fsdp_state, TrainingState.IDLE)
+        with utils.summon_full_params(self, recurse=False, writeback=True):
             return super().apply(fn)
 
     def register_comm_hook(self, state: object, hook: Callable) -> None:
@@ -370,9 +408,7 @@ class FullyShardedDataParallel(nn.Module):
         )
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        from impl.fsdp.utils import clip_grad_norm_
-
-        return clip_grad_norm_(self, max_norm, norm_type)
+        return utils.clip_grad_norm_(self, max_norm, norm_type)
 
     # -- state dicts (state_dict.py) ----------------------------------------------------
 
@@ -384,7 +420,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         if self.training_state is not TrainingState.IDLE:
-            runtime.check_state(self, TrainingState.IDLE)
+            runtime.check_state(self._fsdp_state, TrainingState.IDLE)
         out = state_dict_module.model_state_dict(self)
         if destination is None:
             return out
@@ -393,8 +429,6 @@ class FullyShardedDataParallel(nn.Module):
         return destination
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        from torch.nn.modules.module import _IncompatibleKeys
-
         missing, unexpected = state_dict_module.load_model_state_dict(self, state_dict, strict)
         return _IncompatibleKeys(missing, unexpected)
 
@@ -414,17 +448,7 @@ class FullyShardedDataParallel(nn.Module):
         rank0_only: bool = False,
         offload_to_cpu: bool = False,
     ):
-        from impl.fsdp.utils import summon_full_params
-
-        return summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu)
-
-
-def _post_accumulate_grad(instance: FullyShardedDataParallel, _param: torch.Tensor) -> None:
-    """One of the unit's parameters has its gradient; the unit's post-backward runs
-    with the last one (or, for parameters that get none, at the end of backward)."""
-    instance._grads_ready += 1
-    if instance._grads_ready == len(instance._unit.handle.unsharded_params):
-        runtime.post_backward(instance)
+        return utils.summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu)
 
 
 # -- construction helpers ----------------------------------------------------------------
@@ -444,32 +468,20 @@ def _ignored_modules(root: nn.Module, ignored_modules) -> set[nn.Module]:
         for m in given:
             if not isinstance(m, nn.Module):
                 raise TypeError(f"`ignored_modules` should be an iterable of `torch.nn.Module`s but got an element {type(m)}")
-            if isinstance(m, FullyShardedDataParallel):
+            if traversal.is_fsdp(m):
                 raise ValueError("`ignored_modules` should not include FSDP modules")
             ignored.update(m.modules())
     if root in ignored:
         warnings.warn("Trying to ignore the top-level module passed to FSDP: its parameters stay unmanaged")
-    for sub in root.modules():
-        if isinstance(sub, FullyShardedDataParallel):
-            ignored.update(sub._ignored_modules)
+    for state in traversal.fsdp_states(root):
+        ignored.update(state.ignored_modules)
     return ignored
-
-
-def _managed_modules(module: nn.Module, ignored: set[nn.Module]) -> Iterator[nn.Module]:
-    """``module`` and its descendants, stopping at nested instances and ignored modules."""
-    if module in ignored:
-        return
-    yield module
-    for child in module._modules.values():
-        if child is None or isinstance(child, FullyShardedDataParallel):
-            continue
-        yield from _managed_modules(child, ignored)
 
 
 def _managed_params(module: nn.Module, ignored: set[nn.Module]):
     """(fqn, owner module, attribute name, parameter) of the parameters this unit flattens."""
     names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
-    for m in _managed_modules(module, ignored):
+    for m in traversal.managed_modules(module, ignored):
         prefix = names.get(id(m), "")
         for name, p in m._parameters.items():
             if p is not None:
@@ -483,7 +495,7 @@ def _default_device(device_id) -> torch.device:
 
 
 def _materialize(module: nn.Module, param_init_fn, device_id, ignored) -> None:
-    is_meta = any(p.is_meta for m in _managed_modules(module, ignored) for p in m._parameters.values() if p is not None)
+    is_meta = any(p.is_meta for m in traversal.managed_modules(module, ignored) for p in m._parameters.values() if p is not None)
     if param_init_fn is not None and not callable(param_init_fn):
         raise ValueError(f"Expected param_init_fn to be a callable but got {type(param_init_fn)}")
     if is_meta:
@@ -492,13 +504,13 @@ def _materialize(module: nn.Module, param_init_fn, device_id, ignored) -> None:
         else:
             # Only this unit's own modules: nested instances (built first by auto-wrap)
             # already hold their initialized shards, which to_empty would overwrite.
-            for m in _managed_modules(module, ignored):
+            for m in traversal.managed_modules(module, ignored):
                 m.to_empty(device=_default_device(device_id), recurse=False)
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
     if device_id is not None:
         device = torch.device(device_id)
-        for m in _managed_modules(module, ignored):
+        for m in traversal.managed_modules(module, ignored):
             for name, p in m._parameters.items():
                 if p is not None and p.device != device:
                     m._parameters[name] = nn.Parameter(p.detach().to(device), requires_grad=p.requires_grad)
@@ -511,7 +523,7 @@ def _broadcast_module_states(module: nn.Module, ignored, managed) -> None:
     with torch.no_grad():
         for _, _, _, p in managed:
             comm.broadcast(p.data, src=0, async_op=False)
-        for m in _managed_modules(module, ignored):
+        for m in traversal.managed_modules(module, ignored):
             for b in m._buffers.values():
                 if b is not None:
                     comm.broadcast(b, src=0, async_op=False)

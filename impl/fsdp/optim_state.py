@@ -23,7 +23,6 @@ by its name in the unwrapped model.
 from __future__ import annotations
 
 import copy
-import enum
 from typing import Any
 
 import torch
@@ -31,24 +30,20 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from impl import comm
-
-
-class OptimStateKeyType(enum.Enum):
-    PARAM_NAME = enum.auto()
-    PARAM_ID = enum.auto()
+from impl.fsdp.api import OptimStateKeyType  # defined in api.py, re-exported here
+from impl.fsdp.state_dict import _clean, _join, _to_dtensor
+from impl.fsdp.traversal import state_of
 
 
 def _param_map(model: nn.Module) -> dict[int, tuple[Any, list[str]]]:
     """id(optimizer parameter) -> (unit or None, [unflattened names])."""
-    from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
-    from impl.fsdp.state_dict import _clean, _join
-
     out: dict[int, tuple[Any, list[str]]] = {}
     for mod_name, mod in model.named_modules():
-        if isinstance(mod, FSDP):
-            if mod._unit is not None:
-                h = mod._unit.handle
-                out[id(h.sharded_flat)] = (mod._unit, [_join(_clean(mod_name), i.fqn) for i in h.infos])
+        state = state_of(mod)
+        if state is not None:  # an FSDP instance: the optimizer sees its flat shard
+            if state.unit is not None:
+                h = state.unit.handle
+                out[id(h.sharded_flat)] = (state.unit, [_join(_clean(mod_name), i.fqn) for i in h.infos])
             continue
         for name, p in mod._parameters.items():
             if p is not None and id(p) not in out:
@@ -115,8 +110,6 @@ def full_optim_state_dict(
 
 def sharded_optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_input=None, group=None) -> dict:
     """Like ``full_optim_state_dict`` on every rank, positive-dimension states as DTensors."""
-    from impl.fsdp.state_dict import _to_dtensor
-
     pmap = _param_map(model)
     full = full_optim_state_dict(model, optim, rank0_only=False)
     unit_of = {n: unit for unit, names in pmap.values() for n in names}
@@ -194,6 +187,7 @@ def _flatten_state(unit, names, entries, param) -> dict:
 
 
 def flatten_sharded_optim_state_dict(sharded_osd: dict, model: nn.Module, optim_input=None, optim=None) -> dict:
+    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
     from torch.distributed.tensor import DTensor
 
     full = {

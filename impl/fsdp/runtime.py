@@ -1,4 +1,8 @@
-"""The hooks that drive FSDP through an iteration, and the state the root shares.
+"""The hooks that drive FSDP through an iteration.
+
+Each hook takes the instance's ``FSDPState`` (state.py) and reaches what the tree
+shares through its ``root_state``; none needs the module class (fully_sharded.py,
+which installs the hooks).
 
 Per unit and iteration (docs/behaviour.md §F2)::
 
@@ -23,57 +27,35 @@ flight (the last reduce-scatter, and HYBRID_SHARD's cross-replica all-reduces).
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 from torch.autograd import Variable
 from torch.autograd.profiler import record_function
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from impl.fsdp.api import BackwardPrefetch, ShardingStrategy, TrainingState
-from impl.fsdp.exec_order import ExecutionOrder
-from impl.fsdp.rate_limiter import RateLimiter
-from impl.streams import Streams
-
-
-class RootState:
-    """What every FSDP instance under one root shares, created at the root's lazy init."""
-
-    def __init__(self, root, instances: list, limiter: RateLimiter, streams: Streams | None = None):
-        self.root = root
-        self.instances = instances  # every FSDP instance in the tree, root first
-        self.limiter = limiter
-        # Compute/unshard/post-backward streams of the root's device. See [Note: streams].
-        self.streams = streams if streams is not None else Streams(root.compute_device)
-        self.exec_order = ExecutionOrder()
-        # Reductions in flight, oldest first. See [Note: reductions in flight].
-        self.pending_reductions: deque = deque()
-        # False inside no_sync(): gradients accumulate unsharded and are not reduced.
-        self.sync_gradients = True
-        # Whether this backward's end-of-backward callback is already queued.
-        self.end_of_backward_queued = False
+from impl.fsdp.state import FSDPState, RootState
 
 
 # -- helpers -------------------------------------------------------------------------
 
 
-def check_state(instance, *allowed: TrainingState) -> None:
+def check_state(state: FSDPState, *allowed: TrainingState) -> None:
     """Raise the ValueError PyTorch 1.13 raises when a hook or utility runs in the wrong state."""
-    if instance.training_state not in allowed:
+    if state.training_state not in allowed:
         names = ", ".join(s.name for s in allowed)
-        raise ValueError(f"expected to be in states [{names}] but current state is {instance.training_state.name}")
+        raise ValueError(f"expected to be in states [{names}] but current state is {state.training_state.name}")
 
 
-def frees_after_forward(instance) -> bool:
+def frees_after_forward(state: FSDPState) -> bool:
     """FULL_SHARD (and HYBRID_SHARD) free after forward, except the root, whose
     parameters backward needs first (PyTorch 1.13)."""
-    return instance._unit.strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and (
-        not instance._is_root
+    return state.unit.strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and (
+        not state.is_root
     )
 
 
-def frees_after_backward(instance, sync: bool) -> bool:
-    strategy = instance._unit.strategy
+def frees_after_backward(state: FSDPState, sync: bool) -> bool:
+    strategy = state.unit.strategy
     if strategy is ShardingStrategy.NO_SHARD:
         return True  # only a mixed-precision copy, if any, is freed
     return sync or strategy is not ShardingStrategy.SHARD_GRAD_OP
@@ -97,141 +79,151 @@ def to_device(obj, device: torch.device):
 # -- forward ---------------------------------------------------------------------------
 
 
-def pre_forward(instance, args, kwargs):
-    state: RootState = instance._root_state
-    if instance._is_root:
-        check_state(instance, TrainingState.IDLE)
+def pre_forward(state: FSDPState, args, kwargs, training: bool):
+    """``training``: the module's training flag (the order check runs in training only)."""
+    shared: RootState = state.root_state
+    if state.is_root:
+        check_state(state, TrainingState.IDLE)
         # The sharded parameters are ready when what compute has queued so far is done
         # (the optimizer step): all-gathers wait for this event only. See [Note: streams].
-        state.streams.params_ready = state.streams.record(state.streams.compute)
-        if not state.end_of_backward_queued and state.exec_order.forward_pending_backward:
+        shared.streams.params_ready = shared.streams.record(shared.streams.compute)
+        if not shared.end_of_backward_queued and shared.exec_order.forward_pending_backward:
             # The previous forward had no backward (evaluation): start a new iteration.
-            _finish_iteration(state)
-        if instance.compute_device.type != "cpu":
-            args, kwargs = to_device((args, kwargs), instance.compute_device)
-        mp = instance._mixed_precision
+            _finish_iteration(shared)
+        if state.compute_device.type != "cpu":
+            args, kwargs = to_device((args, kwargs), state.compute_device)
+        mp = state.mixed_precision
         if mp is not None and mp.param_dtype is not None:
             args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
-    instance.training_state = TrainingState.FORWARD
-    unit = instance._unit
+    state.training_state = TrainingState.FORWARD
+    unit = state.unit
     if unit is None:
         return args, kwargs
     with record_function("impl::fsdp::pre_forward"):
-        state.exec_order.record_pre_forward(instance, unit)
-        unit.unshard(prefetch=False, ticketed=frees_after_forward(instance))
+        shared.exec_order.record_pre_forward(state, unit, check=training)
+        unit.unshard(prefetch=False, ticketed=frees_after_forward(state))
         unit.wait_for_unshard()
-        if instance._forward_prefetch:
-            nxt = state.exec_order.next_forward(instance)
+        if state.forward_prefetch:
+            nxt = shared.exec_order.next_forward(state)
             if nxt is not None:
-                nxt._unit.unshard(prefetch=True, ticketed=frees_after_forward(nxt))
+                nxt.unit.unshard(prefetch=True, ticketed=frees_after_forward(nxt))
         unit.handle.use_unsharded_params()
     return args, kwargs
 
 
-def post_forward(instance, output):
-    state: RootState = instance._root_state
-    unit = instance._unit
+def post_forward(state: FSDPState, output):
+    shared: RootState = state.root_state
+    unit = state.unit
     if unit is not None:
         with record_function("impl::fsdp::post_forward"):
-            state.exec_order.record_post_forward(instance)
-            unit.reshard(free=frees_after_forward(instance) or not torch.is_grad_enabled())
+            shared.exec_order.record_post_forward(state)
+            unit.reshard(free=frees_after_forward(state) or not torch.is_grad_enabled())
     if torch.is_grad_enabled():
-        hook = _make_pre_backward_hook(instance)
+        hook = _make_pre_backward_hook(state)
         for t in _tensors(output):
             if t.requires_grad:
                 t.register_hook(hook)
-    instance.training_state = TrainingState.IDLE
+    state.training_state = TrainingState.IDLE
     return output
 
 
 # -- backward --------------------------------------------------------------------------
 
 
-def _make_pre_backward_hook(instance):
+def _make_pre_backward_hook(state: FSDPState):
     def hook(grad):
-        pre_backward(instance)
+        pre_backward(state)
         return None
 
     return hook
 
 
-def pre_backward(instance) -> None:
-    if instance._ran_pre_backward:
+def pre_backward(state: FSDPState) -> None:
+    if state.ran_pre_backward:
         return
-    instance._ran_pre_backward = True
-    state: RootState = instance._root_state
-    if not state.end_of_backward_queued:
-        state.end_of_backward_queued = True
-        Variable._execution_engine.queue_callback(lambda: end_of_backward(state))
-    instance.training_state = TrainingState.BACKWARD_PRE
-    unit = instance._unit
+    state.ran_pre_backward = True
+    shared: RootState = state.root_state
+    if not shared.end_of_backward_queued:
+        shared.end_of_backward_queued = True
+        Variable._execution_engine.queue_callback(lambda: end_of_backward(shared))
+    state.training_state = TrainingState.BACKWARD_PRE
+    unit = state.unit
     if unit is None:
         return
     with record_function("impl::fsdp::pre_backward"):
         unit.unshard(prefetch=False)
         unit.wait_for_unshard()
-        if instance._backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
-            _prefetch_backward(state, instance)
+        if state.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
+            _prefetch_backward(shared, state)
 
 
-def _prefetch_backward(state: RootState, instance) -> None:
-    nxt = state.exec_order.next_backward(instance)
-    if nxt is not None and not nxt._ran_pre_backward and nxt._unit is not None:
-        nxt._unit.unshard(prefetch=True)
+def _prefetch_backward(shared: RootState, state: FSDPState) -> None:
+    nxt = shared.exec_order.next_backward(state)
+    if nxt is not None and not nxt.ran_pre_backward and nxt.unit is not None:
+        nxt.unit.unshard(prefetch=True)
 
 
-def post_backward(instance) -> None:
-    """Runs when the unit's parameters have their gradients (hooked on each unsharded
-    parameter's gradient accumulation; for parameters that get none, from end_of_backward)."""
-    state: RootState = instance._root_state
-    check_state(instance, TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST)
-    instance.training_state = TrainingState.BACKWARD_POST
-    instance._grads_ready = 0
-    unit = instance._unit
+def post_accumulate_grad(state: FSDPState, _param: torch.Tensor) -> None:
+    """Hooked on each unsharded parameter's gradient accumulation: one of the unit's
+    parameters has its gradient; the unit's post-backward runs with the last one (or,
+    for parameters that get none, at the end of backward)."""
+    state.grads_ready += 1
+    if state.grads_ready == len(state.unit.handle.unsharded_params):
+        post_backward(state)
+
+
+def post_backward(state: FSDPState) -> None:
+    """Runs when the unit's parameters have their gradients (from post_accumulate_grad;
+    for parameters that get none, from end_of_backward)."""
+    shared: RootState = state.root_state
+    check_state(state, TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST)
+    state.training_state = TrainingState.BACKWARD_POST
+    state.grads_ready = 0
+    unit = state.unit
     handle = unit.handle
     if not handle.has_unsharded_grads():
         return
     if any(p.grad is not None and p.grad.requires_grad for p in handle.unsharded_params):
         raise RuntimeError("FSDP only works with gradients that don't require gradients")
     with record_function("impl::fsdp::post_backward"):
-        unit.reshard(free=frees_after_backward(instance, state.sync_gradients))
-        if instance._backward_prefetch is BackwardPrefetch.BACKWARD_POST:
-            _prefetch_backward(state, instance)
-        if not state.sync_gradients:
+        unit.reshard(free=frees_after_backward(state, shared.sync_gradients))
+        if state.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
+            _prefetch_backward(shared, state)
+        if not shared.sync_gradients:
             return  # no_sync: the unsharded gradients keep accumulating in each .grad
         grad = handle.take_unsharded_grad()
-        with state.streams.on(state.streams.post_backward):
-            for _, older in state.pending_reductions:  # See [Note: reductions in flight]
+        with shared.streams.on(shared.streams.post_backward):
+            for _, older in shared.pending_reductions:  # See [Note: reductions in flight]
                 older.advance()
-        state.pending_reductions.append((unit, unit.reduce_grad(grad)))
+        shared.pending_reductions.append((unit, unit.reduce_grad(grad)))
 
 
-def end_of_backward(state: RootState) -> None:
+def end_of_backward(shared: RootState) -> None:
     with record_function("impl::fsdp::end_of_backward"):
-        for instance in state.instances:
+        for state in shared.states:
             # Units some of whose parameters got no gradient: their hook never completed.
-            if instance._grads_ready and instance._unit is not None:
-                post_backward(instance)
+            if state.grads_ready and state.unit is not None:
+                post_backward(state)
         finished = []
-        while state.pending_reductions:
-            unit, pending = state.pending_reductions.popleft()
+        while shared.pending_reductions:
+            unit, pending = shared.pending_reductions.popleft()
             finished.append((unit, unit.finish_reduction(pending)))
-        if state.streams.cuda and any(u._pinned_grad is not None for u, _ in finished):
+        if shared.streams.cuda and any(u._pinned_grad is not None for u, _ in finished):
             # CPU offload: the non-blocking copies into pinned memory must land before the
             # optimizer step reads the gradients.
-            state.streams.post_backward.synchronize()
+            shared.streams.post_backward.synchronize()
         for unit, reduced in finished:
             unit.accumulate_sharded_grad(reduced)
-        for instance in state.instances:
-            if instance._unit is not None:  # catch-all: frozen or unused units
-                instance._unit.reshard(free=frees_after_backward(instance, state.sync_gradients))
-            instance.training_state = TrainingState.IDLE
-            instance._ran_pre_backward = False
-            instance._grads_ready = 0
-        state.end_of_backward_queued = False
-        _finish_iteration(state)
+        for state in shared.states:
+            if state.unit is not None:  # catch-all: frozen or unused units
+                state.unit.reshard(free=frees_after_backward(state, shared.sync_gradients))
+            state.training_state = TrainingState.IDLE
+            state.ran_pre_backward = False
+            state.grads_ready = 0
+        shared.end_of_backward_queued = False
+        _finish_iteration(shared)
 
 
-def _finish_iteration(state: RootState) -> None:
-    state.limiter.end_of_backward()
-    state.exec_order.end_iteration()
+def _finish_iteration(shared: RootState) -> None:
+    shared.limiter.end_of_backward()
+    shared.exec_order.end_iteration()

@@ -22,51 +22,26 @@ Use it as in PyTorch::
 from __future__ import annotations
 
 import contextlib
-import enum
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 
-from impl.fsdp.api import ShardingStrategy
-
-
-class StateDictType(enum.Enum):
-    FULL_STATE_DICT = enum.auto()
-    LOCAL_STATE_DICT = enum.auto()
-    SHARDED_STATE_DICT = enum.auto()
-
-
-@dataclass(frozen=True)
-class FullStateDictConfig:
-    offload_to_cpu: bool = False
-    """Copy the full tensors to the CPU."""
-    rank0_only: bool = False
-    """Only rank 0 returns (and keeps in memory) the full state dict; others get ``{}``."""
-
-
-@dataclass(frozen=True)
-class LocalStateDictConfig:
-    pass
-
-
-@dataclass(frozen=True)
-class ShardedStateDictConfig:
-    pass
-
+from impl.fsdp.api import (  # the policies are defined in api.py, re-exported here
+    FullStateDictConfig,
+    LocalStateDictConfig,
+    ShardedStateDictConfig,
+    StateDictType,
+)
+from impl.fsdp.traversal import fsdp_states, named_fsdp_states, state_of
+from impl.fsdp.utils import summon_full_params
 
 _CONFIG_OF = {
     StateDictType.FULL_STATE_DICT: FullStateDictConfig,
     StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
     StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig,
 }
-
-
-def _instances(module: nn.Module) -> list:
-    from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
-
-    return [m for m in module.modules() if isinstance(m, FSDP)]
 
 
 @contextlib.contextmanager
@@ -77,17 +52,17 @@ def state_dict_type(module: nn.Module, type: StateDictType, config=None):
     config = config if config is not None else _CONFIG_OF[type]()
     if not isinstance(config, _CONFIG_OF[type]):
         raise RuntimeError(f"Expected state_dict_config of type {_CONFIG_OF[type].__name__} but got {config.__class__.__name__}")
-    instances = _instances(module)
-    previous = [(m._state_dict_type, m._state_dict_config) for m in instances]
+    states = fsdp_states(module)
+    previous = [(s.state_dict_type, s.state_dict_config) for s in states]
     if len({t for t, _ in previous}) > 1:
         raise RuntimeError("All FSDP module should the same state_dict_type.")
-    for m in instances:
-        m._state_dict_type, m._state_dict_config = type, config
+    for s in states:
+        s.state_dict_type, s.state_dict_config = type, config
     try:
         yield
     finally:
-        for m, (t, c) in zip(instances, previous):
-            m._state_dict_type, m._state_dict_config = t, c
+        for s, (t, c) in zip(states, previous):
+            s.state_dict_type, s.state_dict_config = t, c
 
 
 # -- naming ---------------------------------------------------------------------------
@@ -105,19 +80,16 @@ class _Entries:
     """Where each state-dict entry of an FSDP tree lives, under its unwrapped name."""
 
     def __init__(self, root: nn.Module):
-        from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
-
-        self.managed = []  # (name, instance, ParamInfo or SharedParamInfo)
+        self.managed = []  # (name, instance's FSDPState, ParamInfo or SharedParamInfo)
         self.unmanaged = []  # (name, module, attribute): parameters outside every unit
-        self.buffers = []  # (name, module, attribute, owning instance)
-        owner = {}
+        self.buffers = []  # (name, module, attribute)
         for mod_name, mod in root.named_modules(remove_duplicate=False):
-            if isinstance(mod, FSDP):
-                owner[id(mod._fsdp_wrapped_module)] = mod
-                if mod._unit is not None:
-                    h = mod._unit.handle
+            state = state_of(mod)
+            if state is not None:  # an FSDP instance: its parameters are the unit's
+                if state.unit is not None:
+                    h = state.unit.handle
                     for ref in [*h.infos, *h.shared]:
-                        self.managed.append((_join(_clean(mod_name), ref.fqn), mod, ref))
+                        self.managed.append((_join(_clean(mod_name), ref.fqn), state, ref))
                 continue
             prefix = _clean(mod_name)
             for name, p in mod._parameters.items():
@@ -126,9 +98,15 @@ class _Entries:
             for name, b in mod._buffers.items():
                 if b is not None and name not in mod._non_persistent_buffers_set:
                     self.buffers.append((_join(prefix, name), mod, name))
-        self.instances = _instances(root)
+        self.states = fsdp_states(root)
+        # LOCAL's entries: (name, state) of each unit's flat_param.
+        self.flat_params = [
+            (_join(_clean(name), "flat_param"), state)
+            for name, state in named_fsdp_states(root)
+            if state.unit is not None
+        ]
         # Buffers cast by mixed precision are saved in their original dtype.
-        self.buffer_dtypes = {k: v for inst in self.instances for k, v in inst._original_buffer_dtypes.items()}
+        self.buffer_dtypes = {k: v for state in self.states for k, v in state.original_buffer_dtypes.items()}
 
     def buffer_value(self, mod: nn.Module, name: str) -> torch.Tensor:
         b = mod._buffers[name].detach()
@@ -136,12 +114,12 @@ class _Entries:
         return b.to(original) if original is not None and original != b.dtype else b.clone()
 
 
-def _check_sharded(instances, what: str) -> None:
-    for m in instances:
-        if m._unit is not None and not m._unit.sharded:
+def _check_sharded(states, what: str) -> None:
+    for state in states:
+        if state.unit is not None and not state.unit.sharded:
             raise RuntimeError(
                 "sharded_state_dict/local_state_dict can only be called when parameters are flatten and sharded."
-                f" ({what} with {m._unit.strategy.name})"
+                f" ({what} with {state.unit.strategy.name})"
             )
 
 
@@ -149,9 +127,7 @@ def _check_sharded(instances, what: str) -> None:
 
 
 def model_state_dict(root) -> dict[str, torch.Tensor]:
-    from impl.fsdp.utils import summon_full_params
-
-    kind, config = root._state_dict_type, root._state_dict_config
+    kind, config = state_of(root).state_dict_type, state_of(root).state_dict_config
     entries = _Entries(root)
     out: dict[str, torch.Tensor] = {}
     if kind is StateDictType.FULL_STATE_DICT:
@@ -169,16 +145,14 @@ def model_state_dict(root) -> dict[str, torch.Tensor]:
             out = {k: v.cpu() for k, v in out.items()}
         return out
     if kind is StateDictType.LOCAL_STATE_DICT:
-        _check_sharded(entries.instances, "LOCAL_STATE_DICT")
-        for inst in entries.instances:
-            if inst._unit is not None:
-                name = _join(_clean(_name_of(root, inst)), "flat_param")
-                out[name] = inst._unit.handle.sharded_flat.detach().clone()
+        _check_sharded(entries.states, "LOCAL_STATE_DICT")
+        for name, state in entries.flat_params:
+            out[name] = state.unit.handle.sharded_flat.detach().clone()
     elif kind is StateDictType.SHARDED_STATE_DICT:
-        _check_sharded(entries.instances, "SHARDED_STATE_DICT")
+        _check_sharded(entries.states, "SHARDED_STATE_DICT")
         with summon_full_params(root, writeback=False):
-            for name, inst, ref in entries.managed:
-                out[name] = _to_dtensor(ref.module.__dict__[ref.name].detach(), inst._unit)
+            for name, state, ref in entries.managed:
+                out[name] = _to_dtensor(ref.module.__dict__[ref.name].detach(), state.unit)
     else:
         raise ValueError(f"Unknown StateDictType {kind!r}")
     for name, mod, attr in entries.unmanaged:
@@ -188,22 +162,14 @@ def model_state_dict(root) -> dict[str, torch.Tensor]:
     return out
 
 
-def _name_of(root, module) -> str:
-    for name, m in root.named_modules():
-        if m is module:
-            return name
-    raise KeyError("module not in tree")
-
-
 def _mesh(unit):
-    from torch.distributed.device_mesh import DeviceMesh
-
     if getattr(unit, "_mesh", None) is None:
         unit._mesh = DeviceMesh.from_group(unit.shard_group, unit.handle.device.type)
     return unit._mesh
 
 
 def _to_dtensor(full: torch.Tensor, unit):
+    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
     from torch.distributed.tensor import DTensor, Shard
 
     if full.dim() == 0:
@@ -218,17 +184,15 @@ def _to_dtensor(full: torch.Tensor, unit):
 
 
 def load_model_state_dict(root, state_dict: dict, strict: bool = True):
-    from impl.fsdp.utils import summon_full_params
-
-    kind = root._state_dict_type
+    kind = state_of(root).state_dict_type
     entries = _Entries(root)
     if kind is StateDictType.LOCAL_STATE_DICT:
-        _check_sharded(entries.instances, "LOCAL_STATE_DICT")
-        expected = {_join(_clean(_name_of(root, i)), "flat_param"): i for i in entries.instances if i._unit is not None}
+        _check_sharded(entries.states, "LOCAL_STATE_DICT")
+        expected = dict(entries.flat_params)
     elif kind in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
         if kind is StateDictType.SHARDED_STATE_DICT:
-            _check_sharded(entries.instances, "SHARDED_STATE_DICT")
-        expected = {name: (inst, ref) for name, inst, ref in entries.managed}
+            _check_sharded(entries.states, "SHARDED_STATE_DICT")
+        expected = {name: (state, ref) for name, state, ref in entries.managed}
     else:
         raise ValueError(f"Unknown StateDictType {kind!r}")
     names = set(expected) | {n for n, _, _ in entries.unmanaged} | {n for n, _, _ in entries.buffers}
@@ -236,19 +200,20 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
     if strict and (missing or unexpected):
         raise RuntimeError(f"Error(s) in loading state_dict: missing keys {missing}, unexpected keys {unexpected}")
 
-    def value(v):
-        from torch.distributed.tensor import DTensor
+    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
+    from torch.distributed.tensor import DTensor
 
+    def value(v):
         return v.full_tensor() if isinstance(v, DTensor) else v
 
     with torch.no_grad():
         if kind is StateDictType.LOCAL_STATE_DICT:
-            for name, inst in expected.items():
+            for name, state in expected.items():
                 if name in state_dict:
-                    inst._unit.handle.sharded_flat.copy_(state_dict[name])
+                    state.unit.handle.sharded_flat.copy_(state_dict[name])
         else:
             with summon_full_params(root, writeback=True):
-                for name, (inst, ref) in expected.items():
+                for name, (_, ref) in expected.items():
                     if name in state_dict:
                         ref.module.__dict__[ref.name].copy_(value(state_dict[name]))
         for name, mod, attr in entries.unmanaged:

@@ -1,4 +1,8 @@
-"""Utilities over a whole FSDP tree: gradient clipping and summoning the full parameters."""
+"""Utilities over a whole FSDP tree: gradient clipping and summoning the full parameters.
+
+They take the (root) module, as PyTorch's do, find its instances with traversal.py
+and work on their ``FSDPState``; the only FSDP methods they call are on that module.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch.nn as nn
 from impl import comm
 from impl.fsdp.api import TrainingState
 from impl.fsdp.runtime import check_state
+from impl.fsdp.traversal import fsdp_modules, fsdp_states, state_of
 
 
 def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -24,15 +29,14 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
     summed over it; NO_SHARD gradients and parameters outside any unit (ignored modules)
     are identical on every rank and counted once.
     """
-    if root._root_state is None:
-        root._lazy_init()
-    if not root._is_root:
+    if not root.check_is_root():  # runs the lazy init if needed
         raise RuntimeError("clip_grad_norm_ should only be called on the root FSDP instance")
-    check_state(root, TrainingState.IDLE)
+    check_state(state_of(root), TrainingState.IDLE)
     p = float(norm_type)
+    states = fsdp_states(root)
     sharded, replicated, groups = [], [], set()
-    for inst in root.fsdp_instances():
-        unit = inst._unit
+    for state in states:
+        unit = state.unit
         if unit is None or unit.handle.sharded_flat.grad is None:
             continue
         if unit.sharded and unit.handle.shard_world > 1:
@@ -40,12 +44,12 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
             groups.add(unit.shard_group)
         else:
             replicated.append(unit.handle.sharded_flat.grad)
-    flat_ids = {id(inst._unit.handle.sharded_flat) for inst in root.fsdp_instances() if inst._unit is not None}
+    flat_ids = {id(state.unit.handle.sharded_flat) for state in states if state.unit is not None}
     others = [q.grad for q in root.parameters() if id(q) not in flat_ids and q.grad is not None]
     replicated += others
     if len(groups) > 1:
         raise NotImplementedError("clip_grad_norm_ with units in different shard groups is not supported")
-    device = root.compute_device
+    device = state_of(root).compute_device
 
     def local(grads):
         if not grads:
@@ -89,8 +93,6 @@ def summon_full_params(
     shard (NO_SHARD edits persist regardless: the full parameter is the shard). Not
     allowed during forward or backward, nor nested in another summon of the same units.
     """
-    from impl.fsdp.fully_sharded import FullyShardedDataParallel as FSDP
-
     if writeback and rank0_only:
         raise ValueError(
             "writeback=True and rank0_only=True is not supported, as model parameter shapes will be different "
@@ -103,17 +105,18 @@ def summon_full_params(
             "recommended to use ``offload_to_cpu`` with rank0_only=True."
         )
     if recurse:
-        instances = [m for m in module.modules() if isinstance(m, FSDP)]
+        instances = fsdp_modules(module)
     else:
-        instances = [module] if isinstance(module, FSDP) else []
-    for inst in instances:
-        check_state(inst, TrainingState.IDLE)
+        instances = [module] if state_of(module) is not None else []
+    states = [state_of(inst) for inst in instances]
+    for state in states:
+        check_state(state, TrainingState.IDLE)
     exposes = not rank0_only or dist.get_rank() == 0
-    summoned = []  # (instance, full copy, exposed parameters, attribute snapshot)
+    summoned = []  # (instance, its handle, full copy, exposed parameters, attribute snapshot)
     try:
-        for inst in instances:
-            inst.training_state = TrainingState.SUMMON_FULL_PARAMS
-            unit = inst._unit
+        for inst, state in zip(instances, states):
+            state.training_state = TrainingState.SUMMON_FULL_PARAMS
+            unit = state.unit
             if unit is None:
                 continue
             h = unit.handle
@@ -132,15 +135,14 @@ def summon_full_params(
             params = h.expose_full_params(full)
             # The flat shard leaves named_parameters() but stays an attribute.
             inst.__dict__["flat_param"] = inst._parameters.pop("flat_param")
-            summoned.append((inst, full, params, snapshot))
+            summoned.append((inst, h, full, params, snapshot))
         yield
     finally:
-        for inst, full, params, snapshot in reversed(summoned):
-            h = inst._unit.handle
+        for inst, h, full, params, snapshot in reversed(summoned):
             h.hide_full_params(params, full, snapshot)  # drops the references to the full copy
             inst._parameters["flat_param"] = inst.__dict__.pop("flat_param")
             if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
                 with torch.no_grad():
                     h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
-        for inst in instances:
-            inst.training_state = TrainingState.IDLE
+        for state in states:
+            state.training_state = TrainingState.IDLE

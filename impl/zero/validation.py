@@ -66,6 +66,7 @@ def optimizer_constructor(optimizer_class: Any, overlap_with_ddp: bool) -> Any:
         return optimizer_class
     if _is_functional(optimizer_class):
         return optimizer_class
+    # Only overlap_with_ddp needs the (TorchScript) functional optimizers: about 2 s to import.
     from torch.distributed.optim.utils import functional_optim_map
 
     if optimizer_class in functional_optim_map:
