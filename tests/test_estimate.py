@@ -109,3 +109,7 @@ def test_fake_tensors_estimate_as_real_tensors_do(tmp_path):
     peaks = [c for c in real.columns if c.startswith("peak_mem")]
     assert ((fake[peaks] - real[peaks]).abs() <= 8 * 64).all().all(), (fake[peaks] - real[peaks]).to_string()
     assert real.loc[("impl-fsdp-bf16", 64), "state_params_numel"] < real.loc[("ddp-bf16", 64), "state_params_numel"]
+    # Measured element counts in the paper's convention vs its formula (padding aside).
+    at4 = fake.xs(4, level="world_size")
+    error = (at4["paper_model_states_bytes"] / at4["paper_analytic_model_states_bytes"] - 1).abs()
+    assert (error < 0.01).all(), error.to_string()

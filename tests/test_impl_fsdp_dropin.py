@@ -189,6 +189,9 @@ def public_api_body(rank, world_size):
     assert model.sharding_strategy is ShardingStrategy.FULL_SHARD and model.training_state is TrainingState.IDLE
     assert model._unit is traversal.state_of(model).unit and model._root_state is traversal.state_of(model).root_state
     assert traversal.state_of(raw) is None and traversal.state_of(instances[1].module) is None
+    model.forward_prefetch = True  # a plain attribute in 1.13: assignable, and what the runtime reads
+    assert traversal.state_of(model).forward_prefetch is True
+    model.forward_prefetch = False
     with pytest.raises(NotImplementedError, match="register_comm_hook"):
         model.register_comm_hook(None, lambda *a: None)
     train(model, "mlp", rank, world_size, steps=1)

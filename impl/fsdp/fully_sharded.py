@@ -56,6 +56,12 @@ _WRAPPED_PREFIX = "_fsdp_wrapped_module."
 _next_unit_index = 0
 
 
+def _state_attribute(name: str, doc: str | None = None) -> property:
+    """A public attribute of the instance that lives in its FSDPState."""
+    return property(lambda self: getattr(self._fsdp_state, name),
+                    lambda self, value: setattr(self._fsdp_state, name, value), doc=doc)
+
+
 class FullyShardedDataParallel(nn.Module):
     """Shard a module's parameters, gradients and optimizer state across ranks (ZeRO-3).
 
@@ -285,48 +291,21 @@ class FullyShardedDataParallel(nn.Module):
         for name, buf in super().named_buffers(*args, **kwargs):
             yield (name.replace(_WRAPPED_PREFIX, "") if in_summon else name), buf
 
-    # -- the state, under PyTorch 1.13's attribute names (read-only) ------------------------
+    # -- the state, under PyTorch 1.13's attribute names ----------------------------------
+    # Reads and assignments go to the instance's FSDPState, which the runtime reads: as in
+    # 1.13, where these are plain attributes, an assignment takes effect from the next use.
 
-    @property
-    def compute_device(self) -> torch.device:
-        return self._fsdp_state.compute_device
-
-    @property
-    def sharding_strategy(self) -> ShardingStrategy:
-        """The effective strategy (NO_SHARD when the shard group has a single rank)."""
-        return self._fsdp_state.sharding_strategy
-
-    @property
-    def mixed_precision(self) -> MixedPrecision | None:
-        return self._fsdp_state.mixed_precision
-
-    @property
-    def cpu_offload(self) -> CPUOffload:
-        return self._fsdp_state.cpu_offload
-
-    @property
-    def backward_prefetch(self) -> BackwardPrefetch | None:
-        return self._fsdp_state.backward_prefetch
-
-    @property
-    def forward_prefetch(self) -> bool:
-        return self._fsdp_state.forward_prefetch
-
-    @property
-    def limit_all_gathers(self) -> bool:
-        return self._fsdp_state.limit_all_gathers
-
-    @property
-    def training_state(self) -> TrainingState:
-        return self._fsdp_state.training_state
-
-    @property
-    def is_root(self) -> bool | None:
-        return self._fsdp_state.is_root
-
-    @property
-    def _is_root(self) -> bool | None:
-        return self._fsdp_state.is_root
+    compute_device = _state_attribute("compute_device")
+    sharding_strategy = _state_attribute("sharding_strategy",
+                                         "The effective strategy (NO_SHARD when the shard group has a single rank).")
+    mixed_precision = _state_attribute("mixed_precision")
+    cpu_offload = _state_attribute("cpu_offload")
+    backward_prefetch = _state_attribute("backward_prefetch")
+    forward_prefetch = _state_attribute("forward_prefetch")
+    limit_all_gathers = _state_attribute("limit_all_gathers")
+    training_state = _state_attribute("training_state")
+    is_root = _state_attribute("is_root")
+    _is_root = _state_attribute("is_root")
 
     @property
     def _root_state(self) -> RootState | None:

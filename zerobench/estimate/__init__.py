@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zerobench.estimate.analytic import engine_model_state_bytes, engine_stage
+from zerobench.estimate.analytic import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
@@ -141,13 +141,19 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
 
                 opts["_shard_size"] = hybrid_shard_size or default_shard_size(ws)
             stage, shard = engine_stage(cell.engine, opts, ws)
-            analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam")
+            kind = opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam"
+            analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind)
+            paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed")
+            if res.get("status") == "ok":
+                res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
+                    res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind)}
             rows.append({
                 "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                 "rank": rank, "fake_tensors": fake_tensors, "params_total": psi,
                 "zero_stage": stage, "shard_ranks": shard,
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
+                "paper_analytic_model_states_bytes": paper["total"],
                 **{k: v for k, v in cell.opts.items()}, **res,
             })
     frame = pd.DataFrame(rows)
@@ -201,6 +207,19 @@ def format_table(frame) -> str:
     return "\n".join(lines)
 
 
+def format_model_states(frame) -> str:
+    """Per configuration and world size: the model states from the element counts the
+    engine holds (measured) beside the paper's formula for its stage (analytic)."""
+    ok = frame[frame["status"] == "ok"]
+    width = max([len(c) for c in ok["config"]] + [6]) + 2
+    lines = ["config".ljust(width) + f"{'ws':>6}{'stage':>7}{'measured':>12}{'analytic':>12}{'diff':>9}"]
+    for _, r in ok.iterrows():
+        measured, analytic = r["paper_model_states_bytes"], r["paper_analytic_model_states_bytes"]
+        lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.3f}"
+                     f"{analytic / 1e9:>12.3f}{100 * (measured - analytic) / analytic:>+8.2f}%")
+    return "\n".join(lines)
+
+
 def cmd_estimate(args) -> int:
     import pandas as pd
 
@@ -210,6 +229,8 @@ def cmd_estimate(args) -> int:
     frame = pd.read_csv(out_dir / "estimate.csv")
     print("per-rank peak MiB (estimated on a fake process group):")
     print(format_table(frame))
+    print("model states per rank, GB, in the ZeRO paper's mixed-precision convention (2 + 2 + K bytes per element):")
+    print(format_model_states(frame))
     print(f"estimate: {out_dir / 'estimate.csv'} ({time.perf_counter() - started:.1f} s)")
     print(f"plot: {out_dir / 'plots' / 'estimate_peak.png'}")
     if args.against:
