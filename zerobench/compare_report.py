@@ -256,12 +256,10 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
     Plots the rows that are not ok or that moved (context metrics left out): regressions
     first, then the rest, at most ``max_rows`` (the most severe kept).
     """
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # matplotlib only when a plot is asked for: compare runs in CI gates
     from matplotlib.patches import Patch
+
+    from zerobench.figures import plt, save_figure
 
     c = comparison[(comparison["metric"] != CELL_ROW) & (comparison["kind"] != "context")].copy()
     c["worse"] = worse_pct(c)
@@ -320,6 +318,4 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     fig.suptitle(heading_text, x=0.01, ha="left", fontsize=10)
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120, tight=False)

@@ -16,14 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from zerobench.results import REFERENCE_ENGINE, cell_records, load_results, reference_cells  # noqa: E402
-from zerobench.runfolder import RunFolder  # noqa: E402
+from zerobench.figures import plt, save_figure
+from zerobench.results import REFERENCE_ENGINE, cell_records, load_results, reference_cells
+from zerobench.runfolder import RunFolder
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
@@ -77,13 +74,6 @@ def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
     ok = _ok(results, "step_time_median_s")
     if ok.empty:
@@ -104,7 +94,7 @@ def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
             ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells,
                       "step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
@@ -130,7 +120,7 @@ def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
         if ref is not None:
             ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells, "peak live tensor memory (MiB), composition on the rank with the highest peak")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path) -> Path | None:
@@ -159,10 +149,7 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path) -> Path | None
         ax.set_ylabel("loss (mean over ranks)")
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_memory_timelines(run_dir: Path, path: Path) -> Path | None:
@@ -184,10 +171,7 @@ def plot_memory_timelines(run_dir: Path, path: Path) -> Path | None:
     for ax in list(axes.flat)[len(records):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 KNOB_AXES = ("backward_prefetch", "forward_prefetch", "limit_all_gathers", "limiter_depth")
@@ -250,10 +234,7 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
                 ax.set_title(engine, fontsize=10)
                 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
             ax.set_xticks(range(len(xs)), xs, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_run(run_dir: Path) -> list[Path]:

@@ -7,12 +7,7 @@ from pathlib import Path
 
 
 def plot_estimate(frame, path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from zerobench.files import write_atomic
+    from zerobench.figures import plt, save_figure  # matplotlib on first plot: `estimate` is often run without one
 
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
@@ -30,8 +25,4 @@ def plot_estimate(frame, path: Path) -> Path | None:
     ax.set_ylabel("per-rank peak (MiB)")
     ax.set_title("Estimated per-rank peak (solid) and analytic model states, the lower bound (dashed)")
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), mode="wb")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from zerobench.figures import plt, save_figure
 
 COLUMNS = ("exposed_all_gather_s", "best_exposed_all_gather_s")
 
@@ -45,8 +43,4 @@ def plot_exposed_vs_best(summary: pd.DataFrame, path) -> Path | None:
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
     fig.suptitle("exposed all-gather time: measured vs best achievable, by cell", x=0.01, ha="left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

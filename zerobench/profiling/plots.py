@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from zerobench.figures import plt, save_figure
+from . import intervals as iv
+from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows
+from zerobench.runfolder import RunFolder
 
-from . import intervals as iv  # noqa: E402
-from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows  # noqa: E402
-from zerobench.runfolder import RunFolder  # noqa: E402
-
-from .trace import Trace, load_trace  # noqa: E402
+from .trace import Trace, load_trace
 
 COLORS = {"compute": "#4C72B0", "comm hidden": "#DD8452", "comm exposed": "#C44E52", "wait": "#8C8C8C",
           "idle": "#DDDDDD"}
@@ -64,11 +61,7 @@ def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "
     # legend in its own row between the title and the axes, so long cell ids never hide it
     ax.legend(loc="lower left", ncols=4, fontsize="small", frameon=False, bbox_to_anchor=(0.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_overlap(summary: pd.DataFrame, path) -> Path:
@@ -105,11 +98,7 @@ def plot_overlap(summary: pd.DataFrame, path) -> Path:
     for ax in (ax1, ax2):
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle("compute / communication overlap by cell (HTA definition)", x=0.01, ha="left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_run(run_dir) -> list[Path]:

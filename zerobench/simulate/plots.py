@@ -6,15 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from zerobench.figures import plt, save_figure
+from zerobench.profiling import intervals as iv
+from zerobench.profiling.plots import COLORS
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from zerobench.profiling import intervals as iv  # noqa: E402
-from zerobench.profiling.plots import COLORS  # noqa: E402
-
-from .model import SimResult  # noqa: E402
+from .model import SimResult
 
 
 def plot_gantt(result: SimResult, path, title: str = "") -> Path:
@@ -53,11 +49,7 @@ def plot_gantt(result: SimResult, path, title: str = "") -> Path:
     ax2.set_ylabel("unsharded\nunits", fontsize="small")
     ax2.set_xlabel("time (ms) in the simulated step; dashed box: the step")
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_heatmap(table, path, value: str = "step_s", title: str = "") -> Path:
@@ -74,8 +66,4 @@ def plot_heatmap(table, path, value: str = "step_s", title: str = "") -> Path:
     ax.set_xlabel("link bandwidth (GB/s)")
     fig.colorbar(im, ax=ax, label=f"predicted {value} (ms)")
     ax.set_title(title or f"predicted {value}", loc="left", fontsize="medium")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
