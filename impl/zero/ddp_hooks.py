@@ -111,17 +111,27 @@ def _check_order(zero: ZeroRedundancyOptimizer, index: int) -> None:
     seen.append(index)
 
 
-def _run_hook(hook: Hook, ddp_ref, zero: ZeroRedundancyOptimizer, state: Any, bucket: dist.GradBucket):
-    """Run the wrapped hook and the overlap's setup; return its future and the bucket's
-    index, or None for the index while ZeRO is not yet stepping in hooks (the warm-up
-    iterations, docs/behaviour.md §Z1.8)."""
-    fut = hook(state, bucket)
-    _setup(ddp_ref, zero, bucket)
-    if zero._overlap_info.status is not OverlapStatus.INITIALIZED:
-        return fut, None
-    index = bucket.index()
-    _check_order(zero, index)
-    return fut, index
+def _overlapped_hook(name: str, hook: Hook, ddp, zero: ZeroRedundancyOptimizer, shard_buckets: bool,
+                     on_bucket: Callable[..., torch.futures.Future[torch.Tensor]]) -> Hook:
+    """The comm hook DDP calls, named ``name``: it runs the wrapped hook and the
+    overlap's setup, and once ZeRO steps in hooks (after the warm-up iterations,
+    docs/behaviour.md §Z1.8) hands each bucket to ``on_bucket(fut, bucket, index, info)``,
+    whose future it returns. Raises ValueError if ``zero`` was not built with
+    ``overlap_with_ddp=True``."""
+    _check(zero, shard_buckets)
+    ddp_ref = weakref.ref(ddp)
+
+    def overlapped(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        fut = hook(state, bucket)
+        _setup(ddp_ref, zero, bucket)
+        if zero._overlap_info.status is not OverlapStatus.INITIALIZED:
+            return fut
+        index = bucket.index()
+        _check_order(zero, index)
+        return on_bucket(fut, bucket, index, zero._overlap_info)
+
+    overlapped.__name__ = overlapped.__qualname__ = name
+    return overlapped
 
 
 def hook_with_zero_step(hook: Hook, ddp, zero: ZeroRedundancyOptimizer, shard_buckets: bool = False) -> Hook:
@@ -133,14 +143,7 @@ def hook_with_zero_step(hook: Hook, ddp, zero: ZeroRedundancyOptimizer, shard_bu
     across ranks to even out the work (impl/zero/overlap.py). Raises ValueError if
     ``zero`` was not built with ``overlap_with_ddp=True``.
     """
-    _check(zero, shard_buckets)
-    ddp_ref = weakref.ref(ddp)
-
-    def hook_with_zero_fn(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        fut, index = _run_hook(hook, ddp_ref, zero, state, bucket)
-        if index is None:
-            return fut
-        info = zero._overlap_info
+    def step_after_last(fut, bucket, index, info):
         if _owns(zero, index):
             info.bucket_index_to_bucket[index] = bucket
             info.bucket_index_to_future[index] = fut
@@ -157,7 +160,7 @@ def hook_with_zero_step(hook: Hook, ddp, zero: ZeroRedundancyOptimizer, shard_bu
         info.clear_per_iter_info()
         return fut
 
-    return hook_with_zero_fn
+    return _overlapped_hook("hook_with_zero_fn", hook, ddp, zero, shard_buckets, step_after_last)
 
 
 def hook_with_zero_step_interleaved(
@@ -171,14 +174,7 @@ def hook_with_zero_step_interleaved(
     waited for there. Raises ValueError if ``zero`` was not built with
     ``overlap_with_ddp=True``.
     """
-    _check(zero, shard_buckets)
-    ddp_ref = weakref.ref(ddp)
-
-    def hook_with_zero_interleaved_fn(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        fut, index = _run_hook(hook, ddp_ref, zero, state, bucket)
-        if index is None:
-            return fut
-        info = zero._overlap_info
+    def step_when_reduced(fut, bucket, index, info):
         if index == 0:
             # Queued before DDP's own finalization (queued when its last bucket is
             # ready); both run on the autograd thread once the graph is done, this first.
@@ -195,7 +191,7 @@ def hook_with_zero_step_interleaved(
         info.bucket_index_to_future[index] = stepped
         return stepped
 
-    return hook_with_zero_interleaved_fn
+    return _overlapped_hook("hook_with_zero_interleaved_fn", hook, ddp, zero, shard_buckets, step_when_reduced)
 
 
 def _finish_interleaved(zero: ZeroRedundancyOptimizer) -> None:
