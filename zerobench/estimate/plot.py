@@ -18,7 +18,9 @@ def plot_estimate(frame, path: Path) -> Path | None:
         group = group.sort_values("world_size")
         color = colors[i % len(colors)]
         ax.plot(group["world_size"], group["peak_mem_bytes"] / 2**20, marker="o", color=color, label=config)
-        ax.plot(group["world_size"], group["analytic_model_states_bytes"] / 2**20, ls="--", color=color, alpha=0.6)
+        # The bar marker keeps the bound visible where a line has one point (a single world size).
+        ax.plot(group["world_size"], group["analytic_model_states_bytes"] / 2**20, ls="--", marker="_", ms=16,
+                color=color, alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("world size")
