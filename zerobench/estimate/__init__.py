@@ -215,8 +215,8 @@ def format_model_states(frame) -> str:
     lines = ["config".ljust(width) + f"{'ws':>6}{'stage':>7}{'measured':>12}{'analytic':>12}{'diff':>9}"]
     for _, r in ok.iterrows():
         measured, analytic = r["paper_model_states_bytes"], r["paper_analytic_model_states_bytes"]
-        lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.3f}"
-                     f"{analytic / 1e9:>12.3f}{100 * (measured - analytic) / analytic:>+8.2f}%")
+        lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.4g}"
+                     f"{analytic / 1e9:>12.4g}{100 * (measured - analytic) / analytic:>+8.2f}%")
     return "\n".join(lines)
 
 
