@@ -64,6 +64,19 @@ def test_limiter_depth_one_defers_the_prefetch_until_a_free():
     assert ms(deep.step_s) == ms(free.step_s)
 
 
+def test_blocking_collectives_hide_nothing():
+    # Each collective blocks the thread (PyTorch's FSDPs on CPU). Forward: AG0 [0,4] F0
+    # [4,14] AG1 [14,18] F1 [18,28] (unit 1 freed, the root kept); backward: AG1 [28,32]
+    # B1 [32,42] RS1 [42,46] B0 [46,56] RS0 [56,60]: every collective exposed, 40 + 5 x 4.
+    plain = simulate(sched(backward_prefetch="none", blocking_collectives=True), LINK)
+    assert ms(plain.step_s) == 60 and ms(plain.exposed_comm_s) == 20
+    # prefetching moves a wait earlier but hides nothing: the same 60 ms; the same
+    # schedule with asynchronous collectives hides AG1 under F0 and RS1 under B0: 52
+    pre = simulate(sched(forward_prefetch=True, backward_prefetch="pre", blocking_collectives=True), LINK)
+    assert ms(pre.step_s) == 60 and ms(pre.exposed_comm_s) == 20
+    assert ms(simulate(sched(forward_prefetch=True, backward_prefetch="pre"), LINK).step_s) == 52
+
+
 def test_shard_grad_op_and_no_shard():
     # SHARD_GRAD_OP: no backward all-gathers. Forward AG0 [0,4] F0 [4,14] AG1 [14,18]
     # F1 [18,28]; B1 [28,38] RS1 [38,42] B0 [38,48] RS0 [48,52]
@@ -191,6 +204,22 @@ def test_extract_units_from_a_trace(tmp_path):
     total = float((comp[:, 1] - comp[:, 0]).sum()) * 1e-6
     got = sum(st["forward"]) + sum(st["backward"]) + st["optimizer"]
     assert 0.8 * total <= got <= (w.end - w.ts) * 1e-6
+    # fully_shard calls its collectives with async_op=False: on a CPU trace they block
+    assert s.knobs.blocking_collectives is True and s.source["device"] == "cpu"
+    # what the validation compares with: the traced step, and the time the main thread
+    # was blocked on communication, which is part of it
+    m = s.measured
+    assert 0 < m["blocked_comm_s"] < m["traced_step_s"]
+    # the real transport under any emulation: gloo's own time per collective kind
+    assert set(m["transport_s"]) == {"all_gather", "reduce_scatter"} and all(v > 0 for v in m["transport_s"].values())
+    from zerobench.simulate.validate import emulation_margin
+
+    ag = m["transport_s"]["all_gather"]
+    # 33280 B over 2 ranks, bus factor 1/2: a link of 16640 B / ag seconds takes as long as gloo did
+    assert emulation_margin(s, Link(16640 / ag / 1e9 / 10, 0.0)) == pytest.approx(
+        10 * min(1.0, ag / m["transport_s"]["reduce_scatter"]), rel=1e-6)
+    assert m["blocked_comm_s"] == pytest.approx(
+        m["traced_step_s"] - sum(u.forward_s + u.backward_s for u in s.units) - s.optimizer_s, abs=2e-3)
 
 
 def test_cli_simulate_world_sizes(tmp_path):
@@ -209,3 +238,39 @@ def test_cli_simulate_world_sizes(tmp_path):
     mat = pd.read_csv(run / "simulate" / "1gbps-0us" / "matrix.csv")
     assert mat["setting"].nunique() == 4 and mat["gbps"].nunique() == 5
     assert main(["simulate", str(run), "--cell", "nope", "--gbps", "1"]) == 2
+
+
+def test_cross_validation_predicts_each_cell_from_the_others(tmp_path):
+    import pandas as pd
+
+    from zerobench.simulate.validate import cross_validate, validation_summary
+
+    def cell(name, engine="impl-fsdp", fwd=10, **knobs):
+        s = sched(3, engine=engine, fwd=fwd, **knobs)
+        s.cell_id = name
+        s.source = {"emulate_gbps": 1.0, "emulate_latency_us": 0.0}
+        r = simulate(s, LINK)
+        s.measured = {"step_time_s": r.step_s, "blocked_comm_s": r.exposed_comm_s}
+        return s
+
+    cells = {"off": cell("off"), "pre": cell("pre", forward_prefetch=True, backward_prefetch="pre"),
+             "slow": cell("slow", fwd=20), "ddp": cell("ddp", engine="ddp")}
+    df = cross_validate(cells, tmp_path)
+    # pairs within an engine only: 3 impl-fsdp cells -> 6 pairs, the lone ddp cell none
+    assert len(df) == 6 and set(df["engine"]) == {"impl-fsdp"}
+    # same compute, other knobs: the model reproduces its own measurement exactly
+    exact = df[df["source"].isin(["off", "pre"]) & df["target"].isin(["off", "pre"])]
+    assert len(exact) == 2 and (exact["step_error"].abs() < 1e-9).all()
+    # the slow cell's forward (3 x 20 ms against 3 x 10) is not in the fast cells' schedule
+    wrong = df[(df["source"] == "off") & (df["target"] == "slow")]
+    assert float(wrong["step_error"].iloc[0]) < -0.1
+    assert "| impl-fsdp | all | 6 |" in (tmp_path / "cross.md").read_text()
+    assert (tmp_path / "cross.csv").exists()
+    pred = pd.DataFrame({"step_error": [0.1, -0.2, 0.0], "exposed_error": [0.3, 0.05, float("nan")],
+                         "no_overlap_error": [0.5, 0.1, 0.2]})
+    summary = validation_summary(pred)
+    assert summary[0].startswith("all cells: step time within 15%: 2 of 3 (")
+    assert "exposed communication within 20%: 1 of 2" in summary[0] and len(summary) == 1
+    pred["emulation_margin"] = [3.0, 1.0, 2.5]
+    assert validation_summary(pred)[1].startswith("cells whose emulated link is >= 2x the transport: step time "
+                                                  "within 15%: 2 of 2")

@@ -17,29 +17,21 @@ from zerobench.link import PRESETS, Link, resolve_link
 
 from .model import simulate
 from .schedule import Schedule
+from .validate import (cross_validate, emulation_margin, measured_exposed, measured_link, relative_error,
+                       validation_summary, write_validation)
 
 
 
-def _measured_link(s: Schedule) -> Link | None:
-    g = s.source.get("emulate_gbps")
-    if g is None or (isinstance(g, float) and math.isnan(g)):
-        return None
-    lat = s.source.get("emulate_latency_us") or 0.0
-    return Link(float(g), 0.0 if isinstance(lat, float) and math.isnan(lat) else float(lat))
-
-
-def _tag(link: Link | None, world_sizes, compute_scale: float) -> str:
+def _tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:
     """Sub-folder of ``RUN/simulate/`` for one what-if, so several sit side by side."""
     parts = [(link.name or f"{link.bandwidth_gbps:g}gbps-{link.latency_us:g}us") if link else "measured-link"]
     if world_sizes:
         parts.append("ws" + "-".join(map(str, world_sizes)))
     if compute_scale != 1.0:
         parts.append(f"x{compute_scale:g}")
+    if async_collectives:
+        parts.append("async")
     return "_".join(parts)
-
-
-def _error(pred: float, meas) -> float:
-    return (pred - meas) / meas if meas else math.nan
 
 
 def knob_settings(s: Schedule) -> dict[str, dict]:
@@ -59,24 +51,16 @@ def knob_settings(s: Schedule) -> dict[str, dict]:
     return out
 
 
-def _write_validation(pred, path: Path) -> None:
-    """Markdown table: prediction, measurement and error per cell."""
-    from zerobench.files import write_atomic
-
-    lines = ["| cell | step predicted (ms) | step measured (ms) | error | exposed predicted (ms) "
-             "| exposed measured (ms) | error |", "|---|---:|---:|---:|---:|---:|---:|"]
-    ms = lambda v: "n/a" if v is None or v != v else f"{v * 1e3:.1f}"  # noqa: E731
-    pct = lambda v: "n/a" if v is None or v != v else f"{v:+.1%}"  # noqa: E731
-    for r in pred.itertuples():
-        lines.append(f"| {r.cell_id} | {ms(r.step_s)} | {ms(r.measured_step_s)} | {pct(r.step_error)} "
-                     f"| {ms(r.exposed_comm_s)} | {ms(r.measured_exposed_comm_s)} | {pct(r.exposed_error)} |")
-    text = "\n".join(lines) + "\n"
-    write_atomic(path, lambda f: f.write(text))
-
-
 def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, compute_scale: float = 1.0,
-                 matrix: bool = False, plots: bool = True, inter_link: Link | None = None):
-    """Predictions for the run's cells; returns (predictions, matrix or None) DataFrames."""
+                 matrix: bool = False, plots: bool = True, inter_link: Link | None = None,
+                 async_collectives: bool = False, cross: bool = False):
+    """Predictions for the run's cells; returns (predictions, matrix or None) DataFrames.
+
+    ``cross``: also predict each cell from every other cell of its engine
+    (:func:`.validate.cross_validate`, into ``RUN/simulate/cross/``).
+
+    ``async_collectives``: model every collective as asynchronous, as on CUDA, also for
+    cells measured where they blocked (``Knobs.blocking_collectives``)."""
     import pandas as pd
 
     from zerobench.files import write_csv_atomic
@@ -87,23 +71,33 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     schedules = load_schedules(run, cells)
     if not schedules:
         raise FileNotFoundError(f"{run}: no profiled cells to simulate (run with `zerobench run --profile`)")
-    out = run / "simulate" / _tag(link, world_sizes, compute_scale)
+    out = run / "simulate" / _tag(link, world_sizes, compute_scale, async_collectives)
     rows, mrows = [], []
     for cell_id, s in schedules.items():
-        cell_link = link or _measured_link(s)
+        as_measured = not (async_collectives and s.knobs.blocking_collectives)
+        if not as_measured:
+            s = s.with_knobs(blocking_collectives=False)
+        cell_link = link or measured_link(s)
         if cell_link is None:
             raise ValueError(f"{cell_id}: measured without an emulated link; give --link "
                              f"(one of {', '.join(PRESETS)}) or --gbps")
         for ws in world_sizes or [s.world_size]:
+            same = ws == s.world_size and compute_scale == 1.0 and cell_link == measured_link(s) and as_measured
             r = simulate(s, cell_link, world_size=ws, compute_scale=compute_scale, inter_link=inter_link)
             row = {"cell_id": cell_id, "engine": s.engine, "world_size": ws, "link": cell_link.describe(),
                    "compute_scale": compute_scale, **r.row()}
-            same = ws == s.world_size and compute_scale == 1.0 and cell_link == _measured_link(s)
             if same and s.measured:
                 m = s.measured
-                row.update(measured_step_s=m.get("step_time_s"), step_error=_error(r.step_s, m.get("step_time_s")),
-                           measured_exposed_comm_s=m.get("exposed_comm_s"),
-                           exposed_error=_error(r.exposed_comm_s, m.get("exposed_comm_s")))
+                row.update(measured_step_s=m.get("step_time_s"),
+                           step_error=relative_error(r.step_s, m.get("step_time_s")),
+                           measured_traced_step_s=m.get("traced_step_s"),
+                           emulation_margin=emulation_margin(s, cell_link),
+                           measured_exposed_comm_s=measured_exposed(m),
+                           exposed_error=relative_error(r.exposed_comm_s, measured_exposed(m)),
+                           measured_hta_exposed_comm_s=m.get("exposed_comm_s"),
+                           # the reference a schedule model must beat: nothing overlaps
+                           no_overlap_step_s=r.compute_s + r.comm_s,
+                           no_overlap_error=relative_error(r.compute_s + r.comm_s, m.get("step_time_s")))
             rows.append(row)
             if plots:
                 from .plots import plot_gantt
@@ -120,10 +114,12 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
                         r = simulate(variant, lk, world_size=ws, compute_scale=compute_scale, inter_link=inter_link)
                         mrows.append({"cell_id": cell_id, "setting": name, "gbps": lk.bandwidth_gbps, "world_size": ws,
                                       **r.row()})
+    if cross:
+        cross_validate(schedules, run / "simulate" / "cross")
     pred = pd.DataFrame(rows)
     write_csv_atomic(out / "predictions.csv", pred)
     if "measured_step_s" in pred:
-        _write_validation(pred.dropna(subset=["measured_step_s"]), out / "validation.md")
+        write_validation(pred.dropna(subset=["measured_step_s"]), out / "validation.md")
     mat = None
     if matrix:
         mat = pd.DataFrame(mrows)
@@ -147,12 +143,18 @@ def _cmd_simulate(args) -> int:
     if not args.compute_scale > 0:
         raise ValueError(f"--compute-scale: must be > 0, got {args.compute_scale}")
     pred, mat = simulate_run(args.run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,
-                             plots=not args.no_plots, inter_link=inter)
+                             plots=not args.no_plots, inter_link=inter, async_collectives=args.async_collectives,
+                             cross=args.cross)
     cols = [c for c in ("cell_id", "world_size", "step_s", "exposed_comm_s", "overlap_ratio", "max_unsharded_units",
                         "measured_step_s", "step_error", "measured_exposed_comm_s", "exposed_error") if c in pred]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
         print(pred[cols].round(4).to_string(index=False))
-    print(f"wrote {Path(args.run) / 'simulate' / _tag(link, args.world_sizes, args.compute_scale)}/")
+    if "step_error" in pred and pred["step_error"].notna().any():
+        print("\n".join(validation_summary(pred.dropna(subset=["step_error"]))))
+    if args.cross:
+        print((Path(args.run) / "simulate" / "cross" / "cross.md").read_text())
+    tag = _tag(link, args.world_sizes, args.compute_scale, args.async_collectives)
+    print(f"wrote {Path(args.run) / 'simulate' / tag}/")
     return 0
 
 
@@ -169,6 +171,12 @@ def register_cli(subparsers) -> None:
     p.add_argument("--world-sizes", type=int, nargs="+", metavar="N", help="ranks to predict for (default: as measured)")
     p.add_argument("--compute-scale", type=float, default=1.0, metavar="F", help="compute F times faster (default 1)")
     p.add_argument("--matrix", action="store_true", help="also sweep knob settings x link bandwidth (heatmap)")
+    p.add_argument("--cross", action="store_true",
+                   help="also predict each cell from every other cell of its engine (its knobs and link on the "
+                        "other's schedule) and compare with its measurement: simulate/cross/")
+    p.add_argument("--async-collectives", action="store_true",
+                   help="model PyTorch's FSDPs' collectives as asynchronous, as on CUDA, where the measured "
+                        "CPU run blocked on them")
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=_cmd_simulate)
 

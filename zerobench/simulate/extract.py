@@ -63,10 +63,24 @@ def _segments(comp, bounds: list[float], end: float) -> list[float]:
 
 
 # Where the main thread is blocked on communication rather than busy (see busy_intervals).
-WAIT_NAMES = r"^impl::wait_|^impl::rate_limiter_wait$|^FullyShardedDataParallel\.rate_limiter|wait_tensor|^c10d::wait"
+WAIT_NAMES = (r"^impl::wait_|^zerobench::wait_|^impl::rate_limiter_wait$|^FullyShardedDataParallel\.rate_limiter"
+              r"|wait_tensor|^c10d::wait")
 
 
-def busy_intervals(trace: Trace) -> np.ndarray:
+def wait_intervals(trace: Trace, blocking: bool = False) -> np.ndarray:
+    """Merged spans (microseconds) where the main thread is blocked on communication:
+    waits on a collective (impl's, the emulation's, c10d's) and rate-limiter stalls.
+    ``blocking``: the engine's collectives are synchronous (``Knobs.blocking_collectives``),
+    so the thread is also blocked from each one's issue to its end, a wait no label marks."""
+    main = trace.main
+    spans = [main[main["name"].str.contains(WAIT_NAMES, regex=True)][["ts", "end"]].to_numpy(dtype=float)]
+    if blocking:
+        coll = collectives(trace)
+        spans.append((coll[["issue_s", "end_s"]].dropna().to_numpy(dtype=float) * 1e6).reshape(-1, 2))
+    return iv.merge(np.concatenate(spans))
+
+
+def busy_intervals(trace: Trace, blocking: bool = False) -> np.ndarray:
     """What occupies the rank's compute stream. On GPU, compute kernels. On CPU, the
     main thread's whole time except where it waits on a collective: the aten ops *and*
     the Python and framework time between them (hooks, autograd, the harness), which
@@ -74,15 +88,16 @@ def busy_intervals(trace: Trace) -> np.ndarray:
     as idle)."""
     if is_gpu_trace(trace):
         return compute_intervals(trace)
-    main = trace.main
-    waits = main[main["name"].str.contains(WAIT_NAMES, regex=True)][["ts", "end"]].to_numpy(dtype=float)
     steps = step_windows(trace)[["ts", "end"]].to_numpy(dtype=float)
-    return iv.subtract(steps, waits)
+    return iv.subtract(steps, wait_intervals(trace, blocking))
 
 
-def trace_steps(trace: Trace) -> list[dict]:
-    """Per traced step: unit bytes, forward/backward busy time per unit, optimizer seconds."""
-    comp = busy_intervals(trace)
+def trace_steps(trace: Trace, blocking: bool = False) -> list[dict]:
+    """Per traced step: unit bytes, forward/backward busy time per unit, optimizer
+    seconds; and, to validate against, the step's length and the time the main thread
+    was blocked on communication (``blocked``, see :func:`wait_intervals`)."""
+    comp = busy_intervals(trace, blocking)
+    waits = wait_intervals(trace, blocking)
     coll = collectives(trace)
     coll_issue = coll["issue_s"].fillna(coll["start_s"]) * 1e6
     out = []
@@ -113,8 +128,25 @@ def trace_steps(trace: Trace) -> list[dict]:
             fsum = sum(forward) or 1.0
             backward = [total * f / fsum if sum(forward) else total / n for f in forward]
         out.append({"bytes": nbytes, "forward": forward, "backward": backward,
-                    "optimizer": _covered_s(comp, *opt) if opt else 0.0})
+                    "optimizer": _covered_s(comp, *opt) if opt else 0.0,
+                    "step": (w.end - w.ts) * 1e-6, "blocked": _covered_s(waits, w.ts, w.end)})
     return out
+
+
+def transport_s(trace: Trace) -> dict[str, float]:
+    """Kind -> median seconds a collective of the traced steps ran on the transport
+    itself (gloo's worker thread or the NCCL kernel, from start to end), whatever link
+    the harness emulated on top. The emulated link can only slow a collective down to
+    its model, never speed it up: where the transport alone takes about as long as the
+    emulated link, the link model is not what the cell ran on, and the validation says
+    so (:func:`~.validate.emulation_margin`)."""
+    coll = collectives(trace)
+    w = step_windows(trace)
+    inside = np.zeros(len(coll), dtype=bool)
+    for lo, hi in zip(w["ts"] * 1e-6, w["end"] * 1e-6):
+        inside |= (coll["start_s"] >= lo).to_numpy() & (coll["end_s"] <= hi).to_numpy()
+    coll = coll[inside & coll["end_s"].notna().to_numpy()]
+    return {k: float((g["end_s"] - g["start_s"]).median()) for k, g in coll.groupby("kind")}
 
 
 def _median_steps(steps: list[dict]) -> dict:
@@ -123,11 +155,19 @@ def _median_steps(steps: list[dict]) -> dict:
     med = lambda key, i: statistics.median(s[key][i] for s in steps)  # noqa: E731
     return {"bytes": steps[0]["bytes"], "forward": [med("forward", i) for i in range(n)],
             "backward": [med("backward", i) for i in range(n)],
-            "optimizer": statistics.median(s["optimizer"] for s in steps)}
+            "optimizer": statistics.median(s["optimizer"] for s in steps),
+            "step": statistics.median(s["step"] for s in steps),
+            "blocked": statistics.median(s["blocked"] for s in steps)}
 
 
-def _knobs(config: dict) -> Knobs:
+def _blocking(config: dict, on_gpu: bool) -> bool:
+    """PyTorch's FSDPs call their collectives with async_op=False: on CPU that blocks."""
+    return not on_gpu and config.get("engine") in ("torch-fsdp1", "torch-fsdp2")
+
+
+def _knobs(config: dict, on_gpu: bool) -> Knobs:
     k = Knobs()
+    k.blocking_collectives = _blocking(config, on_gpu)
     for axis in _KNOB_AXES:
         v = config.get(axis)
         if v is None or (isinstance(v, float) and v != v) or v == "":
@@ -166,9 +206,14 @@ def extract_cell(run_dir, cell_id: str) -> Schedule:
     paths = [p for c, _, p in find_traces(run_dir) if c == cell_id]
     if not paths:
         raise FileNotFoundError(f"{run_dir}: no traces for cell {cell_id!r} (run it with --profile)")
-    per_rank = []
+    config = RunFolder(run_dir).cell_config(cell_id)
+    per_rank, transports = [], []
+    on_gpu = False
     for p in paths:
-        steps = trace_steps(load_trace(p))
+        trace = load_trace(p)
+        on_gpu = on_gpu or is_gpu_trace(trace)
+        steps = trace_steps(trace, blocking=_blocking(config, on_gpu))
+        transports.append(transport_s(trace))
         if steps:
             per_rank.append(_median_steps(steps))
     if not per_rank:
@@ -177,16 +222,25 @@ def extract_cell(run_dir, cell_id: str) -> Schedule:
     per_rank = [r for r in per_rank if len(r["forward"]) == n]
     mean = lambda key, i: sum(r[key][i] for r in per_rank) / len(per_rank)  # noqa: E731
     units = [Unit(f"unit{i}", int(per_rank[0]["bytes"][i]), mean("forward", i), mean("backward", i)) for i in range(n)]
-    config = RunFolder(run_dir).cell_config(cell_id)
     engine = config.get("engine", "impl-fsdp")
     if engine not in ENGINES:
         raise ValueError(f"{cell_id}: engine {engine!r} cannot be simulated (allowed: {', '.join(ENGINES)})")
+    measured = _measured(run_dir, cell_id)
+    # Traced steps, medians, mean over ranks: the step and the blocked time (on CPU the
+    # like-for-like measure of the model's exposed communication: docs/simulate.md).
+    # On GPU the host blocking is not the device's exposure: the HTA column stands.
+    measured["traced_step_s"] = sum(r["step"] for r in per_rank) / len(per_rank)
+    if not on_gpu:
+        measured["blocked_comm_s"] = sum(r["blocked"] for r in per_rank) / len(per_rank)
+    kinds = {k for t in transports for k in t}
+    measured["transport_s"] = {k: statistics.mean(t[k] for t in transports if k in t) for k in sorted(kinds)}
     s = Schedule(engine=engine, world_size=int(config.get("world_size", len(paths))), units=units,
-                 optimizer_s=sum(r["optimizer"] for r in per_rank) / len(per_rank), knobs=_knobs(config),
-                 cell_id=cell_id, measured=_measured(run_dir, cell_id),
+                 optimizer_s=sum(r["optimizer"] for r in per_rank) / len(per_rank), knobs=_knobs(config, on_gpu),
+                 cell_id=cell_id, measured=measured,
                  source={"run": str(run_dir), "traces": [p.name for p in paths],
                          "emulate_gbps": config.get("emulate_gbps"),
-                         "emulate_latency_us": config.get("emulate_latency_us")})
+                         "emulate_latency_us": config.get("emulate_latency_us"),
+                         "device": "cuda" if on_gpu else "cpu"})
     s.validate()
     return s
 

@@ -26,7 +26,10 @@ Program order, as in impl/fsdp/runtime.py and PyTorch FSDP1:
   a ticket per all-gather of a unit that will be freed; with ``d`` tickets out a
   *prefetch* is deferred until the oldest ticket's free, an all-gather needed now is
   issued anyway;
-* end of backward: wait for every gradient reduction, then the optimizer step.
+* end of backward: wait for every gradient reduction, then the optimizer step;
+* with ``blocking_collectives`` (PyTorch's FSDPs on CPU, whose ``async_op=False``
+  calls wait there), the thread waits for each collective as it issues it: a prefetch
+  then only moves a wait earlier, it hides nothing.
 
 DDP and ZeRO: no all-gathers in forward or backward; gradients are put into buckets
 of ``bucket_mb`` in backward order and each full bucket is all-reduced (DDP, ZeRO-1)
@@ -130,6 +133,9 @@ class _Rank:
     def collective(self, link: str, kind: str, nbytes: int, group_size: int, at: float, label: str) -> float:
         start, end = self.links[link].reserve(at, kind, nbytes, group_size)
         self.spans.append(Span(link, label, start, end))
+        if self.k.blocking_collectives and end > self.t:
+            self.spans.append(Span("wait", f"blocked in {label}", self.t, end))
+            self.t = end
         return end
 
     # ---- memory

@@ -51,6 +51,11 @@ class Knobs:
     """impl-zero / torch-zero1: 1 all-reduces gradients, 2 reduce-scatters them."""
     gpus_per_node: int = 8
     """HYBRID_SHARD: shard group size (intra-node link); replicas across nodes."""
+    blocking_collectives: bool = False
+    """Each collective blocks the issuing thread until it ends, so nothing overlaps it.
+    PyTorch's FSDP1 and fully_shard issue their all-gathers and reduce-scatters with
+    ``async_op=False``: on CUDA that only queues them on a communication stream, on CPU
+    (gloo) it waits for them. :mod:`.extract` sets it for those engines' CPU traces."""
 
     def validate(self) -> None:
         if self.sharding_strategy not in STRATEGIES:
