@@ -249,7 +249,8 @@ def _one_line(record: dict) -> str:
         return f"[red]FAIL[/] {escape(cid)}: {escape(' | '.join(first[:1] + first[-1:]))}"
     m = [r["metrics"] for r in record["ranks"]]
     step = sorted(x["step_time_median_s"] for x in m)[len(m) // 2] * 1e3
-    peak = max(x.get("peak_mem_bytes", 0) for x in m) / 2**20
+    peaks = [p for p in (x.get("peak_mem_bytes") for x in m) if p is not None and p == p and p > 0]
+    peak_s = f"peak {max(peaks) / 2**20:.1f} MiB" if peaks else "no memory pass"
     dev = record.get("loss_max_abs_diff_ref")
     dev_s = f", loss dev {dev:.1e}" if dev is not None else ""
-    return f"[green]ok[/]   {escape(cid)}: {step:.1f} ms/step, peak {peak:.1f} MiB{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"
+    return f"[green]ok[/]   {escape(cid)}: {step:.1f} ms/step, {peak_s}{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"
