@@ -92,8 +92,9 @@ def _psi(workload) -> int:
 
 def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
              fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print) -> Path:
-    """Estimate every configuration of the workload at ``world_sizes``; returns the folder."""
+             log=print, backend: str = "nccl") -> Path:
+    """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
+    ``backend``: whose own communication buffers to count (zerobench/estimate/rank.py)."""
     import pandas as pd
 
     from zerobench.files import write_csv_atomic, write_json_atomic
@@ -103,6 +104,10 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if rank < 0:
         raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")
+    from zerobench.estimate.rank import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
@@ -131,7 +136,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
         results = {ws: {"status": "skipped", "reason": r} for ws, r in reasons.items()}
         if todo:
             started = time.perf_counter()
-            results.update(_run_child(w, cell, todo, rank, fake_tensors, hybrid_shard_size))
+            results.update(_run_child(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend))
             log(f"{config_id(cell)}: world sizes {','.join(map(str, todo))} in {time.perf_counter() - started:.1f} s")
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
@@ -149,7 +154,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                     res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind)}
             rows.append({
                 "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                "rank": rank, "fake_tensors": fake_tensors, "params_total": psi,
+                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi,
                 "zero_stage": stage, "shard_ranks": shard,
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
@@ -164,7 +169,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     return out_dir
 
 
-def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size) -> dict:
+def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl") -> dict:
     with tempfile.TemporaryDirectory(prefix="zerobench-estimate-") as tmp:
         tmp = Path(tmp)
         (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
@@ -172,7 +177,7 @@ def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size) -> d
                                                    "options": [list(kv) for kv in cell.options]}))
         cmd = [sys.executable, "-m", "zerobench.estimate.rank", "--workload", str(tmp / "workload.json"),
                "--cell-config", str(tmp / "cell.json"), "--world-sizes", ",".join(map(str, world_sizes)),
-               "--rank", str(rank), "--out", str(tmp / "out.json")]
+               "--rank", str(rank), "--backend", backend, "--out", str(tmp / "out.json")]
         if fake_tensors:
             cmd.append("--fake-tensors")
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -225,7 +230,8 @@ def cmd_estimate(args) -> int:
 
     started = time.perf_counter()
     out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank, results_root=args.results,
-                       fake_tensors=args.fake_tensors, hybrid_shard_size=args.hybrid_shard_size, only=args.config)
+                       fake_tensors=args.fake_tensors, hybrid_shard_size=args.hybrid_shard_size, only=args.config,
+                       backend=args.backend)
     frame = pd.read_csv(out_dir / "estimate.csv")
     print("per-rank peak MiB (estimated on a fake process group):")
     print(format_table(frame))
@@ -251,6 +257,9 @@ def register_cli(sub) -> None:
                    help="build the model on FakeTensors (default: on when model states exceed 4 GiB)")
     p.add_argument("--hybrid-shard-size", type=int, default=None,
                    help="HYBRID_SHARD shard group size (must divide every world size)")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                   help="whose communication buffers to count besides the engine's tensors: nccl (default) none; "
+                        "gloo also its reduce-scatter's full-input-size buffer, as the CPU memory pass sees it")
     p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
     p.add_argument("--against", type=Path, metavar="RUN",
                    help="a run folder (with the memory pass) to compare the estimates with, per rank")

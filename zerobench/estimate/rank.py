@@ -14,14 +14,21 @@ FakeTensors (no data), so a 7.5B-parameter model fits on a laptop; the tracker t
 follows their meta storages. DDP's C++ reducer runs there too, with its small integer
 bookkeeping kept real (``_fake_tensor_mode``). Engines whose code needs real data
 (``.item()`` in an optimizer) fail there; the cell is reported skipped with the error.
+
+``--backend`` names whose buffers the estimate counts besides the engine's own tensors:
+``nccl`` (the default) none, as the fake group allocates nothing; ``gloo`` also the
+full-input-size buffer gloo's reduce-scatter holds (``_gloo_reduce_scatter_buffers``),
+to compare with the harness's CPU memory pass like for like.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -30,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench import data as data_mod
+from zerobench.emulation import _GROUP_POSITION, _arg, _as_async
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_json_atomic
 from zerobench.matrix import Cell
@@ -138,6 +146,85 @@ _HOST_CONTROL_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.zeros, torch.ops
                            torch.ops.aten.arange, torch.ops.aten.scalar_tensor}
 
 
+#: Backends whose own buffers the estimate can model (see the module docstring).
+BACKENDS = ("nccl", "gloo")
+
+
+class _GlooReduceScatterWork:
+    """A fake group's reduce-scatter Work that, once waited, holds what gloo's does.
+
+    gloo (torch 2.13) reduces a copy of the whole input: its Work allocates a buffer of
+    the input's size when the collective is issued (on gloo's thread) and keeps it until
+    the Work is dropped; ``wait()`` then splits it on the waiting thread and copies this
+    rank's chunk into the output. The storage tracker, which sees only the waiting
+    thread's operators, counts the buffer from that split until the Work is dropped, and
+    so does this Work: ``wait()`` allocates it, and it lives as long as the Work.
+    """
+
+    def __init__(self, work, input_tensor: torch.Tensor):
+        self._work = work
+        self._input = input_tensor
+        self._buffer = None
+
+    def wait(self, timeout=None) -> bool:
+        if self._buffer is None and self._input is not None:
+            self._work.wait()
+            self._buffer = torch.empty(self._input.numel(), dtype=self._input.dtype, device=self._input.device)
+            self._input = None
+        return True
+
+    def __getattr__(self, name):  # is_completed, get_future, exception, ...: the fake group's
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def _gloo_reduce_scatter_buffers():
+    """Make ``torch.distributed.reduce_scatter_single`` (and its deprecated name
+    ``reduce_scatter_tensor``) on the fake group return :class:`_GlooReduceScatterWork`;
+    a synchronous call waits at once and drops its Work on return, as gloo's does. The
+    engines call both through the module attribute (zerobench/emulation.py lists who)."""
+    names = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, n)]
+    originals = {n: getattr(dist, n) for n in names}
+    inside = threading.local()
+
+    def wrap(name, fn):
+        group_at = _GROUP_POSITION[name]
+
+        @functools.wraps(fn)
+        def reduce_scatter(*args, **kwargs):
+            if getattr(inside, "active", False):  # the deprecated name forwards to the new one
+                return fn(*args, **kwargs)
+            async_op = bool(kwargs.get("async_op", False)) or (len(args) > group_at + 1 and bool(args[group_at + 1]))
+            input_tensor = _arg(args, kwargs, 1, "input")
+            args, kwargs = _as_async(args, kwargs, group_at)
+            inside.active = True
+            try:
+                work = fn(*args, **kwargs)
+            finally:
+                inside.active = False
+            work = _GlooReduceScatterWork(work, input_tensor)
+            if async_op:
+                return work
+            work.wait()
+            return None
+
+        return reduce_scatter
+
+    for name in names:
+        setattr(dist, name, wrap(name, originals[name]))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def _backend_buffers(backend: str):
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+    return _gloo_reduce_scatter_buffers() if backend == "gloo" else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def _single_rank_ddp():
     """DDP's constructor checks that every rank holds parameters of the same shapes by
@@ -149,8 +236,9 @@ def _single_rank_ddp():
         yield
 
 
-def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool) -> dict:
-    """Peak and composition of ``rank`` for ``cell`` (its world size) on a fake process group."""
+def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = "nccl") -> dict:
+    """Peak and composition of ``rank`` for ``cell`` (its world size) on a fake process group,
+    with ``backend``'s own buffers (see the module docstring)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
 
     world = cell.world_size
@@ -161,7 +249,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool) -> dict:
         spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
         loss = loss_fn(w.model)
         mode = _fake_tensor_mode() if fake else contextlib.nullcontext()
-        with mode, (_single_rank_ddp() if fake else contextlib.nullcontext()):
+        with mode, (_single_rank_ddp() if fake else contextlib.nullcontext()), _backend_buffers(backend):
             tracker = StorageTracker("meta" if fake else "cpu", timeline=False)
             grads = []
             with tracker:
@@ -212,6 +300,7 @@ def main(argv=None) -> None:
     parser.add_argument("--world-sizes", required=True)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--fake-tensors", action="store_true")
+    parser.add_argument("--backend", choices=BACKENDS, default="nccl")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -221,7 +310,7 @@ def main(argv=None) -> None:
     for ws in [int(x) for x in args.world_sizes.split(",")]:
         cell = Cell(conf["engine"], ws, conf["dtype"], tuple(tuple(kv) for kv in conf["options"]))
         try:
-            row = estimate_one(w, cell, min(args.rank, ws - 1), args.fake_tensors)
+            row = estimate_one(w, cell, min(args.rank, ws - 1), args.fake_tensors, args.backend)
         except Exception as err:  # one cell never stops the others
             traceback.print_exc()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
