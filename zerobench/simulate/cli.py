@@ -119,7 +119,12 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     pred = pd.DataFrame(rows)
     write_csv_atomic(out / "predictions.csv", pred)
     if "measured_step_s" in pred:
-        write_validation(pred.dropna(subset=["measured_step_s"]), out / "validation.md")
+        measured = pred.dropna(subset=["measured_step_s"])
+        write_validation(measured, out / "validation.md")
+        if plots and len(measured):
+            from .plots import plot_validation
+
+            plot_validation(measured, out / "validation.png")
     mat = None
     if matrix:
         mat = pd.DataFrame(mrows)

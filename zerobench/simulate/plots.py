@@ -67,3 +67,56 @@ def plot_heatmap(table, path, value: str = "step_s", title: str = "") -> Path:
     fig.colorbar(im, ax=ax, label=f"predicted {value} (ms)")
     ax.set_title(title or f"predicted {value}", loc="left", fontsize="medium")
     return save_figure(fig, path, dpi=120)
+
+
+def plot_validation(pred, path, min_margin: float = 2.0) -> Path:
+    """Predicted against measured, one point per cell: step time (left) and exposed
+    communication (right), log-log, the diagonal and the validation bars (15 %, 20 %)
+    shaded; one marker per engine, one colour per emulated link. Hollow markers: cells
+    whose emulated link is less than ``min_margin`` times the real transport, where the
+    link model is not what set the time (:func:`~.validate.emulation_margin`)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    path = Path(path)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    markers = dict(zip(sorted(pred["engine"].unique()), "osD^vP"))
+    links = sorted(pred["link"].unique(), key=lambda s: float(s.split()[0]))
+    colours = dict(zip(links, plt.get_cmap("viridis")(
+        [i / max(len(links) - 1, 1) for i in range(len(links))])))
+    for ax, (p, m, bar, what) in zip(axes, (("step_s", "measured_step_s", 0.15, "step time"),
+                                            ("exposed_comm_s", "measured_exposed_comm_s", 0.20,
+                                             "exposed communication"))):
+        ok = pred[(pred[p] > 0) & (pred[m] > 0)]
+        if not len(ok):
+            continue
+        lo, hi = min(ok[p].min(), ok[m].min()) * 0.8e3, max(ok[p].max(), ok[m].max()) * 1.25e3  # ms
+        xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+        ax.fill_between(xs, [x * (1 - bar) for x in xs], [x * (1 + bar) for x in xs], color="0.9",
+                        label=f"within {bar:.0%}")
+        ax.plot(xs, xs, color="0.5", lw=0.8)
+        for (engine, link), g in ok.groupby(["engine", "link"], sort=False):
+            margin = g["emulation_margin"] if "emulation_margin" in g else None
+            inside = (margin >= min_margin) if margin is not None else g[p] == g[p]
+            for sel, face in ((inside, colours[link]), (~inside, "none")):
+                if sel.any():
+                    ax.scatter(g[m][sel] * 1e3, g[p][sel] * 1e3, marker=markers[engine], s=36,
+                               facecolors=face, edgecolors=colours[link], linewidths=1.2)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"measured {what} (ms)")
+        ax.set_ylabel(f"predicted {what} (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+    ax = axes[0]
+    handles = [plt.Line2D([], [], ls="", marker=mk, color="0.3", label=e) for e, mk in markers.items()]
+    handles += [plt.Line2D([], [], ls="", marker="o", color=c, label=lk) for lk, c in colours.items()]
+    handles += [plt.Line2D([], [], ls="", marker="o", mfc="none", color="0.3",
+                           label=f"link < {min_margin:g}x the transport")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left")
+    fig.suptitle("simulated against measured, each cell on the link it ran on (shaded: the validation bar)")
+    return save_figure(fig, path)
