@@ -66,27 +66,29 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _arg(args, kwargs, index: int, name: str):
+def call_arg(args, kwargs, index: int, name: str):
+    """Argument ``name`` of a torch.distributed call, given by position ``index`` or by keyword."""
     return args[index] if len(args) > index else kwargs.get(name)
 
 
 #: name in torch.distributed -> (link-model kind, the bytes from the call's arguments)
 _COLLECTIVES: dict[str, tuple[str, Callable]] = {
     # all-gather: the gathered output; reduce-scatter: the full input (nccl-tests)
-    "all_gather_single": ("all_gather", lambda a, k: _nbytes(_arg(a, k, 0, "output_tensor"))),
-    "all_gather_into_tensor": ("all_gather", lambda a, k: _nbytes(_arg(a, k, 0, "output_tensor"))),
-    "all_gather": ("all_gather", lambda a, k: _nbytes(_arg(a, k, 0, "tensor_list"))),
-    "reduce_scatter_single": ("reduce_scatter", lambda a, k: _nbytes(_arg(a, k, 1, "input"))),
-    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: _nbytes(_arg(a, k, 1, "input"))),
-    "reduce_scatter": ("reduce_scatter", lambda a, k: _nbytes(_arg(a, k, 1, "input_list"))),
-    "all_reduce": ("all_reduce", lambda a, k: _nbytes(_arg(a, k, 0, "tensor"))),
-    "all_reduce_coalesced": ("all_reduce", lambda a, k: _nbytes(_arg(a, k, 0, "tensors"))),
-    "broadcast": ("broadcast", lambda a, k: _nbytes(_arg(a, k, 0, "tensor"))),
+    "all_gather_single": ("all_gather", lambda a, k: _nbytes(call_arg(a, k, 0, "output_tensor"))),
+    "all_gather_into_tensor": ("all_gather", lambda a, k: _nbytes(call_arg(a, k, 0, "output_tensor"))),
+    "all_gather": ("all_gather", lambda a, k: _nbytes(call_arg(a, k, 0, "tensor_list"))),
+    "reduce_scatter_single": ("reduce_scatter", lambda a, k: _nbytes(call_arg(a, k, 1, "input"))),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: _nbytes(call_arg(a, k, 1, "input"))),
+    "reduce_scatter": ("reduce_scatter", lambda a, k: _nbytes(call_arg(a, k, 1, "input_list"))),
+    "all_reduce": ("all_reduce", lambda a, k: _nbytes(call_arg(a, k, 0, "tensor"))),
+    "all_reduce_coalesced": ("all_reduce", lambda a, k: _nbytes(call_arg(a, k, 0, "tensors"))),
+    "broadcast": ("broadcast", lambda a, k: _nbytes(call_arg(a, k, 0, "tensor"))),
 }
 
-_GROUP_POSITION = {"all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2,
-                   "reduce_scatter_single": 3, "reduce_scatter_tensor": 3, "reduce_scatter": 3,
-                   "all_reduce": 2, "all_reduce_coalesced": 2, "broadcast": 2}
+#: name in torch.distributed -> the position of its ``group`` argument (``async_op`` follows it)
+GROUP_POSITION = {"all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2,
+                  "reduce_scatter_single": 3, "reduce_scatter_tensor": 3, "reduce_scatter": 3,
+                  "all_reduce": 2, "all_reduce_coalesced": 2, "broadcast": 2}
 
 
 def _tensor_of(args, kwargs):
@@ -205,13 +207,13 @@ class Emulator:
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         kind, nbytes_of = _COLLECTIVES[name]
-        group_at = _GROUP_POSITION[name]
+        group_at = GROUP_POSITION[name]
 
         @functools.wraps(fn)
         def emulated(*args, **kwargs):
             if getattr(self._local, "inside", False):
                 return fn(*args, **kwargs)
-            group = _arg(args, kwargs, group_at, "group")
+            group = call_arg(args, kwargs, group_at, "group")
             async_op = bool(kwargs.get("async_op", False)) or (len(args) > group_at + 1 and bool(args[group_at + 1]))
             nbytes = nbytes_of(args, kwargs)
             size = dist.get_world_size(group)
@@ -221,7 +223,7 @@ class Emulator:
             if not async_op and not on_cuda:
                 # Issue asynchronously and wait below, so that the whole wait (real and
                 # emulated) lies in one zerobench::wait_<kind> span.
-                args, kwargs = _as_async(args, kwargs, group_at)
+                args, kwargs = as_async(args, kwargs, group_at)
             self._local.inside = True
             try:
                 work = fn(*args, **kwargs)
@@ -246,7 +248,9 @@ class Emulator:
         return emulated
 
 
-def _as_async(args, kwargs, group_at: int):
+def as_async(args, kwargs, group_at: int):
+    """The call's arguments with ``async_op=True`` (positional right after the group at
+    ``group_at``, or keyword)."""
     if len(args) > group_at + 1:
         args = (*args[:group_at + 1], True, *args[group_at + 2:])
     else:
@@ -257,9 +261,9 @@ def _as_async(args, kwargs, group_at: int):
 def _future_value(name: str, args, kwargs):
     """What a real Work's future would resolve to: the list of output tensors."""
     if name in ("all_reduce", "broadcast"):
-        return [_arg(args, kwargs, 0, "tensor")]
+        return [call_arg(args, kwargs, 0, "tensor")]
     if name == "all_reduce_coalesced":
-        return list(_arg(args, kwargs, 0, "tensors"))
+        return list(call_arg(args, kwargs, 0, "tensors"))
     return [args[0] if args else next(iter(kwargs.values()), None)]
 
 

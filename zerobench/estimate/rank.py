@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench import data as data_mod
-from zerobench.emulation import _GROUP_POSITION, _arg, _as_async
+from zerobench.emulation import GROUP_POSITION, as_async, call_arg
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_json_atomic
 from zerobench.matrix import Cell
@@ -188,15 +188,15 @@ def _gloo_reduce_scatter_buffers():
     inside = threading.local()
 
     def wrap(name, fn):
-        group_at = _GROUP_POSITION[name]
+        group_at = GROUP_POSITION[name]
 
         @functools.wraps(fn)
         def reduce_scatter(*args, **kwargs):
             if getattr(inside, "active", False):  # the deprecated name forwards to the new one
                 return fn(*args, **kwargs)
             async_op = bool(kwargs.get("async_op", False)) or (len(args) > group_at + 1 and bool(args[group_at + 1]))
-            input_tensor = _arg(args, kwargs, 1, "input")
-            args, kwargs = _as_async(args, kwargs, group_at)
+            input_tensor = call_arg(args, kwargs, 1, "input")
+            args, kwargs = as_async(args, kwargs, group_at)
             inside.active = True
             try:
                 work = fn(*args, **kwargs)
