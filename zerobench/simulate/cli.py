@@ -10,16 +10,13 @@ per cell (knob setting x link bandwidth -> predicted step time).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from zerobench.link import PRESETS, Link, resolve_link
 
 from .model import simulate
 from .schedule import Schedule
-from .validate import (cross_validate, emulation_margin, measured_exposed, measured_link, relative_error,
-                       validation_summary, write_validation)
-
+from .validate import compare, cross_validate, emulation_margin, measured_link, validation_summary, write_validation
 
 
 def _tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:
@@ -88,16 +85,9 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
                    "compute_scale": compute_scale, **r.row()}
             if same and s.measured:
                 m = s.measured
-                row.update(measured_step_s=m.get("step_time_s"),
-                           step_error=relative_error(r.step_s, m.get("step_time_s")),
-                           measured_traced_step_s=m.get("traced_step_s"),
-                           emulation_margin=emulation_margin(s, cell_link),
-                           measured_exposed_comm_s=measured_exposed(m),
-                           exposed_error=relative_error(r.exposed_comm_s, measured_exposed(m)),
+                row.update(**compare(r, m), measured_traced_step_s=m.get("traced_step_s"),
                            measured_hta_exposed_comm_s=m.get("exposed_comm_s"),
-                           # the reference a schedule model must beat: nothing overlaps
-                           no_overlap_step_s=r.compute_s + r.comm_s,
-                           no_overlap_error=relative_error(r.compute_s + r.comm_s, m.get("step_time_s")))
+                           emulation_margin=emulation_margin(s, cell_link))
             rows.append(row)
             if plots:
                 from .plots import plot_gantt

@@ -67,38 +67,40 @@ WAIT_NAMES = (r"^impl::wait_|^zerobench::wait_|^impl::rate_limiter_wait$|^FullyS
               r"|wait_tensor|^c10d::wait")
 
 
-def wait_intervals(trace: Trace, blocking: bool = False) -> np.ndarray:
+def wait_intervals(trace: Trace, blocking: pd.DataFrame | None = None) -> np.ndarray:
     """Merged spans (microseconds) where the main thread is blocked on communication:
     waits on a collective (impl's, the emulation's, c10d's) and rate-limiter stalls.
-    ``blocking``: the engine's collectives are synchronous (``Knobs.blocking_collectives``),
-    so the thread is also blocked from each one's issue to its end, a wait no label marks."""
+    ``blocking``: for an engine whose collectives are synchronous
+    (``Knobs.blocking_collectives``), its collectives (:func:`collectives`): the thread
+    is also blocked from each one's issue to its end, a wait no label marks."""
     main = trace.main
     spans = [main[main["name"].str.contains(WAIT_NAMES, regex=True)][["ts", "end"]].to_numpy(dtype=float)]
-    if blocking:
-        coll = collectives(trace)
-        spans.append((coll[["issue_s", "end_s"]].dropna().to_numpy(dtype=float) * 1e6).reshape(-1, 2))
+    if blocking is not None:
+        spans.append((blocking[["issue_s", "end_s"]].dropna().to_numpy(dtype=float) * 1e6).reshape(-1, 2))
     return iv.merge(np.concatenate(spans))
 
 
-def busy_intervals(trace: Trace, blocking: bool = False) -> np.ndarray:
+def busy_intervals(trace: Trace, waits: np.ndarray | None = None) -> np.ndarray:
     """What occupies the rank's compute stream. On GPU, compute kernels. On CPU, the
-    main thread's whole time except where it waits on a collective: the aten ops *and*
-    the Python and framework time between them (hooks, autograd, the harness), which
-    take the main thread as much as the ops do (``zerobench analyze`` counts the latter
-    as idle)."""
+    main thread's whole time except where it waits on a collective (``waits``, default
+    :func:`wait_intervals`): the aten ops *and* the Python and framework time between
+    them (hooks, autograd, the harness), which take the main thread as much as the ops
+    do (``zerobench analyze`` counts the latter as idle)."""
     if is_gpu_trace(trace):
         return compute_intervals(trace)
     steps = step_windows(trace)[["ts", "end"]].to_numpy(dtype=float)
-    return iv.subtract(steps, wait_intervals(trace, blocking))
+    return iv.subtract(steps, wait_intervals(trace) if waits is None else waits)
 
 
-def trace_steps(trace: Trace, blocking: bool = False) -> list[dict]:
+def trace_steps(trace: Trace, blocking: bool = False, coll: pd.DataFrame | None = None) -> list[dict]:
     """Per traced step: unit bytes, forward/backward busy time per unit, optimizer
     seconds; and, to validate against, the step's length and the time the main thread
-    was blocked on communication (``blocked``, see :func:`wait_intervals`)."""
-    comp = busy_intervals(trace, blocking)
-    waits = wait_intervals(trace, blocking)
-    coll = collectives(trace)
+    was blocked on communication (``blocked``, see :func:`wait_intervals`).
+    ``blocking``: the engine's collectives are synchronous; ``coll``: the trace's
+    :func:`collectives`, when the caller has them."""
+    coll = collectives(trace) if coll is None else coll
+    waits = wait_intervals(trace, coll if blocking else None)
+    comp = busy_intervals(trace, waits)
     coll_issue = coll["issue_s"].fillna(coll["start_s"]) * 1e6
     out = []
     for w in step_windows(trace).itertuples():
@@ -133,14 +135,14 @@ def trace_steps(trace: Trace, blocking: bool = False) -> list[dict]:
     return out
 
 
-def transport_s(trace: Trace) -> dict[str, float]:
+def transport_s(trace: Trace, coll: pd.DataFrame | None = None) -> dict[str, float]:
     """Kind -> median seconds a collective of the traced steps ran on the transport
     itself (gloo's worker thread or the NCCL kernel, from start to end), whatever link
     the harness emulated on top. The emulated link can only slow a collective down to
     its model, never speed it up: where the transport alone takes about as long as the
     emulated link, the link model is not what the cell ran on, and the validation says
     so (:func:`~.validate.emulation_margin`)."""
-    coll = collectives(trace)
+    coll = collectives(trace) if coll is None else coll
     w = step_windows(trace)
     inside = np.zeros(len(coll), dtype=bool)
     for lo, hi in zip(w["ts"] * 1e-6, w["end"] * 1e-6):
@@ -212,8 +214,9 @@ def extract_cell(run_dir, cell_id: str) -> Schedule:
     for p in paths:
         trace = load_trace(p)
         on_gpu = on_gpu or is_gpu_trace(trace)
-        steps = trace_steps(trace, blocking=_blocking(config, on_gpu))
-        transports.append(transport_s(trace))
+        coll = collectives(trace)
+        steps = trace_steps(trace, blocking=_blocking(config, on_gpu), coll=coll)
+        transports.append(transport_s(trace, coll))
         if steps:
             per_rank.append(_median_steps(steps))
     if not per_rank:

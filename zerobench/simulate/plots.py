@@ -11,6 +11,7 @@ from zerobench.profiling import intervals as iv
 from zerobench.profiling.plots import COLORS
 
 from .model import SimResult
+from .validate import EXPOSED_BAR, MIN_MARGIN, STEP_BAR
 
 
 def plot_gantt(result: SimResult, path, title: str = "") -> Path:
@@ -69,10 +70,10 @@ def plot_heatmap(table, path, value: str = "step_s", title: str = "") -> Path:
     return save_figure(fig, path, dpi=120)
 
 
-def plot_validation(pred, path, min_margin: float = 2.0) -> Path:
+def plot_validation(pred, path, min_margin: float = MIN_MARGIN) -> Path:
     """Predicted against measured, one point per cell: step time (left) and exposed
-    communication (right), log-log, the diagonal and the validation bars (15 %, 20 %)
-    shaded; one marker per engine, one colour per emulated link. Hollow markers: cells
+    communication (right), log-log, the diagonal and the validation bars (``STEP_BAR``,
+    ``EXPOSED_BAR``) shaded; one marker per engine, one colour per emulated link. Hollow markers: cells
     whose emulated link is less than ``min_margin`` times the real transport, where the
     link model is not what set the time (:func:`~.validate.emulation_margin`)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -83,8 +84,8 @@ def plot_validation(pred, path, min_margin: float = 2.0) -> Path:
     links = sorted(pred["link"].unique(), key=lambda s: float(s.split()[0]))
     colours = dict(zip(links, plt.get_cmap("viridis")(
         [i / max(len(links) - 1, 1) for i in range(len(links))])))
-    for ax, (p, m, bar, what) in zip(axes, (("step_s", "measured_step_s", 0.15, "step time"),
-                                            ("exposed_comm_s", "measured_exposed_comm_s", 0.20,
+    for ax, (p, m, bar, what) in zip(axes, (("step_s", "measured_step_s", STEP_BAR, "step time"),
+                                            ("exposed_comm_s", "measured_exposed_comm_s", EXPOSED_BAR,
                                              "exposed communication"))):
         ok = pred[(pred[p] > 0) & (pred[m] > 0)]
         if not len(ok):
