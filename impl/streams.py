@@ -91,21 +91,62 @@ class CpuStream:
         self._log.append(("synchronize", self.name, None))
 
 
+# Device modules standing in for torch.cuda on a device type (a virtual GPU on "cpu").
+# See [Note: device module].
+_ACCELERATORS: dict[str, object] = {}
+
+
+@contextlib.contextmanager
+def use_accelerator(device_type: str, module) -> Iterator[None]:
+    """While active, tensors on ``device_type`` run with ``module``'s streams and events.
+
+    [Note: device module]
+    Every stream, event and ``record_stream`` of the engines goes through one *device
+    module*: ``torch.cuda`` for CUDA tensors. A module with the same API can stand in for
+    it on another device type; zerobench's virtual GPU registers itself for "cpu" here,
+    so that the engines take their CUDA code path (the same code, with the virtual
+    device's clock and allocator) on CPU tensors. As PyTorch's own FSDP resolves its
+    ``device_handle`` from the device type.
+    """
+    previous = _ACCELERATORS.get(device_type)
+    _ACCELERATORS[device_type] = module
+    try:
+        yield
+    finally:
+        if previous is None:
+            _ACCELERATORS.pop(device_type, None)
+        else:
+            _ACCELERATORS[device_type] = previous
+
+
+def accelerator(device: torch.device | str):
+    """The device module of ``device`` (``torch.cuda``, or what stands in for it), or None
+    for a device with no queue of its own (plain CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda
+    return _ACCELERATORS.get(device.type)
+
+
 class Streams:
     """The compute, unshard and post-backward streams of one engine on one device."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
+        # The device module (torch.cuda or a stand-in); None on plain CPU.
+        self.module = accelerator(self.device)
+        # True when the device has stream queues of its own: the CUDA code path.
+        self.cuda = self.module is not None
         # (action, stream, event id) on CPU, in issue order, the latest LOG_LENGTH only (a
         # long run must not grow it without bound); stays empty on CUDA.
         self.log: collections.deque = collections.deque(maxlen=LOG_LENGTH)
         # Recorded on compute at the root's pre-forward: the sharded parameters are ready.
         self.params_ready = None
         if self.cuda:
-            self.compute = torch.cuda.current_stream(self.device)
-            self.unshard = torch.cuda.Stream(self.device)
-            self.post_backward = torch.cuda.Stream(self.device)
+            m = self.module
+            self.compute = m.current_stream(self.device)
+            self.unshard = m.Stream(self.device)
+            self.post_backward = m.Stream(self.device)
         else:
             self.compute = CpuStream("compute", self.log)
             self.unshard = CpuStream("unshard", self.log)
@@ -114,7 +155,7 @@ class Streams:
     def record(self, stream) -> object:
         """An event marking everything enqueued on ``stream`` so far."""
         if self.cuda:
-            event = torch.cuda.Event()
+            event = self.module.Event()
             event.record(stream)
             return event
         return stream.record_event()
@@ -127,14 +168,14 @@ class Streams:
     def on(self, stream) -> Iterator[None]:
         """Make ``stream`` current: kernels, collectives and allocations go to it."""
         if self.cuda:
-            with torch.cuda.stream(stream):
+            with self.module.stream(stream):
                 yield
         else:
             yield
 
     def hand_over(self, tensor: torch.Tensor | None, stream) -> None:
         """``tensor`` (allocated on another stream) is used by ``stream`` too."""
-        if self.cuda and tensor is not None and tensor.device.type == "cuda":
+        if self.cuda and tensor is not None and tensor.device.type == self.device.type:
             tensor.record_stream(stream)
 
     def name(self, stream) -> str:
@@ -145,9 +186,10 @@ class Streams:
 
 
 def new_event(device: torch.device):
-    """An event recorded on the current stream of ``device`` (None on CPU)."""
-    if torch.device(device).type != "cuda":
+    """An event recorded on the current stream of ``device`` (None on plain CPU)."""
+    module = accelerator(device)
+    if module is None:
         return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
+    event = module.Event()
+    event.record(module.current_stream(device))
     return event

@@ -45,56 +45,95 @@ UNIT_MB = 64
 OVERLAP_UNITS = 24  # overlap check: only the first gather of forward and of backward cannot be hidden
 
 
-def _init_single() -> None:
+class Target:
+    """Where a check runs: a real GPU (``torch.cuda``, ``cuda:0``, NCCL) or the virtual one
+    (zerobench.vgpu: its device module, CPU tensors, gloo). The checks below are written
+    once against this, so ``--virtual`` runs the same check code as a GPU does."""
+
+    def __init__(self, virtual: bool = False, **vgpu_options):
+        self.virtual = virtual
+        if virtual:
+            from zerobench.vgpu import VirtualGpu
+
+            self.gpu = VirtualGpu(**vgpu_options)
+            self.module = self.gpu
+            self.device = torch.device("cpu")
+            self.device_id = None
+        else:
+            self.gpu = None
+            self.module = torch.cuda
+            self.device = torch.device("cuda", 0)
+            self.device_id = torch.device("cuda", 0)
+
+    def __enter__(self) -> "Target":
+        self.groups = None
+        self._owns_group = not dist.is_initialized()
+        _init_single(self)
+        if self.gpu is not None:
+            self.gpu.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.gpu is not None:
+            self.gpu.__exit__(*exc)
+            if self._owns_group:  # a virtual check leaves no process group behind
+                dist.destroy_process_group()
+
+
+def _init_single(target: "Target | None" = None) -> None:
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         from zerobench.launch import free_port
 
         os.environ.setdefault("MASTER_PORT", str(free_port()))
+        if target is not None and target.virtual:
+            dist.init_process_group("gloo", rank=0, world_size=1)
+            return
         torch.cuda.set_device(0)
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 
 
-def cycles_per_ms() -> float:
-    """How many ``torch.cuda._sleep`` cycles take a millisecond on this GPU."""
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def cycles_per_ms(module=torch.cuda) -> float:
+    """How many ``_sleep`` cycles take a millisecond on this GPU (``module``: torch.cuda or a stand-in)."""
+    module.synchronize()
+    start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
     start.record()
-    torch.cuda._sleep(50_000_000)
+    module._sleep(50_000_000)
     end.record()
     end.synchronize()
     return 50_000_000 / start.elapsed_time(end)
 
 
 class _Sleep(torch.autograd.Function):
-    """Identity whose forward and backward each keep the GPU busy for ``cycles``."""
+    """Identity whose forward and backward each keep the device busy for ``cycles``."""
 
     @staticmethod
-    def forward(ctx, x, cycles):
-        ctx.cycles = cycles
-        torch.cuda._sleep(cycles)
+    def forward(ctx, x, cycles, module):
+        ctx.cycles, ctx.module = cycles, module
+        module._sleep(cycles)
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        torch.cuda._sleep(ctx.cycles)
-        return grad.clone(), None
+        ctx.module._sleep(ctx.cycles)
+        return grad.clone(), None, None
 
 
 class _Unit(nn.Module):
-    def __init__(self, width: int, cycles: int):
+    def __init__(self, width: int, cycles: int, module):
         super().__init__()
         self.lin = nn.Linear(width, width, bias=False)
         self.cycles = cycles
+        self.module = module
 
     def forward(self, x):
-        return _Sleep.apply(self.lin(x), self.cycles)
+        return _Sleep.apply(self.lin(x), self.cycles, self.module)
 
 
 class _Model(nn.Module):
-    def __init__(self, units: int, width: int, cycles: int):
+    def __init__(self, units: int, width: int, cycles: int, module):
         super().__init__()
-        self.units = nn.ModuleList(_Unit(width, cycles) for _ in range(units))
+        self.units = nn.ModuleList(_Unit(width, cycles, module) for _ in range(units))
 
     def forward(self, x):
         for u in self.units:
@@ -102,13 +141,14 @@ class _Model(nn.Module):
         return x
 
 
-def _wrap(model: nn.Module, **kwargs):
+def _wrap(model: nn.Module, target: Target, **kwargs):
     from impl.fsdp import FullyShardedDataParallel as FSDP
     from impl.fsdp import ShardingStrategy
 
-    pair = (dist.group.WORLD, dist.new_group([0]))  # shard group of 1: see [Note: GPU checks]
-    wrap = dict(process_group=pair, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
-                device_id=torch.device("cuda", 0), **kwargs)
+    if getattr(target, "groups", None) is None:  # shard group of 1: see [Note: GPU checks]
+        target.groups = (dist.group.WORLD, dist.new_group([0]))
+    wrap = dict(process_group=target.groups, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                device_id=target.device_id, **kwargs)
     for i, u in enumerate(model.units):
         model.units[i] = FSDP(u, **wrap)
     return FSDP(model, **wrap)
@@ -117,8 +157,9 @@ def _wrap(model: nn.Module, **kwargs):
 class _DelayedGathers:
     """Enqueue ``cycles`` of sleep on the stream each all-gather runs on."""
 
-    def __init__(self, cycles: int):
+    def __init__(self, cycles: int, module):
         self.cycles = cycles
+        self.module = module
         self.count = 0
 
     def __enter__(self):
@@ -129,7 +170,7 @@ class _DelayedGathers:
         def slow(output, input, group, group_size):
             self.count += 1
             if self.cycles:
-                torch.cuda._sleep(self.cycles)
+                self.module._sleep(self.cycles)
             return self._real(output, input, group, group_size)
 
         collectives.all_gather_flat = slow
@@ -141,19 +182,21 @@ class _DelayedGathers:
         collectives.all_gather_flat = self._real
 
 
-def _step_ms(prefetch: bool, gather_cycles: int, compute_cycles: int, steps: int = 3) -> tuple[float, int]:
+def _step_ms(target: Target, prefetch: bool, gather_cycles: int, compute_cycles: int, units: int,
+             steps: int = 3) -> tuple[float, int]:
     from impl.fsdp import BackwardPrefetch
 
+    m = target.module
     torch.manual_seed(0)
-    model = _wrap(_Model(OVERLAP_UNITS, 256, compute_cycles).cuda(), forward_prefetch=prefetch,
+    model = _wrap(_Model(units, 256, compute_cycles, m).to(target.device), target, forward_prefetch=prefetch,
                   backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
-    x = torch.randn(8, 256, device="cuda")
+    x = torch.randn(8, 256, device=target.device)
     model(x).sum().backward()  # warm-up (and the first-iteration order record)
     times = []
-    with _DelayedGathers(gather_cycles) as delayed:
+    with _DelayedGathers(gather_cycles, m) as delayed:
         for _ in range(steps):
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            m.synchronize()
+            start, end = m.Event(enable_timing=True), m.Event(enable_timing=True)
             start.record()
             model(x).sum().backward()
             end.record()
@@ -162,55 +205,77 @@ def _step_ms(prefetch: bool, gather_cycles: int, compute_cycles: int, steps: int
     return min(times), delayed.count // steps
 
 
-def overlap_check(gather_ms: float = 2.0, compute_ms: float = 4.0) -> dict:
-    _init_single()
-    cpm = cycles_per_ms()
-    g, c = int(gather_ms * cpm), int(compute_ms * cpm)
-    out = {"cycles_per_ms": cpm, "units": OVERLAP_UNITS, "gather_ms": gather_ms, "compute_ms": compute_ms}
-    for name, prefetch in (("prefetch", True), ("no_prefetch", False)):
-        base, _ = _step_ms(prefetch, 0, c)
-        delayed, gathers = _step_ms(prefetch, g, c)
-        out[name] = {"step_ms_without_delay": base, "step_ms_with_delay": delayed, "gathers_per_step": gathers,
-                     "all_gather_ms": gathers * gather_ms, "exposed_ms": max(delayed - base, 0.0)}
-    exposed_off = out["no_prefetch"]["exposed_ms"]
-    out["hidden_fraction"] = 1 - out["prefetch"]["exposed_ms"] / exposed_off if exposed_off > 0 else 0.0
+def overlap_check(target: Target | None = None, gather_ms: float = 2.0, compute_ms: float = 4.0,
+                  units: int = OVERLAP_UNITS, steps: int = 3) -> dict:
+    """How much of the all-gather time is hidden under compute. See [Note: GPU checks].
+
+    The reference is the all-gather time itself (PyTorch's test_fsdp_overlap compares
+    compute alone plus communication alone with both together): hidden fraction =
+    (step without delay + all-gather time - step with delay) / all-gather time. Without
+    prefetch the host, running ahead of the device, already issues each all-gather early,
+    so comparing against the no-prefetch run would measure nothing."""
+    target = target or Target()
+    with target:
+        m = target.module
+        cpm = cycles_per_ms(m)
+        g, c = int(gather_ms * cpm), int(compute_ms * cpm)
+        out = {"cycles_per_ms": cpm, "units": units, "gather_ms": gather_ms, "compute_ms": compute_ms,
+               "virtual": target.virtual}
+        for name, prefetch in (("prefetch", True), ("no_prefetch", False)):
+            base, _ = _step_ms(target, prefetch, 0, c, units, steps)
+            delayed, gathers = _step_ms(target, prefetch, g, c, units, steps)
+            all_gather_ms = gathers * gather_ms
+            exposed = max(delayed - base, 0.0)
+            out[name] = {"step_ms_without_delay": base, "step_ms_with_delay": delayed, "gathers_per_step": gathers,
+                         "all_gather_ms": all_gather_ms, "exposed_ms": exposed,
+                         "hidden_fraction": 1 - exposed / all_gather_ms if all_gather_ms > 0 else 0.0}
+    out["hidden_fraction"] = out["prefetch"]["hidden_fraction"]
     out["pass"] = out["hidden_fraction"] >= 0.9
     return out
 
 
-def _forward_peak(limit: bool, depth: int, compute_cycles: int) -> dict:
-    width = int((UNIT_MB * 2**20 / 4) ** 0.5)
+def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, units: int, unit_mb: float,
+                  empty_cache: bool = False) -> dict:
+    m = target.module
+    width = int((unit_mb * 2**20 / 4) ** 0.5)
     torch.manual_seed(0)
-    model = _wrap(_Model(UNITS, width, compute_cycles).cuda(), limit_all_gathers=limit, limiter_depth=depth)
-    x = torch.randn(4, width, device="cuda")
+    model = _wrap(_Model(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
+                  limiter_depth=depth)
+    x = torch.randn(4, width, device=target.device)
     with torch.no_grad():
-        model(x)  # warm-up
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_stats()["active_bytes.all.current"]
-        start = time.perf_counter()
+        model(x)  # warm-up: it also leaves the blocks the measured forward reuses in the cache
+        m.synchronize()
+        # No empty_cache() here (``empty_cache`` is for the test that shows why): cudaFree
+        # and the cudaMallocs it makes necessary can synchronise the host, and the
+        # measured forward needs the host free to run ahead.
+        if empty_cache:
+            m.empty_cache()
+        m.reset_peak_memory_stats()
+        base = m.memory_stats()["active_bytes.all.current"]
+        start = target.gpu.host_clock() if target.virtual else time.perf_counter()
         model(x)
-        enqueue_s = time.perf_counter() - start
-        torch.cuda.synchronize()
-    stats = torch.cuda.memory_stats()
+        enqueue_s = (target.gpu.host_clock() if target.virtual else time.perf_counter()) - start
+        m.synchronize()
+    stats = m.memory_stats()
     metrics = model.limiter_metrics()
     unit_bytes = width * width * 4
     del model
-    torch.cuda.empty_cache()
+    m.empty_cache()
     return {"peak_active_above_base_units": (stats["active_bytes.all.peak"] - base) / unit_bytes,
             "peak_allocated_above_base_units": (stats["allocated_bytes.all.peak"] - base) / unit_bytes,
             "peak_reserved_bytes": stats["reserved_bytes.all.peak"], "unit_bytes": unit_bytes,
             "cpu_enqueue_ms": enqueue_s * 1e3, "limiter_stalls": metrics["limiter_stalls"]}
 
 
-def limiter_check(depth: int = 2, compute_ms: float = 20.0) -> dict:
-    _init_single()
-    c = int(compute_ms * cycles_per_ms())
-    on, off = _forward_peak(True, depth, c), _forward_peak(False, depth, c)
+def limiter_check(target: Target | None = None, depth: int = 2, compute_ms: float = 20.0, units: int = UNITS,
+                  unit_mb: float = UNIT_MB, empty_cache: bool = False) -> dict:
+    target = target or Target()
+    with target:
+        c = int(compute_ms * cycles_per_ms(target.module))
+        on, off = (_forward_peak(target, limit, depth, c, units, unit_mb, empty_cache) for limit in (True, False))
     bound = depth + 2
-    out = {"units": UNITS, "unit_mb": UNIT_MB, "depth": depth, "bound_units": bound, "with_limiter": on,
-           "without_limiter": off}
+    out = {"units": units, "unit_mb": unit_mb, "depth": depth, "bound_units": bound, "with_limiter": on,
+           "without_limiter": off, "virtual": target.virtual}
     out["pass"] = (on["peak_active_above_base_units"] <= bound + 0.25
                    and off["peak_active_above_base_units"] >= on["peak_active_above_base_units"] + 1.0)
     return out
@@ -308,14 +373,19 @@ def main(argv: list[str]) -> int:
         write_json_atomic(Path(argv[2]), result)
         print(json.dumps({k: v for k, v in result.items() if k != "cells"}))
         return 0 if result["pass"] else 1
+    virtual = bool(argv) and argv[0] == "--virtual"
+    if virtual:
+        argv = argv[1:]
     checks = {"probe-gloo": probe_gloo, "overlap": overlap_check, "limiter": limiter_check}
-    if len(argv) != 2 or argv[0] not in checks:
-        print(f"usage: python -m zerobench.gpu_check {{{','.join(checks)}}} OUT.json", file=sys.stderr)
+    if len(argv) != 2 or argv[0] not in checks or (virtual and argv[0] == "probe-gloo"):
+        print("usage: python -m zerobench.gpu_check [--virtual] {overlap,limiter} OUT.json\n"
+              "       python -m zerobench.gpu_check probe-gloo OUT.json", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("zerobench.gpu_check: no CUDA device", file=sys.stderr)
+    if not virtual and not torch.cuda.is_available():
+        print("zerobench.gpu_check: no CUDA device (--virtual runs the overlap and limiter checks on the "
+              "virtual GPU)", file=sys.stderr)
         return 2
-    result = checks[argv[0]]()
+    result = checks[argv[0]](Target(virtual=True)) if virtual else checks[argv[0]]()
     from zerobench.files import write_json_atomic
 
     write_json_atomic(Path(argv[1]), result)

@@ -55,25 +55,32 @@ class PendingReduction:
 
     def __init__(self, handle, reduce_scatter_input, output, replicate_group, postdivide):
         self._handle = handle  # comm.Handle of the stage in flight, or None
-        self._input = reduce_scatter_input  # kept alive until the first stage completes
+        # The gradient being reduced (and its cast, under mixed precision): kept alive
+        # until the first stage completes. See [Note: reductions in flight] (runtime.py).
+        self._input = reduce_scatter_input
         self.output = output  # 1-D, shard_numel, reduce dtype
         self._replicate_group = replicate_group  # None unless HYBRID_SHARD with >1 replica
         self._postdivide = postdivide
         self._advanced = False
 
-    def advance(self) -> None:
+    def advance(self, streams=None) -> None:
+        """Finish the first stage on the current stream. With ``streams`` on a device with
+        queues, the compute stream then waits for it before the gradient's memory is
+        let go, so that compute may reuse that memory at once."""
         if self._advanced:
             return
         self._advanced = True
         if self._handle is not None:
             self._handle.wait()
+        if streams is not None and streams.cuda and self._input is not None:
+            streams.wait(streams.compute, streams.record(streams.post_backward))
         self._input = None
         self._handle = None
         if self._replicate_group is not None:
             self._handle = comm.all_reduce(self.output, group=self._replicate_group, async_op=True)
 
-    def wait(self) -> torch.Tensor:
-        self.advance()
+    def wait(self, streams=None) -> torch.Tensor:
+        self.advance(streams)
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
@@ -99,16 +106,17 @@ def reduce_gradient(
     ``unsharded_grad`` is consumed (divided in place when already in ``reduce_dtype``).
     """
     predivide, postdivide = divide_factors(world_size)
+    source = unsharded_grad
     reduce_scatter_input = unsharded_grad.to(reduce_dtype)
     if predivide != 1:
         reduce_scatter_input.div_(predivide)
     if not sharded:
         handle = comm.all_reduce(reduce_scatter_input, group=shard_group, async_op=True) if shard_size > 1 else None
-        return PendingReduction(handle, None, reduce_scatter_input, replicate_group, postdivide)
+        return PendingReduction(handle, (source,), reduce_scatter_input, replicate_group, postdivide)
     if shard_size == 1:
-        return PendingReduction(None, None, reduce_scatter_input, replicate_group, postdivide)
+        return PendingReduction(None, (source,), reduce_scatter_input, replicate_group, postdivide)
     output = torch.empty(
         reduce_scatter_input.numel() // shard_size, dtype=reduce_dtype, device=reduce_scatter_input.device
     )
     handle = comm.reduce_scatter(output, reduce_scatter_input, op=dist.ReduceOp.SUM, group=shard_group, async_op=True)
-    return PendingReduction(handle, reduce_scatter_input, output, replicate_group, postdivide)
+    return PendingReduction(handle, (source, reduce_scatter_input), output, replicate_group, postdivide)

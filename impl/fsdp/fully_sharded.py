@@ -242,7 +242,8 @@ class FullyShardedDataParallel(nn.Module):
                 warnings.warn("nested FSDP instances' limit_all_gathers/limiter_depth differ: the root's settings apply")
         # See [Note: streams]; the device of the units (a root without parameters may not know it).
         streams = Streams(next((s.compute_device for s in states if s.unit is not None), me.compute_device))
-        limiter = RateLimiter(me.limit_all_gathers, me.limiter_depth, use_events=streams.cuda)
+        limiter = RateLimiter(me.limit_all_gathers, me.limiter_depth, use_events=streams.cuda,
+                              clock=getattr(streams.module, "host_clock", None))
         shared = RootState(states, limiter, streams)
         for inst, state in zip(instances, states):
             state.is_root = state is me

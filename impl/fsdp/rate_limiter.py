@@ -77,7 +77,7 @@ class FreeEventQueue:
 class RateLimiter:
     """Shared by every unit under one root. See [Note: rate limiter]."""
 
-    def __init__(self, enabled: bool, depth: int, use_events: bool = False):
+    def __init__(self, enabled: bool, depth: int, use_events: bool = False, clock=None):
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise ValueError(f"limiter_depth must be an int >= 1, got {depth!r}")
         self.enabled = enabled
@@ -85,6 +85,9 @@ class RateLimiter:
         # CUDA: bound the CPU thread's lead with free events (see the note) instead of
         # deferring prefetches.
         self.use_events = use_events
+        # Host seconds (time.perf_counter unless the device module has a host clock of
+        # its own, as a virtual GPU does): what stall_s is measured in.
+        self.clock = clock or now
         self.free_events = FreeEventQueue(depth)
         # Units (FlatParamUnit) holding a ticket, oldest first: the frees a new all-gather
         # may have to wait for.
@@ -111,6 +114,11 @@ class RateLimiter:
             self.overruns += 1
         return True
 
+    @property
+    def wants_free_events(self) -> bool:
+        """Whether ``on_free`` needs an event (event mode with the limit on)."""
+        return self.enabled and self.use_events
+
     def is_deferred(self, unit) -> bool:
         return unit in self._deferred
 
@@ -123,12 +131,12 @@ class RateLimiter:
         if not (self.enabled and self.use_events):
             return
         event = self.free_events.dequeue_if_needed()
-        if event is None:
-            return
-        start = now()
+        if event is None or event.query():
+            return  # the device has passed that free: nothing to wait for, no stall
+        start = self.clock()
         event.synchronize()
         self.stalls += 1
-        self.stall_s += now() - start
+        self.stall_s += self.clock() - start
 
     def on_issue(self, unit, ticketed: bool) -> None:
         self.all_gathers += 1

@@ -23,6 +23,18 @@ that wait has had a whole unit's backward to hide behind, and it bounds the unsh
 gradients alive at once to two (the one being reduced and the one just produced)
 instead of every unit's. The end of backward waits once for whatever is still in
 flight (the last reduce-scatter, and HYBRID_SHARD's cross-replica all-reduces).
+
+On a GPU that bound must hold for memory, not only for Python references: the host
+runs ahead of the device, and a gradient handed to the post-backward stream with
+``record_stream`` stays allocated, after its reference is dropped, until that stream
+has passed the drop -- so with the host far ahead, every unit's gradient would be
+alive at once. So the gradient is not handed over with ``record_stream``: the
+pending reduction holds it, and when the next unit's post-backward advances it, the
+*compute* stream waits on an event recorded after the reduce-scatter before the
+reference is dropped (FSDP2 does the same with its reduce-scatter event). Compute
+may then reuse the memory at once, and at most two unsharded gradients exist on
+the device, at the price of the next unit's compute waiting for the older
+reduce-scatter (which had a whole unit's backward to complete).
 """
 
 from __future__ import annotations
@@ -192,9 +204,8 @@ def post_backward(state: FSDPState) -> None:
         if not shared.sync_gradients:
             return  # no_sync: the unsharded gradients keep accumulating in each .grad
         grad = handle.take_unsharded_grad()
-        with shared.streams.on(shared.streams.post_backward):
-            for _, older in shared.pending_reductions:  # See [Note: reductions in flight]
-                older.advance()
+        for older_unit, older in shared.pending_reductions:  # See [Note: reductions in flight]
+            older_unit.advance_reduction(older)
         shared.pending_reductions.append((unit, unit.reduce_grad(grad)))
 
 

@@ -14,7 +14,7 @@ from torch.autograd.profiler import record_function
 from impl.fsdp import collectives
 from impl.fsdp.api import MixedPrecision, ShardingStrategy
 from impl.fsdp.flat_param import FlatParamHandle, ShardedState
-from impl.fsdp.rate_limiter import RateLimiter, now
+from impl.fsdp.rate_limiter import RateLimiter
 from impl.streams import Streams
 
 _SHARDED = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.HYBRID_SHARD)
@@ -45,8 +45,9 @@ class FlatParamUnit:
         self.index = index  # construction order; identical on every rank, used by the order check
         # Set at lazy init to the root's limiter, shared by every unit under it.
         self.limiter: RateLimiter | None = None
-        # Replaced at lazy init by the root's streams. See [Note: streams].
-        self.streams = Streams(handle.device)
+        # Set at lazy init to the root's streams (made here only if used before that).
+        # See [Note: streams].
+        self._streams: Streams | None = None
         # CPU offload on CUDA: a pinned host buffer per reduced gradient shard, reused,
         # and the event after the device-to-host copy into it.
         self._pinned_grad: torch.Tensor | None = None
@@ -60,6 +61,16 @@ class FlatParamUnit:
         self._ticketed = False
         self._was_deferred = False
         self._reduce_dtype = (mixed_precision.effective_reduce_dtype if mixed_precision else None) or handle.dtype
+
+    @property
+    def streams(self) -> Streams:
+        if self._streams is None:
+            self._streams = Streams(self.handle.device)
+        return self._streams
+
+    @streams.setter
+    def streams(self, streams: Streams) -> None:
+        self._streams = streams
 
     @property
     def sharded(self) -> bool:
@@ -124,9 +135,9 @@ class FlatParamUnit:
         if h.sharded_state is ShardedState.UNSHARDING:
             if self._was_deferred:
                 with record_function("impl::rate_limiter_wait"):
-                    start = now()
+                    start = self.limiter.clock()
                     self._wait_all_gather()
-                    self.limiter.record_stall(now() - start)
+                    self.limiter.record_stall(self.limiter.clock() - start)
             else:
                 self._wait_all_gather()
 
@@ -158,16 +169,22 @@ class FlatParamUnit:
         h.free_unsharded()
         h.sharded_state = ShardedState.SHARDED
         if self.sharded:
-            self.limiter.on_free(self, s.record(s.compute))  # used on CUDA only (the limiter's note)
+            # Event mode only (CUDA): the limiter bounds the host's lead with it.
+            self.limiter.on_free(self, s.record(s.compute) if self.limiter.wants_free_events else None)
 
     # -- gradients -----------------------------------------------------------------
 
     def reduce_grad(self, unsharded_grad: torch.Tensor) -> collectives.PendingReduction:
         """Start averaging this rank's unsharded gradient (1-D, padded) across ranks, on
-        the post-backward stream once the gradient is produced."""
+        the post-backward stream once the gradient is produced.
+
+        The gradient was allocated on compute and is read on post-backward. It is not
+        handed over with ``record_stream``: the pending reduction keeps it alive, and
+        compute waits for the reduction before letting it go (``advance_reduction``), so
+        its memory is free as soon as the reference is dropped. See [Note: reductions in
+        flight] in runtime.py."""
         s = self.streams
         produced = s.record(s.compute)
-        s.hand_over(unsharded_grad, s.post_backward)  # read there; see [Note: streams]
         with s.on(s.post_backward):
             s.wait(s.post_backward, produced)
             return collectives.reduce_gradient(
@@ -180,6 +197,12 @@ class FlatParamUnit:
                 world_size=self.world_size,
             )
 
+    def advance_reduction(self, pending: collectives.PendingReduction) -> None:
+        """Finish the first stage of an older reduction, letting its gradient go."""
+        s = self.streams
+        with s.on(s.post_backward):
+            pending.advance(s)
+
     def finish_reduction(self, pending: collectives.PendingReduction) -> torch.Tensor:
         """Wait for a reduction on the post-backward stream; return the reduced shard.
 
@@ -188,7 +211,7 @@ class FlatParamUnit:
         stream before the optimizer step reads it (runtime.end_of_backward)."""
         s = self.streams
         with s.on(s.post_backward):
-            reduced = pending.wait()
+            reduced = pending.wait(s)
             param = self.handle.sharded_flat
             if s.cuda and param.device.type == "cpu" and reduced.device.type == "cuda":
                 pinned = self._pinned_grad

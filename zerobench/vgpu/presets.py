@@ -1,0 +1,100 @@
+"""What the virtual GPU is modelled on: a GPU's peaks and a host's costs.
+
+[Note: virtual GPU presets]
+Each GPU preset gives the dense (no sparsity) peaks of NVIDIA's data sheets and the
+fraction of each peak that the cost model assumes is reached. The fractions are
+assumptions, stated here and in docs/vgpu.md, not measurements of this project:
+
+* ``matmul_efficiency`` 0.70: large bf16 GEMMs on Hopper and Ampere typically reach
+  60-80 % of the tensor-core peak; training runs report 35-45 % MFU over a whole step,
+  which includes everything that is not a GEMM.
+* ``memory_efficiency`` 0.80: elementwise kernels stream at about 80 % of HBM peak.
+* ``kernel_floor_s``: the shortest kernel (launch to completion on an idle device).
+
+Sources: NVIDIA H100 Tensor Core GPU data sheet (SXM5: 989 TFLOPS bf16 dense, 67 TFLOPS
+fp32, 3.35 TB/s HBM3, 80 GB), NVIDIA A100 data sheet (SXM4 80 GB: 312 TFLOPS bf16,
+19.5 TFLOPS fp32, 2.039 TB/s HBM2e), NVIDIA H200 data sheet (SXM: 989 TFLOPS bf16,
+67 TFLOPS fp32, 4.8 TB/s HBM3e, 141 GB). Host-to-device copies run at the PCIe link's
+per-direction bandwidth (Gen5 x16: 64 GB/s; Gen4 x16: 32 GB/s) at ``memory_efficiency``.
+
+A host preset is what the CPU thread pays per operator it dispatches: ``dispatch_s``
+for every operator (Python, the dispatcher, autograd bookkeeping) and ``launch_s`` more
+for one that launches a kernel. PyTorch eager mode costs a few to tens of microseconds
+per operator; ``fast`` and ``slow`` bracket that range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class GpuPreset:
+    name: str
+    """Preset name, as given to ``--gpu``."""
+    memory_bytes: int
+    """Device memory the caching allocator may reserve."""
+    peak_flops: dict = field(default_factory=dict)
+    """Dense peak FLOP/s by dtype (matmul-class operators)."""
+    hbm_bytes_per_s: float = 0.0
+    """Peak device-memory bandwidth."""
+    pcie_bytes_per_s: float = 0.0
+    """Host-device copy bandwidth, per direction."""
+    sleep_cycles_per_s: float = 1.5e9
+    """Clock that ``_sleep(cycles)`` spins on (the SM clock)."""
+    matmul_efficiency: float = 0.70
+    memory_efficiency: float = 0.80
+    kernel_floor_s: float = 2e-6
+
+    def flops_per_s(self, dtype: torch.dtype) -> float:
+        return self.peak_flops.get(dtype, self.peak_flops[torch.float32]) * self.matmul_efficiency
+
+
+_TB = 1e12
+GPU_PRESETS: dict[str, GpuPreset] = {
+    "h100-sxm": GpuPreset(
+        "h100-sxm", memory_bytes=80 * 10**9,
+        peak_flops={torch.bfloat16: 989 * _TB, torch.float16: 989 * _TB, torch.float32: 67 * _TB},
+        hbm_bytes_per_s=3.35 * _TB, pcie_bytes_per_s=64e9, sleep_cycles_per_s=1.98e9),
+    "a100-80gb": GpuPreset(
+        "a100-80gb", memory_bytes=80 * 10**9,
+        peak_flops={torch.bfloat16: 312 * _TB, torch.float16: 312 * _TB, torch.float32: 19.5 * _TB},
+        hbm_bytes_per_s=2.039 * _TB, pcie_bytes_per_s=32e9, sleep_cycles_per_s=1.41e9),
+    "h200": GpuPreset(
+        "h200", memory_bytes=141 * 10**9,
+        peak_flops={torch.bfloat16: 989 * _TB, torch.float16: 989 * _TB, torch.float32: 67 * _TB},
+        hbm_bytes_per_s=4.8 * _TB, pcie_bytes_per_s=64e9, sleep_cycles_per_s=1.98e9),
+}
+
+
+@dataclass(frozen=True)
+class HostPreset:
+    name: str
+    dispatch_s: float
+    """Host time of every operator the CPU thread dispatches."""
+    launch_s: float
+    """Additional host time of an operator that launches a kernel."""
+
+
+HOST_PRESETS: dict[str, HostPreset] = {
+    "fast": HostPreset("fast", dispatch_s=2e-6, launch_s=3e-6),
+    "slow": HostPreset("slow", dispatch_s=15e-6, launch_s=10e-6),
+}
+
+
+def gpu_preset(name: str | GpuPreset) -> GpuPreset:
+    if isinstance(name, GpuPreset):
+        return name
+    if name not in GPU_PRESETS:
+        raise ValueError(f"gpu must be one of {', '.join(GPU_PRESETS)}, got {name!r}")
+    return GPU_PRESETS[name]
+
+
+def host_preset(name: str | HostPreset) -> HostPreset:
+    if isinstance(name, HostPreset):
+        return name
+    if name not in HOST_PRESETS:
+        raise ValueError(f"host must be one of {', '.join(HOST_PRESETS)}, got {name!r}")
+    return HOST_PRESETS[name]
