@@ -253,10 +253,16 @@ def register_estimate(sub) -> None:
     register_cli(sub)
 
 
+def register_predict(sub) -> None:
+    from zerobench.predict import register_cli
+
+    register_cli(sub)
+
+
 #: One register function per subcommand, in the order `zerobench --help` lists them.
 #: A new command adds its ``register_<name>(subparsers)`` here.
 COMMANDS = [register_run, register_plot, register_show, register_list, register_engines, register_cells,
-            register_compare, register_analyze, register_estimate, register_simulate]
+            register_compare, register_analyze, register_estimate, register_simulate, register_predict]
 
 
 def build_parser() -> argparse.ArgumentParser:

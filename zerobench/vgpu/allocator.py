@@ -101,6 +101,7 @@ class CachingAllocator:
         # Active bytes per label, and their peaks (for tests and reports of what piles up).
         self.active_by_label: dict[str, int] = {}
         self.peak_active_by_label: dict[str, int] = {}
+        self.largest_by_label: dict[str, int] = {}  # the largest block ever given each label
 
     # -- allocate ----------------------------------------------------------------
 
@@ -201,6 +202,18 @@ class CachingAllocator:
         while self._pending and self._pending[0][0] <= now:
             _, _, block = self._pending.pop(0)
             self._release(block)
+
+    def relabel(self, block: Block, label: str) -> None:
+        """Count an allocated block under ``label`` from now on."""
+        if not block.allocated or block.label == label:
+            return
+        if block.label is not None:
+            self.active_by_label[block.label] -= block.size
+        block.label = label
+        now = self.active_by_label.get(label, 0) + block.size
+        self.active_by_label[label] = now
+        self.peak_active_by_label[label] = max(self.peak_active_by_label.get(label, 0), now)
+        self.largest_by_label[label] = max(self.largest_by_label.get(label, 0), block.size)
 
     def _release(self, block: Block) -> None:
         self.stats["active"] -= block.size

@@ -61,13 +61,19 @@ class VirtualGpu:
 
     ``gpu``/``host``: preset names or presets (zerobench/vgpu/presets.py). ``link``: the
     interconnect collectives are timed on (default: none, collectives take only the
-    kernel floor)."""
+    kernel floor); ``inter_link``: the one of a process group whose ranks span more than
+    one node of ``node_size`` ranks (default: ``link``)."""
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
-                 link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False):
+                 link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
+                 inter_link: Link | None = None, node_size: int = 8):
         self.preset = gpu_preset(gpu)
         self.host_preset = host_preset(host)
         self.link = link
+        self.inter_link = inter_link
+        self.node_size = node_size
+        # The longest the compute stream's queue ran ahead of the host (seconds).
+        self.host_lead_max_s = 0.0
         self.rank = rank
         self.device = torch.device("cpu")  # where the tensors are; see the Note
         self.host = Host()
@@ -148,6 +154,7 @@ class VirtualGpu:
 
     def reset_peak_memory_stats(self, device=None) -> None:
         self.allocator.reset_peak()
+        self.host_lead_max_s = 0.0
 
     def memory_allocated(self, device=None) -> int:
         return self.allocator.stats["allocated"]
@@ -185,6 +192,18 @@ class VirtualGpu:
         finally:
             self._label = previous
 
+    def link_of(self, group) -> Link | None:
+        """``inter_link`` for a group whose ranks span nodes of ``node_size``, else ``link``."""
+        if self.inter_link is None:
+            return self.link
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        return self.link if len({r // self.node_size for r in ranks}) <= 1 else self.inter_link
+
+    def relabel(self, storage, label: str) -> None:
+        holder = self._block_of.get(storage)
+        if holder is not None and holder[0] is not None:
+            self.allocator.relabel(holder[0], label)
+
     def comm_stream(self, group) -> VStream:
         key = group if group is not None else "WORLD"
         stream = self._comm_streams.get(key)
@@ -196,8 +215,8 @@ class VirtualGpu:
 
     def track(self, storage, stream: VStream | None = None) -> None:
         """Give ``storage`` a block on ``stream`` (the current one) unless it has one."""
-        if storage.device.type != "cpu" or storage in self._host_storages:
-            return
+        if storage.device.type not in ("cpu", "meta") or storage in self._host_storages:
+            return  # meta: a fake tensor's storage (shapes only)
         with self._lock:
             if storage in self._block_of:
                 return
@@ -229,7 +248,7 @@ class VirtualGpu:
 
     def resize_storage(self, storage, nbytes: int) -> None:
         """``UntypedStorage.resize_``: the old block is freed, a new one allocated."""
-        if storage.device.type != "cpu" or storage in self._host_storages:
+        if storage.device.type not in ("cpu", "meta") or storage in self._host_storages:
             return
         self.track(storage)
         with self._lock:
@@ -308,8 +327,12 @@ class VirtualGpu:
             stream = gpu.comm_stream(group)
             stream.tail = max(stream.tail, gpu._current.tail)  # NCCL: waits for the issuing stream
             seconds = gpu.preset.kernel_floor_s
-            if gpu.link is not None and size > 1:
-                seconds = gpu.link.latency_us * 1e-6 + bus_factor(kind, size) * nbytes / (gpu.link.bandwidth_gbps * 1e9)
+            link = gpu.link_of(group)
+            if link is not None and size > 1:
+                seconds = link.latency_us * 1e-6 + bus_factor(kind, size) * nbytes / (link.bandwidth_gbps * 1e9)
+            if kind == "all_gather":  # its output holds gathered parameters: count them as such
+                for storage in _storages(call_arg(args, kwargs, 0, "output_tensor")):
+                    gpu.relabel(storage, "unsharded")
             _, end = stream.enqueue(seconds, f"{kind} {nbytes / 2**20:.2f} MiB")
             gpu.collectives += 1
             done = VEvent(gpu)
@@ -400,7 +423,7 @@ class _Mode(TorchDispatchMode):
             for storage in _storages(out):
                 gpu._host_storages[storage] = True
         if launch:
-            if func in (aten.copy_.default, aten._to_copy.default):
+            if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
                 host_side = any(s in gpu._host_storages for s in _storages((args, out)))
                 nbytes = costs.tensor_bytes(args[1] if func is aten.copy_.default else args[0])
                 seconds = costs.copy_duration(nbytes, gpu.preset, host_side)
@@ -408,6 +431,9 @@ class _Mode(TorchDispatchMode):
                 seconds, _, _ = costs.duration(func, args, kwargs, out, gpu.preset)
             gpu._current.enqueue(seconds, func.__name__)
             gpu.kernels += 1
+            lead = gpu.default.tail - gpu.host.now
+            if lead > gpu.host_lead_max_s:
+                gpu.host_lead_max_s = lead
         for storage in _storages(out):
             gpu.track(storage)
         gpu.trace.span("host", func.__name__, start - gpu.host_preset.dispatch_s, gpu.host.now)

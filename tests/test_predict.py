@@ -1,0 +1,77 @@
+"""`zerobench predict`: one rank of each engine cell on the virtual GPU, at any world
+size, with fake tensors; its memory agrees with `zerobench estimate`'s."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from zerobench.estimate import configurations
+from zerobench.link import resolve_link
+from zerobench.matrix import Cell
+from zerobench.predict.rank import _minus, _union, timeline_metrics
+from zerobench.workload import load_workload
+
+
+def test_exposed_communication_is_what_compute_does_not_cover():
+    spans = [("compute", "mm", 0.0, 4.0, None), ("compute", "mm", 6.0, 8.0, None),
+             ("comm0", "all_gather", 3.0, 7.0, None), ("comm1", "reduce_scatter", 9.0, 10.0, None),
+             ("stream1", "copy", 0.0, 10.0, None)]  # other streams are neither
+    m = timeline_metrics(spans, 0.0, 10.0)
+    assert m["compute_s"] == 6.0 and m["comm_s"] == 5.0
+    assert m["exposed_comm_s"] == pytest.approx(3.0)  # 4-6 and 9-10
+    assert m["overlap_ratio"] == pytest.approx(1 - 3 / 5)
+    assert _minus(_union([(0, 2), (1, 3)]), _union([(0.5, 1)])) == pytest.approx(2.5)
+
+
+@pytest.fixture(scope="module")
+def quickstart():
+    return load_workload("workloads/quickstart.toml")
+
+
+def _cell(w, cell_id: str, world_size: int) -> Cell:
+    c = next(c for c in configurations(w) if c.id == cell_id)
+    return Cell(c.engine, world_size, c.dtype, c.options)
+
+
+@pytest.mark.parametrize("cell_id,world_size", [
+    ("impl-fsdp-ws2-fp32", 2), ("impl-fsdp-ws2-fp32", 1024), ("torch-fsdp1-ws2-bf16", 8),
+    ("torch-fsdp1-ws2-bf16", 1024), ("impl-zero2-ws2-fp32", 8)])
+def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
+    """The caching-allocator model's allocated peak is the estimator's tensor-byte peak,
+    rounded to 512-byte blocks: within 1 % (and never below it)."""
+    from zerobench.estimate.rank import estimate_one
+    from zerobench.predict.rank import predict_one
+
+    cell = _cell(quickstart, cell_id, world_size)
+    estimated = estimate_one(quickstart, cell, 0, True)
+    predicted = predict_one(quickstart, cell, "h100-sxm", "fast", resolve_link("nvlink4-8gpu"), None, 8)
+    assert predicted["status"] == "ok"
+    ratio = predicted["peak_allocated_bytes"] / estimated["peak_mem_bytes"]
+    assert 1.0 <= ratio < 1.01, (predicted["peak_allocated_bytes"], estimated["peak_mem_bytes"])
+    assert predicted["peak_reserved_bytes"] >= predicted["peak_active_bytes"] >= predicted["peak_allocated_bytes"]
+    assert predicted["step_time_s"] >= predicted["compute_s"] > 0
+    assert 0.0 <= predicted["overlap_ratio"] <= 1.0
+
+
+def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
+    from zerobench.predict import COLUMNS, predict
+
+    out = predict("workloads/quickstart.toml", [8], link="ib-400g", results_root=tmp_path,
+                  only=["impl-fsdp-fp32"], log=lambda *_: None)
+    frame = pd.read_csv(out / "predict.csv")
+    assert list(frame["config"]) == ["impl-fsdp-fp32"] and frame["status"].tolist() == ["ok"]
+    for column in COLUMNS:
+        assert column in frame.columns and frame[column].notna().all()
+    assert frame["link"].tolist() == ["ib-400g"]
+    assert (out / "traces" / "impl-fsdp-ws8-fp32.trace.json.gz").exists()
+    assert (out / "plots" / "predict.png").exists()
+
+
+def test_predict_names_bad_presets(tmp_path):
+    from zerobench.predict import predict
+
+    with pytest.raises(ValueError, match="gpu must be one of h100-sxm, a100-80gb, h200"):
+        predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
+    with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
+        predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
