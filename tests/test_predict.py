@@ -75,3 +75,26 @@ def test_predict_names_bad_presets(tmp_path):
         predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
         predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
+
+
+def test_predicted_beside_measured(tmp_path):
+    """What gpu-check prints on a GPU: each measured cell beside its prediction."""
+    from zerobench.predict.compare import gpu_preset_for, side_by_side, to_markdown
+
+    run, pred = tmp_path / "run", tmp_path / "pred"
+    run.mkdir(), pred.mkdir()
+    pd.DataFrame([{"cell_id": "impl-fsdp-ws1-fp32", "world_size": 1, "rank": 0, "step_time_median_s": 0.010,
+                   "cuda_peak_allocated_bytes": 2**20, "cuda_peak_active_bytes": 2 * 2**20,
+                   "cuda_peak_reserved_bytes": 4 * 2**20},
+                  {"cell_id": "ddp-ws1-fp32", "world_size": 1, "rank": 0, "step_time_median_s": 0.01}]
+                 ).to_csv(run / "results.csv", index=False)
+    pd.DataFrame([{"config": "impl-fsdp-fp32", "world_size": 1, "status": "ok", "step_time_s": 0.012,
+                   "peak_allocated_bytes": 2**20, "peak_active_bytes": 3 * 2**20, "peak_reserved_bytes": 4 * 2**20}]
+                 ).to_csv(pred / "predict.csv", index=False)
+    frame = side_by_side(run, pred)
+    assert frame["cell"].tolist() == ["impl-fsdp-ws1-fp32"]  # ddp has no prediction
+    row = frame.iloc[0]
+    assert row["step error"] == pytest.approx(0.2) and row["peak active error"] == pytest.approx(0.5)
+    assert "+20.0%" in to_markdown(frame)
+    assert gpu_preset_for("NVIDIA H100 80GB HBM3") == "h100-sxm" and gpu_preset_for("NVIDIA H200") == "h200"
+    assert gpu_preset_for("NVIDIA A100-SXM4-80GB") == "a100-80gb"
