@@ -269,11 +269,12 @@ class Emulator:
     def sleep_on_link(self, group, device: torch.device, issued, duration_s: float):
         """Enqueue the modelled ``duration_s`` on the link's stream, after the event
         ``issued`` (recorded on the issuing stream); returns the event that ends it."""
+        cycles = cycles_for(duration_s, self._cycles_per_s())  # calibrates on first use, outside the link's stream
         link_stream = self.link_stream(group, device)
         done = torch.cuda.Event()
         with torch.cuda.stream(link_stream):
             link_stream.wait_event(issued)
-            torch.cuda._sleep(cycles_for(duration_s, self._cycles_per_s()))
+            torch.cuda._sleep(cycles)
             done.record(link_stream)
         return done
 
