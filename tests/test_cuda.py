@@ -95,3 +95,47 @@ def test_device_mismatch_is_an_error_not_a_fallback():
     n = torch.cuda.device_count()
     with pytest.raises(devices.DeviceError, match=f"{n + 1} ranks per node but {n} GPU"):
         devices.choose("cuda", 0, n + 1, env={})
+
+
+def test_emulated_async_collective_overlaps_compute_and_sync_one_waits(tmp_path):
+    """On NCCL at world size 1, an emulated all-reduce of ~40 ms: compute enqueued between
+    issue and wait runs beside the modelled time; a synchronous call, or a wait right
+    after issue, holds the stream until the modelled time has passed. Relative only."""
+    code = textwrap.dedent("""
+        import json, torch, torch.distributed as dist
+        from zerobench import emulation
+        from zerobench.gpu_check import _init_single, cycles_per_ms
+        from zerobench.link import Link
+        _init_single()
+        cpm = cycles_per_ms()
+        x = torch.ones(1024, device="cuda")
+
+        def timed(body):
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            body()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+
+        def overlapped():
+            work = dist.all_reduce(x, async_op=True)
+            torch.cuda._sleep(int(40 * cpm))  # compute on the current stream
+            work.wait()
+
+        def serial():
+            dist.all_reduce(x)
+            torch.cuda._sleep(int(40 * cpm))
+
+        with emulation.emulated(Link(1000.0, 40_000.0)):  # 40 ms of latency per collective
+            for body in (overlapped, serial):
+                timed(body)  # warm-up (and calibration)
+            out = {"overlapped_ms": min(timed(overlapped) for _ in range(3)),
+                   "serial_ms": min(timed(serial) for _ in range(3))}
+        print(json.dumps(out))
+    """)
+    proc = _python(["-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["overlapped_ms"] < 0.8 * out["serial_ms"], out

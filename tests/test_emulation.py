@@ -1,5 +1,6 @@
 """Interconnect emulation (zerobench/emulation.py): serial links, every engine's calls."""
 
+import contextlib
 import time
 
 import pytest
@@ -166,3 +167,156 @@ def test_cells_name_a_preset_or_explicit_numbers():
         cells({"engine": ["ddp"], "emulate_link": ["ib-800g"]})
     with pytest.raises(WorkloadError, match=r"emulate_gbps: -1.0 is not allowed"):
         cells({"engine": ["ddp"], "emulate_gbps": [-1.0]})
+
+
+# -- CUDA: the modelled time on the link's own stream (torch.cuda faked) -----------------
+
+
+class _FakeCuda:
+    """The torch.cuda calls the emulation makes, logging (action, stream, event) in order."""
+
+    def __init__(self):
+        self.log = []
+        self.compute = _FakeStream(self, "compute")
+        self.current = self.compute
+        self.streams = 0
+
+    def Stream(self, device=None):  # noqa: N802 - torch.cuda's name
+        self.streams += 1
+        return _FakeStream(self, f"side{self.streams}")
+
+    def Event(self, enable_timing=False):  # noqa: N802
+        return _FakeEvent(self)
+
+    def current_stream(self, device=None):
+        return self.current
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        before, self.current = self.current, s
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def _sleep(self, cycles):
+        self.log.append(("sleep", self.current.name, cycles))
+
+    def install(self, monkeypatch):
+        for name in ("Stream", "Event", "current_stream", "stream", "_sleep"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+
+class _FakeStream:
+    def __init__(self, cuda, name):
+        self.cuda, self.name = cuda, name
+
+    def wait_event(self, event):
+        self.cuda.log.append(("wait_event", self.name, event))
+
+
+class _FakeEvent:
+    def __init__(self, cuda):
+        self.cuda, self.stream = cuda, None
+
+    def record(self, stream=None):
+        self.stream = (stream or self.cuda.current).name
+        self.cuda.log.append(("record", self.stream, self))
+
+    def query(self):
+        return True
+
+
+class _FakeWork:
+    def __init__(self, cuda, tensor):
+        self.cuda, self.tensor = cuda, tensor
+
+    def wait(self, timeout=None):
+        self.cuda.log.append(("work_wait", self.cuda.current.name, None))
+
+    def is_completed(self):
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result([self.tensor])
+        return fut
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda faked, a CUDA tensor (fake), and an all_reduce that only logs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cuda = _FakeCuda()
+    cuda.install(monkeypatch)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        cuda.log.append(("all_reduce", cuda.current.name, async_op))
+        return _FakeWork(cuda, tensor) if async_op else None
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    with FakeTensorMode():
+        tensor = torch.empty(1024, device="cuda")
+        yield cuda, tensor
+
+
+LINK_1MS = Link(1000.0, 1000.0)  # 1 ms latency: 1e6 sleep cycles at 1e9 cycles/s
+
+
+def _sleeps(log):
+    return [(stream, cycles) for action, stream, cycles in log if action == "sleep"]
+
+
+def test_cuda_async_collective_sleeps_on_the_link_stream_and_wait_joins_it(fake_cuda):
+    cuda, tensor = fake_cuda
+    group, other = object(), object()
+    emu = emulation.install(LINK_1MS, cuda_cycles_per_s=1e9)
+    try:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        issued = list(cuda.log)
+        work.wait()
+        dist.all_reduce(tensor, group=group, async_op=True)
+        dist.all_reduce(tensor, group=other, async_op=True)
+    finally:
+        emulation.uninstall()
+    # issue: an event on compute, then the link's stream waits on it and sleeps the model
+    record_issue, real, wait_issue, sleep, record_done = issued
+    assert record_issue[:2] == ("record", "compute") and real == ("all_reduce", "compute", True)
+    assert wait_issue == ("wait_event", "side1", record_issue[2])
+    assert sleep[:2] == ("sleep", "side1") and sleep[2] == pytest.approx(1e6, rel=1e-3)
+    assert record_done[:2] == ("record", "side1")
+    # nothing held the compute stream at issue; wait() joins the real work and the sleep
+    assert cuda.log[len(issued):len(issued) + 2] == [("work_wait", "compute", None),
+                                                     ("wait_event", "compute", record_done[2])]
+    # one stream per link, made once; no sleep ever on the compute stream
+    assert cuda.streams == 2
+    assert [s for s, _ in _sleeps(cuda.log)] == ["side1", "side1", "side2"]
+    assert sum(c for _, c in _sleeps(cuda.log)) == pytest.approx(emu.modelled_s * 1e9, rel=1e-6)
+
+
+def test_cuda_sync_collective_makes_the_current_stream_wait_at_once(fake_cuda):
+    cuda, tensor = fake_cuda
+    with emulation.emulated(LINK_1MS, cuda_cycles_per_s=1e9):
+        assert dist.all_reduce(tensor, group=object()) is None
+    assert ("all_reduce", "compute", False) in cuda.log  # still the real synchronous call
+    done = [ev for action, stream, ev in cuda.log if action == "record" and stream == "side1"]
+    assert len(done) == 1 and cuda.log[-1] == ("wait_event", "compute", done[0])
+    assert [s for s, _ in _sleeps(cuda.log)] == ["side1"]
+
+
+def test_cuda_ddp_hook_future_waits_for_the_modelled_time(fake_cuda):
+    cuda, tensor = fake_cuda
+
+    class Bucket:
+        def buffer(self):
+            return tensor
+
+    with emulation.emulated(LINK_1MS, cuda_cycles_per_s=1e9):
+        fut = emulation.ddp_comm_hook(object(), Bucket())
+        assert fut.wait() is tensor
+    # the hook's all-reduce left backward's stream free; its future joins the sleep
+    assert [s for s, _ in _sleeps(cuda.log)] == ["side1"]
+    done = [ev for action, stream, ev in cuda.log if action == "record" and stream == "side1"]
+    assert ("wait_event", "compute", done[0]) in cuda.log

@@ -26,13 +26,23 @@ together take the sum of their times.
   slow wire. A synchronous call (``async_op=False``) is issued asynchronously and
   waited at once, so its whole wait is one ``zerobench::wait_<kind>`` span. Sleeping, not
   spinning, leaves the core to the compute.
-* CUDA (NCCL): the host does not wait; ``torch.cuda._sleep(cycles)`` is enqueued on
-  the current stream right after the collective, for the modelled duration, with the
-  cycles per second measured once (:func:`calibrate_cycles_per_s`). Engines that issue
-  collectives on a communication stream (fully_shard, impl-fsdp with streams) thus
-  delay that stream, not compute. On CUDA the stream orders collectives, so the serial
-  link is the stream itself; the added time is the whole modelled duration on top of
-  the real collective (an upper bound; on a fast real link the real part is small).
+* CUDA (NCCL): the host does not wait. Each link has a side stream per device (made
+  once, :meth:`Emulator.link_stream`). At issue, an event is recorded on the current
+  stream; the link's stream waits on it, then sleeps the modelled duration
+  (``torch.cuda._sleep``, cycles per second measured once:
+  :func:`calibrate_cycles_per_s`) and records a second event. The collective returns an
+  :class:`EmulatedCudaWork` whose ``wait()`` (and future) makes the current stream wait
+  on the real collective and on that second event, as NCCL's Work does for its own
+  stream; a synchronous call (``async_op=False``) makes the current stream wait at
+  once, as NCCL's synchronous collectives do. So the modelled time runs beside the real
+  collective (it completes at the later of the two) and beside whatever the issuing
+  stream does next: DDP's comm-hook all-reduces, issued from backward's compute stream,
+  no longer hold that stream up until backward ends, and impl's asynchronous
+  collectives and torch's synchronous ones pay the same model. The link's stream runs
+  its sleeps one after the other, so it is the serial link on the device. Every call
+  goes through the ``torch.cuda`` module at call time (``Stream``, ``Event``,
+  ``current_stream``, ``stream``, ``_sleep``; a stream's ``wait_event``), so a
+  replacement of those attributes (a virtual GPU) runs this same code.
 
 DDP's reducer calls all-reduce from C++, past these wrappers: :func:`ddp_comm_hook`
 routes its buckets through the emulated all_reduce (the DDP engine registers it when
@@ -127,6 +137,51 @@ def _time_cuda_sleep_ms(cycles: int) -> float:
     return start.elapsed_time(end)
 
 
+class EmulatedCudaWork:
+    """A collective in flight on an emulated link, on CUDA: the real collective and the
+    modelled sleep on the link's stream, which ends with the event ``done``.
+
+    As with NCCL's own Work, the host never blocks: ``wait()`` makes the current stream
+    wait for the real collective and for ``done``; the future's value is ready once
+    both are (a stream waiting on the future waits on ``done`` too)."""
+
+    __slots__ = ("_work", "done", "device")
+
+    def __init__(self, work, done, device: torch.device):
+        self._work = work  # the real dist.Work (asynchronous call)
+        self.done = done  # torch.cuda.Event, recorded on the link's stream after the sleep
+        self.device = device  # the collective's device: whose current stream waits
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and self.done.query()
+
+    def wait(self, timeout=None) -> bool:
+        if timeout is None:
+            self._work.wait()
+        else:
+            self._work.wait(timeout)
+        torch.cuda.current_stream(self.device).wait_event(self.done)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        done, device = self.done, self.device
+
+        def after_sleep(fut):
+            # A CUDA future runs its callback on a stream that waits for the real
+            # collective; the child future is ready once that stream passes ``done`` too.
+            torch.cuda.current_stream(device).wait_event(done)
+            return fut.value()
+
+        return self._work.get_future().then(after_sleep)
+
+    def result(self):
+        self.wait()
+        return self._work.result()
+
+    def exception(self):
+        return None
+
+
 # -- CPU: the wait sleeps ------------------------------------------------------------
 
 
@@ -190,6 +245,9 @@ class Emulator:
         self.cuda_cycles_per_s = cuda_cycles_per_s
         self.served = 0
         self.modelled_s = 0.0  # the sum of modelled durations, for tests and reports
+        # CUDA: (group, device) -> the stream the link's modelled durations sleep on, one
+        # after the other (made once: a stream per call would let them overlap)
+        self.link_streams: dict[tuple[object, torch.device], object] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -199,6 +257,26 @@ class Emulator:
             if key not in self.links:
                 self.links[key] = SerialLink(self.link)
             return self.links[key]
+
+    def link_stream(self, group, device: torch.device):
+        """The side stream of ``group``'s link on ``device`` (CUDA), made on first use."""
+        key = (group if group is not None else dist.group.WORLD, device)
+        with self._lock:
+            if key not in self.link_streams:
+                self.link_streams[key] = torch.cuda.Stream(device=device)
+            return self.link_streams[key]
+
+    def sleep_on_link(self, group, device: torch.device, issued, duration_s: float):
+        """Enqueue the modelled ``duration_s`` on the link's stream, after the event
+        ``issued`` (recorded on the issuing stream); returns the event that ends it."""
+        cycles = cycles_for(duration_s, self._cycles_per_s())  # calibrates on first use, outside the link's stream
+        link_stream = self.link_stream(group, device)
+        done = torch.cuda.Event()
+        with torch.cuda.stream(link_stream):
+            link_stream.wait_event(issued)
+            torch.cuda._sleep(cycles)
+            done.record(link_stream)
+        return done
 
     def _cycles_per_s(self) -> float:
         if self.cuda_cycles_per_s is None:
@@ -220,7 +298,11 @@ class Emulator:
             issued = time.monotonic()
             tensor = _tensor_of(args, kwargs)
             on_cuda = tensor is not None and tensor.is_cuda
-            if not async_op and not on_cuda:
+            if on_cuda:
+                # The link's stream starts the modelled time where the issuing stream is now.
+                issued_event = torch.cuda.Event()
+                issued_event.record(torch.cuda.current_stream(tensor.device))
+            elif not async_op:
                 # Issue asynchronously and wait below, so that the whole wait (real and
                 # emulated) lies in one zerobench::wait_<kind> span.
                 args, kwargs = as_async(args, kwargs, group_at)
@@ -235,9 +317,11 @@ class Emulator:
                 self.served += 1
                 self.modelled_s += end - start
             if on_cuda:
-                # The stream orders the collectives: sleep the modelled duration on it.
-                torch.cuda._sleep(cycles_for(end - start, self._cycles_per_s()))
-                return work
+                done = self.sleep_on_link(group, tensor.device, issued_event, end - start)
+                if not async_op:  # the real call made the current stream wait already
+                    torch.cuda.current_stream(tensor.device).wait_event(done)
+                    return work
+                return EmulatedCudaWork(work, done, tensor.device)
             emulated_work = EmulatedWork(work, kind, end, _future_value(name, args, kwargs))
             if not async_op:
                 emulated_work.wait()

@@ -93,15 +93,28 @@ def _init_single(target: "Target | None" = None) -> None:
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 
 
-def cycles_per_ms(module=torch.cuda) -> float:
-    """How many ``_sleep`` cycles take a millisecond on this GPU (``module``: torch.cuda or a stand-in)."""
+def cycles_per_ms(module=torch.cuda, samples: int = 10, trim: int = 2, cycles: int = 10_000_000) -> float:
+    """How many ``_sleep`` cycles take a millisecond on this GPU (``module``: torch.cuda,
+    or the virtual GPU standing in for it).
+
+    The mean of ``samples`` timed sleeps of ``cycles`` each, leaving out the ``trim``
+    fastest and ``trim`` slowest: the first launch pays for initialisation and another
+    process may share the GPU, and one sample would carry either into every duration
+    the checks derive from it. (PyTorch's tests calibrate the same way:
+    ``get_cycles_per_ms`` in torch/testing/_internal/common_utils.py.)"""
+    if samples <= 2 * trim:
+        raise ValueError(f"cycles_per_ms: samples ({samples}) must be more than 2 * trim ({trim})")
     module.synchronize()
-    start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
-    start.record()
-    module._sleep(50_000_000)
-    end.record()
-    end.synchronize()
-    return 50_000_000 / start.elapsed_time(end)
+    rates = []
+    for _ in range(samples):
+        start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
+        start.record()
+        module._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / start.elapsed_time(end))
+    kept = sorted(rates)[trim:samples - trim]
+    return sum(kept) / len(kept)
 
 
 class _Sleep(torch.autograd.Function):
@@ -330,7 +343,9 @@ def _probe_rank(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def probe_gloo(world: int = 2) -> dict:
+def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
+    """Run the probe's ranks; any rank still running after ``timeout_s`` (one stuck in a
+    collective its peer never joined, say) is killed, with the others, before this returns."""
     import subprocess
 
     from zerobench.launch import free_port
@@ -339,11 +354,29 @@ def probe_gloo(world: int = 2) -> dict:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-gloo-probe-{os.getpid()}.json"
     procs = [subprocess.Popen([sys.executable, "-m", "zerobench.gpu_check", "_probe-rank", str(r), str(world),
                                str(port), str(out)]) for r in range(world)]
-    codes = [p.wait(timeout=120) for p in procs]
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        for p in procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+    finally:
+        for p in procs:  # on a timeout, or when this process is interrupted
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
     results = json.loads(out.read_text()) if out.exists() else {}
     out.unlink(missing_ok=True)
-    return {"torch": torch.__version__, "world_size": world, "exit_codes": codes, "collectives": results,
-            "all_ok": bool(results) and all(v == "ok" for v in results.values()), "pass": codes == [0] * world}
+    result = {"torch": torch.__version__, "world_size": world, "exit_codes": codes, "collectives": results,
+              "all_ok": bool(results) and all(v == "ok" for v in results.values()),
+              "pass": not timed_out and codes == [0] * world}
+    if timed_out:
+        result["error"] = f"timed out after {timeout_s:g} s; ranks still running were killed"
+    return result
 
 
 def cells_check(runs_root: str) -> dict:

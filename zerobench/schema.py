@@ -64,9 +64,14 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
     Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
-    # -- memory (CUDA allocator, timing pass; empty on CPU) --
-    Metric("cuda_peak_allocated_bytes", "B", "torch.cuda.max_memory_allocated over the measured steps", "deterministic"),
-    Metric("cuda_peak_reserved_bytes", "B", "torch.cuda.max_memory_reserved over the measured steps", "context"),
+    # -- memory (CUDA allocator, timing pass; empty on CPU). See [Note: allocator peaks] --
+    Metric("cuda_peak_allocated_bytes", "B", "caching allocator's peak allocated bytes (torch.cuda.max_memory_allocated) "
+           "over the measured steps: a block stops counting at free()", "deterministic"),
+    Metric("cuda_peak_active_bytes", "B", "caching allocator's peak active bytes (active_bytes.all.peak) over the "
+           "measured steps: a freed block counts until the streams that used it pass the free; what "
+           "limit_all_gathers bounds", "deterministic"),
+    Metric("cuda_peak_reserved_bytes", "B", "torch.cuda.max_memory_reserved over the measured steps (blocks cached "
+           "from cudaMalloc, used or not)", "context"),
     Metric("cuda_alloc_retries", "", "cudaMalloc retries (num_alloc_retries)", "deterministic"),
     Metric("cuda_ooms", "", "out-of-memory events (num_ooms)", "deterministic"),
     Metric("rss_max_bytes", "B", "process max RSS (context only: carries ~220 MiB of torch itself)", "context", "none"),
@@ -81,6 +86,23 @@ CORE_METRICS: tuple[Metric, ...] = (
     # -- set-up --
     Metric("cell_wall_s", "s", "wall time of the whole cell, process start to exit", "context", "none"),
 )
+
+# [Note: allocator peaks]
+# The CUDA caching allocator keeps three peaks (torch.cuda.memory_stats), recorded as
+# cuda_peak_allocated_bytes, cuda_peak_active_bytes and cuda_peak_reserved_bytes:
+#
+# * allocated drops when Python frees a tensor (free()), at host time.
+# * active also counts a freed block that another stream still uses: a block with a
+#   pending record_stream use (an all-gather output freed on the host while compute
+#   has not reached the free yet) stays active until an event recorded at the free
+#   completes on those streams, and only then goes back to the cache.
+# * reserved is what the allocator holds from cudaMalloc, active or cached.
+#
+# On a GPU the host runs ahead of the device: it frees unit after unit's unsharded
+# parameters long before compute has used them, so allocated stays low while the
+# memory those units occupy is not reusable. limit_all_gathers bounds exactly that
+# figure -- unsharded buffers freed but not yet passed by compute -- so its effect
+# shows in active, not in allocated (scripts/gpu-check's limiter step reads active too).
 
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 

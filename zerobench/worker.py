@@ -132,13 +132,7 @@ class CellRunner:
         metrics.update(engine.extra_metrics())
         metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
         if cuda:
-            stats = torch.cuda.memory_stats(self.ctx.device)
-            metrics.update(
-                cuda_peak_allocated_bytes=stats.get("allocated_bytes.all.peak", 0),
-                cuda_peak_reserved_bytes=stats.get("reserved_bytes.all.peak", 0),
-                cuda_alloc_retries=stats.get("num_alloc_retries", 0),
-                cuda_ooms=stats.get("num_ooms", 0),
-            )
+            metrics.update(allocator_metrics(torch.cuda, self.ctx.device))
         metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
         return {"metrics": metrics, "step_times": times, "losses": losses}
 
@@ -213,6 +207,27 @@ class CellRunner:
         del engine
         gc.collect()
         return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+
+
+#: Column -> the caching allocator's statistic (``torch.cuda.memory_stats`` names) it records.
+ALLOCATOR_COLUMNS = {
+    "cuda_peak_allocated_bytes": "allocated_bytes.all.peak",
+    "cuda_peak_active_bytes": "active_bytes.all.peak",
+    "cuda_peak_reserved_bytes": "reserved_bytes.all.peak",
+    "cuda_alloc_retries": "num_alloc_retries",
+    "cuda_ooms": "num_ooms",
+}
+
+
+def allocator_metrics(device_module, device) -> dict:
+    """The caching allocator's figures for ``device``, as result columns.
+
+    ``device_module`` is the module whose ``memory_stats(device)`` answers: ``torch.cuda``
+    on a GPU, or anything exposing the same call under the same statistic names (a
+    virtual GPU). Why active and allocated differ: zerobench/schema.py,
+    [Note: allocator peaks]."""
+    stats = device_module.memory_stats(device)
+    return {column: stats.get(name, 0) for column, name in ALLOCATOR_COLUMNS.items()}
 
 
 def _export_trace(prof, trace_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Micro-benchmarks of the suite's own hot paths (pytest-benchmark).
 
-The project's addopts has ``--benchmark-disable``: in the normal suite each benchmark
+tests/conftest.py turns on ``--benchmark-disable``: in the normal suite each benchmark
 runs its function once, as a plain test (all of them together take a few seconds).
-``-m "not bench"`` leaves them out. To measure and compare, see docs/ci.md.
+``-m "not bench"`` leaves them out. To measure and compare, see docs/ci.md. Without
+pytest-benchmark installed they are skipped ([Note: optional plugins] in tests/conftest.py).
 """
 
 import pytest
@@ -12,10 +13,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "bench: pytest-benchmark micro-benchmark of a hot path (tests/bench)")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    no_plugin = not config.pluginmanager.hasplugin("benchmark")
     for item in items:
         if "tests/bench/" in item.nodeid.replace("\\", "/") or item.nodeid.startswith("bench/"):
             item.add_marker(pytest.mark.bench)
+            if no_plugin:
+                item.add_marker(pytest.mark.skip(reason="pytest-benchmark is not installed"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,261 @@
+"""CUDA-side pieces of the harness checked on a machine without a GPU (torch.cuda faked
+where a GPU would answer): the caching allocator's columns, the calibration of
+``torch.cuda._sleep``, the gloo probe's timeout, and scripts/gpu-check's command line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the caching allocator's peaks (worker, schema, compare) ---------------------------
+
+
+class _FakeAllocator:
+    """A device module whose memory_stats answers as torch.cuda's does: a freed
+    all-gather output still waiting for compute keeps ``active`` above ``allocated``."""
+
+    STATS = {"allocated_bytes.all.peak": 3 << 20, "active_bytes.all.peak": 7 << 20,
+             "reserved_bytes.all.peak": 8 << 20, "num_alloc_retries": 1, "num_ooms": 0}
+
+    def __init__(self):
+        self.asked = []
+
+    def memory_stats(self, device=None):
+        self.asked.append(device)
+        return dict(self.STATS)
+
+
+def test_allocator_metrics_read_any_device_module():
+    from zerobench.schema import METRIC_BY_NAME
+    from zerobench.worker import allocator_metrics
+
+    fake = _FakeAllocator()
+    metrics = allocator_metrics(fake, torch.device("cuda", 1))
+    assert fake.asked == [torch.device("cuda", 1)]
+    assert metrics == {"cuda_peak_allocated_bytes": 3 << 20, "cuda_peak_active_bytes": 7 << 20,
+                       "cuda_peak_reserved_bytes": 8 << 20, "cuda_alloc_retries": 1, "cuda_ooms": 0}
+    assert set(metrics) <= set(METRIC_BY_NAME)  # every column is documented in the schema
+
+
+def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeypatch):
+    """The worker's timing pass with torch.cuda faked: the three peaks are recorded."""
+    from zerobench import worker
+    from zerobench.engines import RankContext
+    from zerobench.matrix import expand
+    from zerobench.workload import parse_workload
+
+    fake = _FakeAllocator()
+    monkeypatch.setattr(torch.cuda, "memory_stats", fake.memory_stats)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(worker, "_gpu_telemetry", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(worker.dist, "barrier", lambda *a, **k: None)
+
+    workload = parse_workload({"data": {"warmup_steps": 1, "steps": 2}, "matrix": {"engine": ["ddp"]}})
+    cell = expand(workload)[0]
+    ctx = RankContext(0, 1, 0, torch.device("cuda", 0), "nccl")
+    runner = worker.CellRunner(workload, cell, ctx)
+    monkeypatch.setattr(runner, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+
+    class Engine:
+        def train_step(self, inputs, targets, loss):
+            return torch.tensor(1.0)
+
+        def extra_metrics(self):
+            return {}
+
+    metrics = runner.timing_pass(Engine())["metrics"]
+    assert metrics["cuda_peak_active_bytes"] == 7 << 20
+    assert metrics["cuda_peak_allocated_bytes"] == 3 << 20
+    assert metrics["cuda_peak_reserved_bytes"] == 8 << 20
+    assert fake.asked == [torch.device("cuda", 0)]
+
+
+def test_active_peak_is_compared_like_the_allocated_peak():
+    from zerobench.compare_rules import default_rule, resolve_metric
+    from zerobench.schema import COLUMN_DTYPES, METRIC_BY_NAME
+
+    active, allocated = METRIC_BY_NAME["cuda_peak_active_bytes"], METRIC_BY_NAME["cuda_peak_allocated_bytes"]
+    assert (active.unit, active.kind, active.better) == (allocated.unit, allocated.kind, allocated.better)
+    rule, reference = default_rule(active.name), default_rule(allocated.name)
+    assert (rule.rel, rule.abs, rule.k, rule.gates) == (reference.rel, reference.abs, reference.k, reference.gates)
+    assert resolve_metric("cuda_peak_active", [m for m in METRIC_BY_NAME]) == ["cuda_peak_active_bytes"]
+    assert COLUMN_DTYPES["cuda_peak_active_bytes"] == "Int64"
+    readme = (ROOT / "README.md").read_text()
+    assert "`cuda_peak_active_bytes`" in readme
+
+
+# -- scripts/gpu-check's Python side -------------------------------------------------------
+
+
+class _FakeTimedCuda:
+    """torch.cuda's events and sleep for cycles_per_ms: each timed sleep takes the next
+    of ``ms`` milliseconds."""
+
+    def __init__(self, ms):
+        self.ms = list(ms)
+        self.slept = []
+
+    def install(self, monkeypatch):
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self, stream=None):
+                self.at = fake.clock
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        self.clock = 0.0
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "_sleep", self.sleep)
+
+    def sleep(self, cycles):
+        self.slept.append(cycles)
+        self.clock += self.ms.pop(0)
+
+
+def test_cycles_per_ms_is_a_trimmed_mean_of_ten_samples(monkeypatch):
+    from zerobench import gpu_check
+
+    # 1e6 cycles per ms, except a slow first launch and one sample disturbed each way
+    ms_per_sample = [40.0, 10.0, 10.0, 9.0, 10.0, 10.0, 10.0, 12.0, 10.0, 10.0]
+    fake = _FakeTimedCuda(ms_per_sample)
+    fake.install(monkeypatch)
+    rate = gpu_check.cycles_per_ms()
+    assert len(fake.slept) == 10 and len(set(fake.slept)) == 1
+    cycles = fake.slept[0]
+    kept = sorted(cycles / ms for ms in ms_per_sample)[2:8]
+    assert rate == pytest.approx(sum(kept) / 6)
+    assert rate == pytest.approx(cycles / 10.0)  # the outliers left out
+    with pytest.raises(ValueError, match="samples"):
+        gpu_check.cycles_per_ms(samples=4, trim=2)
+
+
+def test_gloo_probe_kills_its_ranks_on_a_timeout(monkeypatch):
+    from zerobench import gpu_check
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(args, **kwargs):  # a rank that never finishes, as one stuck in a collective
+        proc = real_popen([sys.executable, "-c", "import time; time.sleep(120)"], **kwargs)
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    begin = time.monotonic()
+    try:
+        result = gpu_check.probe_gloo(world=2, timeout_s=1.0)
+    finally:
+        for proc in started:  # whatever happens, no sleeper outlives the test
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(started) == 2
+    assert not result["pass"] and "timed out" in result["error"]
+    assert all(code is not None and code != 0 for code in result["exit_codes"]), result
+    assert time.monotonic() - begin < 60  # returned on the timeout, not when the ranks ended
+
+
+# -- scripts/gpu-check's command line --------------------------------------------------------
+
+
+def _gpu_check(args, path, tmp_path, env_python=None):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = path
+    if env_python:
+        env["PYTHON"] = env_python
+    return subprocess.run([str(ROOT / "scripts" / "gpu-check"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _bin_with(tmp_path, pythons):
+    """A PATH folder with the tools the script uses before its first step, and
+    ``pythons`` (names linked to this interpreter)."""
+    folder = tmp_path / "bin"
+    folder.mkdir(parents=True)
+    for tool in ("bash", "env", "dirname", "date", "mkdir", "tee", "timeout", "sed", "git", "cat"):
+        found = shutil.which(tool)
+        if found:
+            (folder / tool).symlink_to(found)
+    for name in pythons:  # a wrapper, not a link: a link would leave this venv behind
+        (folder / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (folder / name).chmod(0o755)
+    return str(folder)
+
+
+def test_gpu_check_rejects_an_unknown_option_without_making_a_folder(tmp_path):
+    proc = _gpu_check(["--bogus", "out"], os.environ["PATH"], tmp_path, env_python=sys.executable)
+    assert proc.returncode == 2
+    assert "unknown option --bogus" in proc.stderr and "usage: scripts/gpu-check [--virtual] [OUT_DIR]" in proc.stderr
+    assert not (tmp_path / "--bogus").exists() and not (ROOT / "--bogus").exists()
+    proc = _gpu_check(["a", "b"], os.environ["PATH"], tmp_path, env_python=sys.executable)
+    assert proc.returncode == 2 and "one OUT_DIR at most" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
+def test_gpu_check_names_a_missing_interpreter_and_falls_back_to_python3(tmp_path):
+    out = tmp_path / "out"
+    proc = _gpu_check([str(out)], _bin_with(tmp_path / "none", []), tmp_path)
+    assert proc.returncode == 2 and "neither python nor python3 is on PATH" in proc.stderr
+    assert "no CUDA device" not in proc.stdout + proc.stderr
+    proc = _gpu_check([str(out)], _bin_with(tmp_path / "py3", ["python3"]), tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA device (python3: " in proc.stdout  # python3 ran the check
+    assert "command not found" not in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
+def test_gpu_check_virtual_needs_no_gpu_and_runs_only_the_virtual_steps(tmp_path):
+    # The interpreter runs everything but the checks themselves, which it only logs
+    # (what they answer is zerobench.gpu_check's business, tested with it).
+    calls = tmp_path / "checks.log"
+    python = tmp_path / "python-logging-checks"
+    python.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = zerobench.gpu_check ]; then echo "$*" >> "{calls}"; exit 0; fi
+exec "{sys.executable}" "$@"
+""")
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    proc = _gpu_check(["--virtual", str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no CUDA device" not in proc.stdout
+    assert not (tmp_path / "--virtual").exists() and not (ROOT / "--virtual").exists()
+    assert calls.read_text().splitlines() == [f"-m zerobench.gpu_check --virtual {name} {out}/{name}.json"
+                                              for name in ("overlap", "limiter")]
+    summary = (out / "summary.md").read_text()
+    steps = [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("| ")][1:]
+    assert steps == ["overlap", "limiter"], summary
+    assert "- command: scripts/gpu-check --virtual " in summary and "RESULT: PASS" in summary
+    assert json.loads((out / "environment.json").read_text())["device_type"] == "cpu"
+
+
+# -- docs ---------------------------------------------------------------------------------
+
+
+def test_gpu_doc_names_the_pinned_torch():
+    import re
+
+    pinned = re.search(r"torch==(\d+\.\d+)", (ROOT / ".ci" / "run").read_text()).group(1)
+    named = set(re.findall(r"torch (\d+\.\d+)", (ROOT / "docs" / "gpu.md").read_text()))
+    assert named == {pinned}, (named, pinned)
