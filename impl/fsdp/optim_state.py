@@ -18,6 +18,9 @@ by its name in the unwrapped model.
   one pickled object: simpler than 1.13's skeleton-then-tensors broadcast, at the cost
   of every rank briefly holding the full dict).
 * ``rekey_optim_state_dict``: parameter names <-> parameter IDs.
+* ``optim_state_dict`` / ``optim_state_dict_to_load``: PyTorch 2.x's pair, which picks
+  FULL or SHARDED from ``state_dict_type``; the SHARDED form crosses between PyTorch's
+  FSDP1 and impl through ``torch.distributed.checkpoint`` (docs/fsdp.md).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from impl import comm
-from impl.fsdp.api import OptimStateKeyType  # defined in api.py, re-exported here
-from impl.fsdp.state_dict import _clean, _join, _to_dtensor
+from impl.fsdp.api import OptimStateKeyType, StateDictType  # defined in api.py; OptimStateKeyType re-exported here
+from impl.fsdp.state_dict import _clean, _join, _to_dtensor, full_tensor
 from impl.fsdp.traversal import state_of
 
 
@@ -258,12 +261,11 @@ def _flatten_state(unit, names, entries, param) -> dict:
 
 
 def flatten_sharded_optim_state_dict(sharded_osd: dict, model: nn.Module, optim_input=None, optim=None) -> dict:
-    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
-    from torch.distributed.tensor import DTensor
-
+    """This rank's flat state from a sharded optimizer state dict: impl's (DTensors) or
+    PyTorch FSDP1's (ShardedTensors), gathered entry by entry on every rank."""
     full = {
         "state": {
-            n: {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in st.items()} if isinstance(st, dict) else st
+            n: {k: full_tensor(v) for k, v in st.items()} if isinstance(st, dict) else st
             for n, st in sharded_osd["state"].items()
         },
         "param_groups": sharded_osd.get("param_groups"),
@@ -278,6 +280,49 @@ def scatter_full_optim_state_dict(full_osd, model: nn.Module, optim_input=None, 
     box = [full_osd if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0, group=group)
     return shard_full_optim_state_dict(box[0], model, optim=optim)
+
+
+def optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict=None, group=None) -> dict:
+    """PyTorch 2.x's entry point (``FSDP.optim_state_dict``): the optimizer state dict of
+    the kind ``state_dict_type`` set on ``model``. FULL: ``full_optim_state_dict`` on every
+    rank (PyTorch's default ``FullOptimStateDictConfig`` has ``rank0_only=False``);
+    SHARDED: ``sharded_optim_state_dict``, which ``torch.distributed.checkpoint`` saves and
+    loads like PyTorch FSDP1's. ``optim_state_dict`` (a precomputed ``optim.state_dict()``)
+    is accepted and ignored: the state is read from ``optim``."""
+    kind = _state_dict_kind(model, "optim_state_dict")
+    if kind is StateDictType.FULL_STATE_DICT:
+        return full_optim_state_dict(model, optim, rank0_only=False, group=group)
+    return sharded_optim_state_dict(model, optim, group=group)
+
+
+def optim_state_dict_to_load(
+    model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict: dict, is_named_optimizer: bool = False,
+    load_directly: bool = False, group=None,
+) -> dict:
+    """PyTorch 2.x's way back (``FSDP.optim_state_dict_to_load``): this rank's flat state
+    for ``optim.load_state_dict``, from what ``optim_state_dict`` gave under the same
+    ``state_dict_type`` (impl's or PyTorch FSDP1's). ``load_directly=True`` also loads it."""
+    if is_named_optimizer:
+        raise NotImplementedError("impl.fsdp has no NamedOptimizer support: is_named_optimizer must be False")
+    kind = _state_dict_kind(model, "optim_state_dict_to_load")
+    if kind is StateDictType.FULL_STATE_DICT:
+        flat = shard_full_optim_state_dict(optim_state_dict, model, optim=optim)
+    else:
+        flat = flatten_sharded_optim_state_dict(optim_state_dict, model, optim=optim)
+    if load_directly:
+        optim.load_state_dict(flat)
+    return flat
+
+
+def _state_dict_kind(model: nn.Module, what: str) -> StateDictType:
+    state = state_of(model)
+    if state is None:
+        raise ValueError(f"{what} needs the FSDP root module, got a {type(model).__name__}")
+    if state.state_dict_type not in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
+        raise NotImplementedError(
+            f"{what} supports FULL_STATE_DICT and SHARDED_STATE_DICT, not {state.state_dict_type.name}"
+        )
+    return state.state_dict_type
 
 
 def rekey_optim_state_dict(osd: dict, key_type: OptimStateKeyType, model: nn.Module, optim_input=None, optim=None) -> dict:
