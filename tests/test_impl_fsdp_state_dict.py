@@ -122,11 +122,11 @@ def test_model_state_dicts_round_trip(world_size):
 
 def library(name: str):
     """(FSDP class, its StateDictType, a function seed -> freshly wrapped MLP)."""
-    if name == "torch":
+    if name.startswith("torch"):  # "torch-mesh": built with a device mesh, SHARDED as DTensors
         from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
         from torch.distributed.fsdp import StateDictType as TorchStateDictType
 
-        return TorchFSDP, TorchStateDictType, lambda seed: torch_fsdp1(make_model("mlp", seed=seed))
+        return TorchFSDP, TorchStateDictType, lambda seed: torch_fsdp1(make_model("mlp", seed=seed), mesh=name == "torch-mesh")
     return FSDP, StateDictType, lambda seed: wrapped("mlp", ShardingStrategy.FULL_SHARD, seed=seed)
 
 
@@ -145,9 +145,15 @@ def init_optimizer_state(opt) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-# PyTorch's FSDP1 refuses impl's DTensor dict directly (it asserts ShardedTensor, checked
-# in refusals_body): that direction goes through torch.distributed.checkpoint only.
-CROSSINGS = (("torch", "impl", "dcp"), ("torch", "impl", "direct"), ("impl", "torch", "dcp"))
+# PyTorch's FSDP1 refuses impl's DTensor dict directly (it asserts ShardedTensor, checked in
+# refusals_body) unless it was built with a device mesh: otherwise that direction goes
+# through torch.distributed.checkpoint.
+CROSSINGS = (
+    ("torch", "impl", "dcp"),
+    ("torch", "impl", "direct"),
+    ("impl", "torch", "dcp"),
+    ("impl", "torch-mesh", "direct"),
+)
 
 
 def crossing_body(rank, world_size, folder):
