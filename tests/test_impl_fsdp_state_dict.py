@@ -148,10 +148,13 @@ def init_optimizer_state(opt) -> None:
 # PyTorch's FSDP1 refuses impl's DTensor dict directly (it asserts ShardedTensor, checked in
 # refusals_body) unless it was built with a device mesh: otherwise that direction goes
 # through torch.distributed.checkpoint.
+# "direct": load_state_dict of the other library's SHARDED dicts; "full": of its FULL ones.
 CROSSINGS = (
     ("torch", "impl", "dcp"),
     ("torch", "impl", "direct"),
+    ("torch", "impl", "full"),
     ("impl", "torch", "dcp"),
+    ("impl", "torch", "full"),
     ("impl", "torch-mesh", "direct"),
 )
 
@@ -168,7 +171,8 @@ def crossing_body(rank, world_size, folder):
         model = build(0)
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         train(model, "mlp", rank, world_size, steps=2, opt=opt)  # data[0:2]
-        with cls.state_dict_type(model, kinds.SHARDED_STATE_DICT):
+        kind = "FULL_STATE_DICT" if route == "full" else "SHARDED_STATE_DICT"
+        with cls.state_dict_type(model, kinds[kind]):
             saved = {"model": model.state_dict(), "optim": cls.optim_state_dict(model, opt)}
         if route == "dcp":
             checkpoint = os.path.join(folder, f"{src}-to-{dst}")
@@ -178,7 +182,7 @@ def crossing_body(rank, world_size, folder):
         cls, kinds, build = library(dst)
         model = build(7)
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-        with cls.state_dict_type(model, kinds.SHARDED_STATE_DICT):
+        with cls.state_dict_type(model, kinds[kind]):
             if route == "dcp":
                 init_optimizer_state(opt)
                 loaded = {"model": model.state_dict(), "optim": cls.optim_state_dict(model, opt)}
@@ -207,13 +211,14 @@ def go_on(model, opt, rank, world_size, data):
 
 
 @pytest.mark.world_size(2)
-def test_sharded_checkpoints_cross_between_pytorch_fsdp1_and_impl(world_size, tmp_path):
+def test_checkpoints_cross_between_pytorch_fsdp1_and_impl(world_size, tmp_path):
     """Issue 20 item 10: a SHARDED_STATE_DICT checkpoint (model and Adam state) written by
     PyTorch's FSDP1 with torch.distributed.checkpoint loads into impl, and impl's into
-    PyTorch's, the losses afterwards identical to going on with the writer. PyTorch's
-    ShardedTensor dicts also load into impl directly (before: AttributeError
-    'local_shards'). impl's DTensor dicts do not load into PyTorch's FSDP1 directly
-    (it asserts ShardedTensor): that direction goes through torch.distributed.checkpoint."""
+    PyTorch's, the losses afterwards identical to going on with the writer; the same
+    code serves both libraries (FSDP.optim_state_dict / optim_state_dict_to_load, which
+    impl lacked). PyTorch's ShardedTensor dicts also load into impl directly (before:
+    AttributeError 'local_shards'), FULL dicts both ways, and impl's DTensor dicts into
+    PyTorch's FSDP1 built with a device mesh (without one it asserts ShardedTensor)."""
     losses = run_ranks(crossing_body, world_size, args=(str(tmp_path),), timeout=240)[0]
     assert set(losses) == set(CROSSINGS)
     for key, (expected, got) in losses.items():
