@@ -12,6 +12,10 @@ stripped), except LOCAL's ``<unit>.flat_param`` entries:
   shard group (torch.chunk's split, as 1.13's ShardedTensor), plus buffers. Sharded
   strategies only. PyTorch 1.13 used ShardedTensor, since deprecated in favour of DTensor.
 
+Loading SHARDED also takes PyTorch FSDP1's ShardedTensor values, gathered over their
+group; PyTorch's LOCAL dicts are refused (docs/fsdp.md, "Checkpoints across PyTorch's
+FSDP and impl").
+
 Use it as in PyTorch::
 
     with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
@@ -22,6 +26,7 @@ Use it as in PyTorch::
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -29,7 +34,6 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from impl import comm
-
 from impl.fsdp.api import (  # the policies are defined in api.py, re-exported here
     FullStateDictConfig,
     LocalStateDictConfig,
@@ -215,7 +219,7 @@ def _gather_sharded_tensor(st) -> torch.Tensor:
     for shard in metadata.shards_metadata:
         rank = shard.placement.rank()
         packed_at[shard] = (rank, numel_of_rank[rank])
-        numel_of_rank[rank] += _numel(shard.shard_sizes)
+        numel_of_rank[rank] += math.prod(shard.shard_sizes)
     width = max(numel_of_rank)
     locals_ = st.local_shards()
     device = locals_[0].tensor.device if locals_ else torch.device("cpu")
@@ -228,18 +232,11 @@ def _gather_sharded_tensor(st) -> torch.Tensor:
     comm.all_gather(all_gather_output, packed, group=group, async_op=False)
     full = torch.empty(metadata.size, dtype=dtype, device=device)
     for shard, (rank, offset) in packed_at.items():
-        numel = _numel(shard.shard_sizes)
+        numel = math.prod(shard.shard_sizes)
         region = tuple(slice(o, o + n) for o, n in zip(shard.shard_offsets, shard.shard_sizes))
         start = rank * width + offset
         full[region] = all_gather_output[start : start + numel].view(shard.shard_sizes)
     return full
-
-
-def _numel(sizes) -> int:
-    out = 1
-    for n in sizes:
-        out *= n
-    return out
 
 
 def _refuse_foreign_local(state_dict: dict) -> None:
@@ -274,7 +271,6 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
     if strict and (missing or unexpected):
         raise RuntimeError(f"Error(s) in loading state_dict: missing keys {missing}, unexpected keys {unexpected}")
 
-    value = full_tensor
     with torch.no_grad():
         if kind is StateDictType.LOCAL_STATE_DICT:
             for name, state in expected.items():
@@ -284,11 +280,11 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
             with summon_full_params(root, writeback=True):
                 for name, (_, ref) in expected.items():
                     if name in state_dict:
-                        ref.module.__dict__[ref.name].copy_(value(state_dict[name]))
+                        ref.module.__dict__[ref.name].copy_(full_tensor(state_dict[name]))
         for name, mod, attr in entries.unmanaged:
             if name in state_dict:
-                mod._parameters[attr].copy_(value(state_dict[name]))
+                mod._parameters[attr].copy_(full_tensor(state_dict[name]))
         for name, mod, attr in entries.buffers:
             if name in state_dict:
-                mod._buffers[attr].copy_(value(state_dict[name]))
+                mod._buffers[attr].copy_(full_tensor(state_dict[name]))
     return missing, unexpected
