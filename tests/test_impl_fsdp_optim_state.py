@@ -4,6 +4,7 @@ dict, scatter it from rank 0, flatten the sharded one) resumes training exactly.
 
 from __future__ import annotations
 
+import copy
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from tests.helpers.fsdp import (
     loss_fn,
     make_model,
     rank_slice,
+    torch_fsdp1,
     train,
     unit_policy,
     warm_up_imports,
@@ -115,3 +117,144 @@ def optim_body(rank, world_size):
 def test_optimizer_state_dicts(world_size):
     failures = run_ranks(optim_body, world_size)[0]
     assert not failures, "\n".join(failures)
+
+
+# -- against PyTorch's own FSDP1, on the same scenarios -----------------------------------
+
+
+def both_libraries():
+    """(name, FSDP class, a freshly wrapped MLP) for PyTorch's FSDP1 and for impl."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
+
+    return [("torch", TorchFSDP, torch_fsdp1(make_model("mlp"))), ("impl", FSDP, wrapped("mlp", ShardingStrategy.FULL_SHARD))]
+
+
+def outcome(call):
+    """What a call did, comparable across libraries: its exception, or what it returned."""
+    try:
+        result = call()
+    except (RuntimeError, ValueError) as e:
+        return (type(e).__name__, str(e))
+    if not result:
+        return ("returned", result)
+    return ("returned", sorted(map(str, result["state"])), "param_groups" in result)
+
+
+def stepped_on_some_ranks_body(rank, world_size):
+    """One rank steps its optimizer, the other does not, then full_optim_state_dict."""
+    out = {}
+    for stepper in (0, 1):
+        for lib, cls, model in both_libraries():
+            opt = adam(model.parameters())
+            x, y = batches("mlp", 1)[0]
+            loss_fn("mlp", model(rank_slice(x, rank, world_size)), rank_slice(y, rank, world_size)).backward()
+            if rank == stepper:
+                opt.step()
+            opt.zero_grad()
+            for rank0_only in (True, False):
+                call = lambda: cls.full_optim_state_dict(model, opt, rank0_only=rank0_only)  # noqa: E731
+                out[(lib, stepper, rank0_only)] = outcome(call)
+            # Every rank is still in step: a collective gives the expected sum, and training goes on.
+            check = torch.tensor([rank + 1.0])
+            dist.all_reduce(check)
+            assert check.item() == 3.0, f"{lib}: collectives out of step after full_optim_state_dict"
+            train(model, "mlp", rank, world_size, steps=1, opt=opt)
+    return out
+
+
+@pytest.mark.world_size(2)
+def test_full_optim_state_dict_when_only_some_ranks_stepped(world_size):
+    """Issue 20 item 8: every rank takes part in the same collectives, then raises or
+    returns exactly as PyTorch 2.13's FSDP1 does. Before the fix the unstepped rank
+    skipped the all-gathers and the other rank hung."""
+    results = run_ranks(stepped_on_some_ranks_body, world_size, timeout=120)
+    for rank, out in enumerate(results):
+        for (lib, stepper, rank0_only), got in out.items():
+            if lib == "impl":
+                assert got == out[("torch", stepper, rank0_only)], (rank, stepper, rank0_only, got)
+        # Rank 0 stepped, rank 1 did not: every rank raises, naming rank 1's missing parameters.
+        for rank0_only in (True, False):
+            kind, message = out[("impl", 0, rank0_only)]
+            assert kind == "RuntimeError" and "Rank 1 is missing states for the parameters" in message
+            assert "('blocks.0.0.weight', 'blocks.0.0.bias')" in message
+        # Rank 0 did not step: rank 0's view (no state) wins everywhere, nothing raises.
+        assert out[("impl", 1, True)] == (("returned", [], True) if rank == 0 else ("returned", {}))
+        assert out[("impl", 1, False)] == ("returned", [], True)
+
+
+def mutate(case: str, state: dict) -> None:
+    """Edit an unflattened optimizer state dict (Adam, one step) into one of the cases."""
+    bias = state["blocks.0.0.bias"]  # shares its unit's flat parameter with blocks.0.0.weight
+    if case == "exp_avg a float":
+        bias["exp_avg"] = 0.0
+    elif case == "exp_avg zero-dimensional":
+        bias["exp_avg"] = torch.tensor(0.0)
+    elif case == "step a float":
+        bias["step"] = float(bias["step"])
+    elif case == "step an int":
+        bias["step"] = int(bias["step"])
+    elif case == "user-defined state":
+        state["my_counter"] = {"count": 3, "history": torch.arange(3.0)}
+        state["my_tensor"] = torch.ones(2)
+    elif case == "a parameter without state":
+        del state["blocks.0.0.bias"]
+    else:
+        raise ValueError(f"unknown case {case!r}")
+
+
+STATE_CASES = (
+    "exp_avg a float",
+    "exp_avg zero-dimensional",
+    "step a float",
+    "step an int",
+    "user-defined state",
+    "a parameter without state",
+)
+
+
+def load_checks_body(rank, world_size):
+    out = {}
+    for lib, cls, model in both_libraries():
+        opt = adam(model.parameters())
+        train(model, "mlp", rank, world_size, steps=1, opt=opt)
+        full = cls.full_optim_state_dict(model, opt, rank0_only=False)
+        for case in STATE_CASES:
+            edited = copy.deepcopy(full)
+            mutate(case, edited["state"])
+            calls = {"shard": lambda: cls.shard_full_optim_state_dict(edited, model, optim=opt)}
+            if lib == "impl":  # PyTorch's scatter breaks on some of these (KeyError, AttributeError)
+                calls["scatter"] = lambda: cls.scatter_full_optim_state_dict(edited if rank == 0 else None, model, optim=opt)
+            for how, call in calls.items():
+                got = outcome(call)
+                if got[0] == "returned" and case == "user-defined state":
+                    # Kept as they are, and the optimizer keeps them through load_state_dict.
+                    loaded = adam(model.parameters())
+                    loaded.load_state_dict(call())
+                    kept = loaded.state["my_counter"]
+                    assert kept["count"] == 3 and torch.equal(kept["history"], torch.arange(3.0)), (lib, how)
+                    assert torch.equal(loaded.state["my_tensor"], torch.ones(2)), (lib, how)
+                out[(lib, case, how)] = got
+        dist.barrier()
+    return out
+
+
+def first_words(got):
+    """An exception as its type and the first four words of its message (the details differ)."""
+    return (got[0], " ".join(got[1].split()[:4])) if got[0] != "returned" else got
+
+
+@pytest.mark.world_size(2)
+def test_shard_and_scatter_check_state_types_as_pytorch(world_size):
+    """Issue 20 item 9: differing state types within a unit raise PyTorch's ValueError
+    "Differing optimizer state types" (before: AttributeError, or a float step accepted
+    silently); user-defined state is kept (before: dropped)."""
+    out = run_ranks(load_checks_body, world_size)[0]
+    for case in STATE_CASES:
+        torch_got = first_words(out[("torch", case, "shard")])
+        for how in ("shard", "scatter"):
+            assert first_words(out[("impl", case, how)]) == torch_got, (case, how, out[("impl", case, how)], torch_got)
+    for case in ("exp_avg a float", "exp_avg zero-dimensional", "step a float", "step an int"):
+        assert out[("impl", case, "shard")][0] == "ValueError"
+        assert out[("impl", case, "shard")][1].startswith("Differing optimizer state types")
+    assert out[("impl", "a parameter without state", "shard")][1].startswith("All unflattened parameters")
+    assert {"my_counter", "my_tensor"} <= set(out[("impl", "user-defined state", "scatter")][1])

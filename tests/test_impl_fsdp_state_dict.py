@@ -4,6 +4,7 @@ back into a freshly wrapped model."""
 
 from __future__ import annotations
 
+import os
 
 import pytest
 import torch
@@ -12,9 +13,11 @@ from torch.distributed.tensor import DTensor
 
 from tests.helpers.fsdp import (
     TOL,
+    batches,
     full_params,
     make_model,
     reference_train,
+    torch_fsdp1,
     train,
     unit_policy,
     warm_up_imports,
@@ -112,3 +115,138 @@ def state_dict_body(rank, world_size):
 def test_model_state_dicts_round_trip(world_size):
     failures = run_ranks(state_dict_body, world_size)[0]
     assert not failures, "\n".join(failures)
+
+
+# -- checkpoints across PyTorch's FSDP1 and impl (a user switching imports mid-training) ----
+
+
+def library(name: str):
+    """(FSDP class, its StateDictType, a function seed -> freshly wrapped MLP)."""
+    if name.startswith("torch"):  # "torch-mesh": built with a device mesh, SHARDED as DTensors
+        from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
+        from torch.distributed.fsdp import StateDictType as TorchStateDictType
+
+        return TorchFSDP, TorchStateDictType, lambda seed: torch_fsdp1(make_model("mlp", seed=seed), mesh=name == "torch-mesh")
+    return FSDP, StateDictType, lambda seed: wrapped("mlp", ShardingStrategy.FULL_SHARD, seed=seed)
+
+
+def init_optimizer_state(opt) -> None:
+    """Give a fresh optimizer its state (a step with zero gradients and lr 0, as
+    torch.distributed.checkpoint.state_dict does), so that its state dict can serve as
+    the template torch.distributed.checkpoint loads into."""
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    for g, lr in zip(opt.param_groups, lrs):
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+
+
+# PyTorch's FSDP1 refuses impl's DTensor dict directly (it asserts ShardedTensor, checked in
+# refusals_body) unless it was built with a device mesh: otherwise that direction goes
+# through torch.distributed.checkpoint.
+# "direct": load_state_dict of the other library's SHARDED dicts; "full": of its FULL ones.
+CROSSINGS = (
+    ("torch", "impl", "dcp"),
+    ("torch", "impl", "direct"),
+    ("torch", "impl", "full"),
+    ("impl", "torch", "dcp"),
+    ("impl", "torch", "full"),
+    ("impl", "torch-mesh", "direct"),
+)
+
+
+def crossing_body(rank, world_size, folder):
+    """Train two steps with one library, checkpoint, go on two steps; the other library
+    loads the checkpoint into a differently initialized model and does the same two steps."""
+    import torch.distributed.checkpoint as dcp
+
+    data = batches("mlp", 4)
+    losses = {}
+    for src, dst, route in CROSSINGS:
+        cls, kinds, build = library(src)
+        model = build(0)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        train(model, "mlp", rank, world_size, steps=2, opt=opt)  # data[0:2]
+        kind = "FULL_STATE_DICT" if route == "full" else "SHARDED_STATE_DICT"
+        with cls.state_dict_type(model, kinds[kind]):
+            saved = {"model": model.state_dict(), "optim": cls.optim_state_dict(model, opt)}
+        if route == "dcp":
+            checkpoint = os.path.join(folder, f"{src}-to-{dst}")
+            dcp.save(saved, checkpoint_id=checkpoint)
+        expected = go_on(model, opt, rank, world_size, data[2:])
+
+        cls, kinds, build = library(dst)
+        model = build(7)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        with cls.state_dict_type(model, kinds[kind]):
+            if route == "dcp":
+                init_optimizer_state(opt)
+                loaded = {"model": model.state_dict(), "optim": cls.optim_state_dict(model, opt)}
+                dcp.load(loaded, checkpoint_id=checkpoint)
+            else:
+                loaded = saved
+            model.load_state_dict(loaded["model"])
+            opt.load_state_dict(cls.optim_state_dict_to_load(model, opt, loaded["optim"]))
+        losses[(src, dst, route)] = (expected, go_on(model, opt, rank, world_size, data[2:]))
+    return losses
+
+
+def go_on(model, opt, rank, world_size, data):
+    from tests.helpers.fsdp import loss_fn, rank_slice
+
+    out = []
+    for x, y in data:
+        loss = loss_fn("mlp", model(rank_slice(x, rank, world_size)), rank_slice(y, rank, world_size))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        out.append(mean.item() / world_size)
+    return out
+
+
+@pytest.mark.world_size(2)
+def test_checkpoints_cross_between_pytorch_fsdp1_and_impl(world_size, tmp_path):
+    """Issue 20 item 10: a SHARDED_STATE_DICT checkpoint (model and Adam state) written by
+    PyTorch's FSDP1 with torch.distributed.checkpoint loads into impl, and impl's into
+    PyTorch's, the losses afterwards identical to going on with the writer; the same
+    code serves both libraries (FSDP.optim_state_dict / optim_state_dict_to_load, which
+    impl lacked). PyTorch's ShardedTensor dicts also load into impl directly (before:
+    AttributeError 'local_shards'), FULL dicts both ways, and impl's DTensor dicts into
+    PyTorch's FSDP1 built with a device mesh (without one it asserts ShardedTensor)."""
+    losses = run_ranks(crossing_body, world_size, args=(str(tmp_path),), timeout=240)[0]
+    assert set(losses) == set(CROSSINGS)
+    for key, (expected, got) in losses.items():
+        assert got == expected, f"{key}: {got} after loading, {expected} going on"
+
+
+def refusals_body(rank, world_size):
+    torch_cls, torch_kinds, torch_build = library("torch")
+    source = torch_build(0)
+    with torch_cls.state_dict_type(source, torch_kinds.LOCAL_STATE_DICT):
+        torch_local = source.state_dict()
+    target = wrapped("mlp", ShardingStrategy.FULL_SHARD, seed=7)
+    with FSDP.state_dict_type(target, StateDictType.LOCAL_STATE_DICT):
+        with pytest.raises(RuntimeError, match="does not load into impl.fsdp.*SHARDED_STATE_DICT through torch.distributed.checkpoint"):
+            target.load_state_dict(torch_local)
+    with FSDP.state_dict_type(target, StateDictType.SHARDED_STATE_DICT):
+        impl_sharded = target.state_dict()
+    with torch_cls.state_dict_type(source, torch_kinds.SHARDED_STATE_DICT):
+        with pytest.raises(Exception, match="ShardedTensor"):
+            source.load_state_dict(impl_sharded)  # PyTorch's side: why the DCP route exists
+    with FSDP.state_dict_type(target, StateDictType.LOCAL_STATE_DICT):
+        with pytest.raises(NotImplementedError, match="FULL_STATE_DICT and SHARDED_STATE_DICT, not LOCAL_STATE_DICT"):
+            FSDP.optim_state_dict(target, torch.optim.Adam(target.parameters()))
+    return True
+
+
+@pytest.mark.world_size(2)
+def test_local_state_dicts_do_not_cross_and_say_so(world_size):
+    """PyTorch FSDP1's LOCAL_STATE_DICT (ShardedTensor ``_flat_param``s, PyTorch's flat
+    layout) is refused with the route that works, instead of a missing-keys error."""
+    run_ranks(refusals_body, world_size)

@@ -419,6 +419,9 @@ class FullyShardedDataParallel(nn.Module):
     flatten_sharded_optim_state_dict = staticmethod(optim_state.flatten_sharded_optim_state_dict)
     scatter_full_optim_state_dict = staticmethod(optim_state.scatter_full_optim_state_dict)
     rekey_optim_state_dict = staticmethod(optim_state.rekey_optim_state_dict)
+    # PyTorch 2.x's pair, FULL or SHARDED as state_dict_type says.
+    optim_state_dict = staticmethod(optim_state.optim_state_dict)
+    optim_state_dict_to_load = staticmethod(optim_state.optim_state_dict_to_load)
 
     @staticmethod
     def summon_full_params(

@@ -18,6 +18,9 @@ by its name in the unwrapped model.
   one pickled object: simpler than 1.13's skeleton-then-tensors broadcast, at the cost
   of every rank briefly holding the full dict).
 * ``rekey_optim_state_dict``: parameter names <-> parameter IDs.
+* ``optim_state_dict`` / ``optim_state_dict_to_load``: PyTorch 2.x's pair, which picks
+  FULL or SHARDED from ``state_dict_type``; the SHARDED form crosses between PyTorch's
+  FSDP1 and impl through ``torch.distributed.checkpoint`` (docs/fsdp.md).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from impl import comm
-from impl.fsdp.api import OptimStateKeyType  # defined in api.py, re-exported here
-from impl.fsdp.state_dict import _clean, _join, _to_dtensor
+from impl.fsdp.api import OptimStateKeyType, StateDictType  # defined in api.py; OptimStateKeyType re-exported here
+from impl.fsdp.state_dict import _clean, _join, _to_dtensor, full_tensor
 from impl.fsdp.traversal import state_of
 
 
@@ -95,23 +98,66 @@ def full_optim_state_dict(
     model: nn.Module, optim: torch.optim.Optimizer, optim_input=None, rank0_only: bool = True, group=None
 ) -> dict:
     """The unflattened optimizer state, keyed by parameter name; ``{}`` on ranks other
-    than 0 under ``rank0_only`` (every rank still takes part in the all-gathers)."""
+    than 0 under ``rank0_only`` (every rank still takes part in the all-gathers).
+
+    Which parameters have state is rank 0's view, as in PyTorch: a rank missing state
+    that rank 0 has raises RuntimeError on every rank; state that only other ranks hold
+    is left out. See [Note: stepped on some ranks]."""
     pmap = _param_map(model)
+    with_state = {
+        tuple(pmap[id(p)][1]): p for params in _optim_params(optim, model) for p in params if optim.state.get(p)
+    }
+    keys = _rank0_state_keys(list(with_state), group)
     state: dict[str, dict] = {}
-    for params in _optim_params(optim, model):
-        for p in params:
-            unit, names = pmap[id(p)]
-            if p in optim.state and optim.state[p]:
-                state.update(_unflatten_state(unit, names, optim.state[p]))
+    for names in keys:
+        p = with_state[names]
+        state.update(_unflatten_state(pmap[id(p)][0], list(names), optim.state[p]))
     if rank0_only and dist.get_rank(group) != 0:
         return {}
     return {"state": state, "param_groups": _groups_by_name(optim, model, pmap)}
 
 
+def _rank0_state_keys(mine: list[tuple[str, ...]], group) -> list[tuple[str, ...]]:
+    """Rank 0's parameters with optimizer state (each as its tuple of unflattened names),
+    after checking that every rank has them all.
+
+    [Note: stepped on some ranks]
+    A rank whose optimizer has not stepped (or has stepped fewer parameters) would skip
+    all-gathers that the others issue, leaving every later collective out of step. So
+    rank 0's list is broadcast first, and every rank takes part in the same check (an
+    all-reduce of the count missing, then an all-gather of what is missing where it is
+    not zero) before any all-gather of state. As PyTorch 2.x's FSDP1: if any rank lacks
+    state rank 0 has, every rank raises the same RuntimeError; if rank 0 is the one
+    without state, every rank returns the state rank 0 has (none) and training goes on.
+    """
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+    box = [mine if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(box, src=source, group=group)
+    keys = box[0]
+    have = set(mine)
+    missing = [k for k in keys if k not in have]
+    # On the device the group communicates on (NCCL needs CUDA tensors).
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    count = torch.tensor([len(missing)], device=device)
+    dist.all_reduce(count, group=group)
+    if count.item() > 0:
+        per_rank: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(per_rank, missing, group=group)
+        message = (
+            "FSDP currently requires each rank to have at least the optimizer states needed by rank 0's "
+            "optimizer but some ranks are missing some of those states"
+        )
+        for rank, names in enumerate(per_rank):
+            if names:
+                message += f"\nRank {rank} is missing states for the parameters: {names}"
+        raise RuntimeError(message)
+    return keys
+
+
 def sharded_optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_input=None, group=None) -> dict:
     """Like ``full_optim_state_dict`` on every rank, positive-dimension states as DTensors."""
     pmap = _param_map(model)
-    full = full_optim_state_dict(model, optim, rank0_only=False)
+    full = full_optim_state_dict(model, optim, rank0_only=False, group=group)
     unit_of = {n: unit for unit, names in pmap.values() for n in names}
     for name, st in full["state"].items():
         unit = unit_of[name]
@@ -123,12 +169,15 @@ def sharded_optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, opt
 
 
 def shard_full_optim_state_dict(full_osd: dict, model: nn.Module, optim_input=None, optim=None) -> dict:
-    """This rank's flat state, loadable with ``optim.load_state_dict`` (no communication)."""
+    """This rank's flat state, loadable with ``optim.load_state_dict`` (no communication).
+
+    Entries of ``full_osd["state"]`` that name no parameter of ``model`` are user-defined
+    state and kept as they are (copied), as PyTorch keeps them."""
     if "state" not in full_osd:
         raise ValueError("full_osd must contain 'state' (did rank 0 pass in the full optimizer state dict?)")
     pmap = _param_map(model)
     groups = _optim_params(optim, model)
-    flat_state: dict[int, dict] = {}
+    flat_state: dict = {}
     pid = 0
     for params in groups:
         for p in params:
@@ -137,6 +186,10 @@ def shard_full_optim_state_dict(full_osd: dict, model: nn.Module, optim_input=No
             if any(e is not None for e in entries):
                 flat_state[pid] = _flatten_state(unit, names, entries, p)
             pid += 1
+    known = {n for _, names in pmap.values() for n in names}
+    for key, value in full_osd["state"].items():
+        if key not in known:
+            flat_state[key] = copy.copy(value)
     param_groups, pid = [], 0
     full_groups = full_osd.get("param_groups") or [{}] * len(groups)
     for g, params in zip(full_groups, groups):
@@ -145,6 +198,14 @@ def shard_full_optim_state_dict(full_osd: dict, model: nn.Module, optim_input=No
         pid += len(params)
         param_groups.append(g)
     return {"state": flat_state, "param_groups": param_groups}
+
+
+def _state_kind(value) -> str:
+    """How a state flattens: positive-dimension tensors are concatenated, zero-dimension
+    tensors and non-tensors must agree across the unit's parameters."""
+    if torch.is_tensor(value):
+        return "positive-dimension tensor" if value.dim() > 0 else "zero-dimension tensor"
+    return "non-tensor"
 
 
 def _flatten_state(unit, names, entries, param) -> dict:
@@ -158,41 +219,53 @@ def _flatten_state(unit, names, entries, param) -> dict:
     h = unit.handle
     out = {}
     for key in sorted(keys):
-        values = [e[key] for _, e in present]
-        first = values[0]
-        if torch.is_tensor(first) and first.dim() > 0:
-            dtypes = {v.dtype for v in values}
+        values = [e[key] if e is not None else None for e in entries]  # None: no state for that parameter
+        given = [v for v in values if v is not None]
+        if not given:
+            out[key] = None
+            continue
+        # As PyTorch's _optim_utils: one Python type and one kind per state, else ValueError.
+        if len({type(v) for v in given}) != 1 or len({_state_kind(v) for v in given}) != 1:
+            kinds = [f"{n}: {type(v).__name__} ({_state_kind(v)})" for n, v in zip(names, values) if v is not None]
+            raise ValueError(
+                f"Differing optimizer state types for state {key!r}, values of the unflattened parameters "
+                f"{kinds}; all must be positive-dimension tensors, or all zero-dimension tensors, or all the "
+                "same non-tensor type"
+            )
+        first = given[0]
+        if _state_kind(first) == "positive-dimension tensor":
+            dtypes = {v.dtype for v in given}
             if len(dtypes) > 1:
                 raise ValueError(f"Differing dtypes for optimizer state {key!r}: {dtypes}")
             full = torch.zeros(h.padded_numel, dtype=first.dtype, device=param.device)
-            for name, info in zip(names, h.infos):
-                entry = dict(zip(names, entries)).get(name)
-                if entry is None:
+            for name, info, v in zip(names, h.infos, values):
+                if v is None:
                     continue  # missing: zeros
-                v = entry[key]
                 if v.shape != info.shape:
                     raise ValueError(f"optimizer state {key!r} of {name} does not have same shape as its parameter")
                 full[info.offset : info.offset + info.numel].copy_(v.reshape(-1))
             out[key] = h.shard_slice(full).clone() if unit.sharded else full[: h.padded_numel].clone()
         else:
-            for v in values[1:]:
-                same = torch.equal(v, first) and v.dtype == first.dtype if torch.is_tensor(v) else v == first
-                if not same:
-                    raise ValueError(
-                        f"All unflattened parameters comprising a single flat parameter must have scalar state with "
-                        f"the same value and dtype; {key!r} differs across {names}"
-                    )
+            # A scalar cannot be zero-filled (Adam's missing step means full bias
+            # correction), so every parameter of the unit must have it, all equal.
+            same = len(given) == len(values) and all(
+                (torch.equal(v, first) and v.dtype == first.dtype) if torch.is_tensor(v) else v == first for v in given
+            )
+            if not same:
+                raise ValueError(
+                    f"All unflattened parameters comprising a single flat parameter must have scalar state with "
+                    f"the same value and dtype; {key!r} differs across {names} (values {values})"
+                )
             out[key] = first.clone() if torch.is_tensor(first) else first
     return out
 
 
 def flatten_sharded_optim_state_dict(sharded_osd: dict, model: nn.Module, optim_input=None, optim=None) -> dict:
-    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
-    from torch.distributed.tensor import DTensor
-
+    """This rank's flat state from a sharded optimizer state dict: impl's (DTensors) or
+    PyTorch FSDP1's (ShardedTensors), gathered entry by entry on every rank."""
     full = {
         "state": {
-            n: {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in st.items()}
+            n: {k: full_tensor(v) for k, v in st.items()} if isinstance(st, dict) else st
             for n, st in sharded_osd["state"].items()
         },
         "param_groups": sharded_osd.get("param_groups"),
@@ -207,6 +280,49 @@ def scatter_full_optim_state_dict(full_osd, model: nn.Module, optim_input=None, 
     box = [full_osd if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0, group=group)
     return shard_full_optim_state_dict(box[0], model, optim=optim)
+
+
+def optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict=None, group=None) -> dict:
+    """PyTorch 2.x's entry point (``FSDP.optim_state_dict``): the optimizer state dict of
+    the kind ``state_dict_type`` set on ``model``. FULL: ``full_optim_state_dict`` on every
+    rank (PyTorch's default ``FullOptimStateDictConfig`` has ``rank0_only=False``);
+    SHARDED: ``sharded_optim_state_dict``, which ``torch.distributed.checkpoint`` saves and
+    loads like PyTorch FSDP1's. ``optim_state_dict`` (a precomputed ``optim.state_dict()``)
+    is accepted and ignored: the state is read from ``optim``."""
+    kind = _state_dict_kind(model, "optim_state_dict")
+    if kind is StateDictType.FULL_STATE_DICT:
+        return full_optim_state_dict(model, optim, rank0_only=False, group=group)
+    return sharded_optim_state_dict(model, optim, group=group)
+
+
+def optim_state_dict_to_load(
+    model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict: dict, is_named_optimizer: bool = False,
+    load_directly: bool = False, group=None,
+) -> dict:
+    """PyTorch 2.x's way back (``FSDP.optim_state_dict_to_load``): this rank's flat state
+    for ``optim.load_state_dict``, from what ``optim_state_dict`` gave under the same
+    ``state_dict_type`` (impl's or PyTorch FSDP1's). ``load_directly=True`` also loads it."""
+    if is_named_optimizer:
+        raise NotImplementedError("impl.fsdp has no NamedOptimizer support: is_named_optimizer must be False")
+    kind = _state_dict_kind(model, "optim_state_dict_to_load")
+    if kind is StateDictType.FULL_STATE_DICT:
+        flat = shard_full_optim_state_dict(optim_state_dict, model, optim=optim)
+    else:
+        flat = flatten_sharded_optim_state_dict(optim_state_dict, model, optim=optim)
+    if load_directly:
+        optim.load_state_dict(flat)
+    return flat
+
+
+def _state_dict_kind(model: nn.Module, what: str) -> StateDictType:
+    state = state_of(model)
+    if state is None:
+        raise ValueError(f"{what} needs the FSDP root module, got a {type(model).__name__}")
+    if state.state_dict_type not in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
+        raise NotImplementedError(
+            f"{what} supports FULL_STATE_DICT and SHARDED_STATE_DICT, not {state.state_dict_type.name}"
+        )
+    return state.state_dict_type
 
 
 def rekey_optim_state_dict(osd: dict, key_type: OptimStateKeyType, model: nn.Module, optim_input=None, optim=None) -> dict:

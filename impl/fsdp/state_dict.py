@@ -12,6 +12,10 @@ stripped), except LOCAL's ``<unit>.flat_param`` entries:
   shard group (torch.chunk's split, as 1.13's ShardedTensor), plus buffers. Sharded
   strategies only. PyTorch 1.13 used ShardedTensor, since deprecated in favour of DTensor.
 
+Loading SHARDED also takes PyTorch FSDP1's ShardedTensor values, gathered over their
+group; PyTorch's LOCAL dicts are refused (docs/fsdp.md, "Checkpoints across PyTorch's
+FSDP and impl").
+
 Use it as in PyTorch::
 
     with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
@@ -22,12 +26,14 @@ Use it as in PyTorch::
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from impl import comm
 from impl.fsdp.api import (  # the policies are defined in api.py, re-exported here
     FullStateDictConfig,
     LocalStateDictConfig,
@@ -183,11 +189,76 @@ def _to_dtensor(full: torch.Tensor, unit):
 # -- load -----------------------------------------------------------------------------
 
 
+def _is_sharded_tensor(value) -> bool:
+    # By name: importing torch.distributed._shard costs time, and only PyTorch's FSDP makes these.
+    return type(value).__name__ == "ShardedTensor"
+
+
+def full_tensor(value):
+    """The whole tensor behind a state-dict value: a DTensor (impl's SHARDED) or a
+    ShardedTensor (PyTorch FSDP1's SHARDED, so its state dicts load here directly) is
+    gathered over its group; anything else is returned as it is. A collective for the
+    sharded kinds: every rank of the group must call it for the same entries."""
+    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if _is_sharded_tensor(value):
+        return _gather_sharded_tensor(value)
+    return value
+
+
+def _gather_sharded_tensor(st) -> torch.Tensor:
+    """All-gather a ShardedTensor's shards (each rank's packed back to back, padded to
+    the largest rank's) and place each where its metadata says."""
+    group = st._process_group
+    world = dist.get_world_size(group)
+    metadata = st.metadata()
+    packed_at, numel_of_rank = {}, [0] * world  # shard metadata -> (rank, offset in that rank's pack)
+    for shard in metadata.shards_metadata:
+        rank = shard.placement.rank()
+        packed_at[shard] = (rank, numel_of_rank[rank])
+        numel_of_rank[rank] += math.prod(shard.shard_sizes)
+    width = max(numel_of_rank)
+    locals_ = st.local_shards()
+    device = locals_[0].tensor.device if locals_ else torch.device("cpu")
+    dtype = metadata.tensor_properties.dtype
+    packed = torch.zeros(width, dtype=dtype, device=device)  # 1D, this rank's shards back to back
+    for shard in locals_:
+        _, offset = packed_at[shard.metadata]
+        packed[offset : offset + shard.tensor.numel()].copy_(shard.tensor.reshape(-1))
+    all_gather_output = torch.empty(world * width, dtype=dtype, device=device)  # 1D, rank-major
+    comm.all_gather(all_gather_output, packed, group=group, async_op=False)
+    full = torch.empty(metadata.size, dtype=dtype, device=device)
+    for shard, (rank, offset) in packed_at.items():
+        numel = math.prod(shard.shard_sizes)
+        region = tuple(slice(o, o + n) for o, n in zip(shard.shard_offsets, shard.shard_sizes))
+        start = rank * width + offset
+        full[region] = all_gather_output[start : start + numel].view(shard.shard_sizes)
+    return full
+
+
+def _refuse_foreign_local(state_dict: dict) -> None:
+    """PyTorch FSDP1's LOCAL_STATE_DICT (``<unit>._flat_param`` ShardedTensors) holds
+    PyTorch's flat-parameter layout, which impl's flat shards need not share: refuse it
+    with the way that works, rather than copying bytes that may mean other parameters."""
+    foreign = [k for k, v in state_dict.items() if _is_sharded_tensor(v) or k.rsplit(".", 1)[-1] == "_flat_param"]
+    if foreign:
+        raise RuntimeError(
+            f"LOCAL_STATE_DICT entries {foreign[:3]}{' ...' if len(foreign) > 3 else ''} come from PyTorch's FSDP "
+            "(ShardedTensor flat parameters): a LOCAL state dict is tied to one library's flat-parameter layout and "
+            "does not load into impl.fsdp. Save with SHARDED_STATE_DICT through torch.distributed.checkpoint and load "
+            "that (docs/fsdp.md, \"Checkpoints across PyTorch's FSDP and impl\")."
+        )
+
+
 def load_model_state_dict(root, state_dict: dict, strict: bool = True):
     kind = state_of(root).state_dict_type
     entries = _Entries(root)
     if kind is StateDictType.LOCAL_STATE_DICT:
         _check_sharded(entries.states, "LOCAL_STATE_DICT")
+        _refuse_foreign_local(state_dict)
         expected = dict(entries.flat_params)
     elif kind in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
         if kind is StateDictType.SHARDED_STATE_DICT:
@@ -200,12 +271,6 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
     if strict and (missing or unexpected):
         raise RuntimeError(f"Error(s) in loading state_dict: missing keys {missing}, unexpected keys {unexpected}")
 
-    # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
-    from torch.distributed.tensor import DTensor
-
-    def value(v):
-        return v.full_tensor() if isinstance(v, DTensor) else v
-
     with torch.no_grad():
         if kind is StateDictType.LOCAL_STATE_DICT:
             for name, state in expected.items():
@@ -215,11 +280,11 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
             with summon_full_params(root, writeback=True):
                 for name, (_, ref) in expected.items():
                     if name in state_dict:
-                        ref.module.__dict__[ref.name].copy_(value(state_dict[name]))
+                        ref.module.__dict__[ref.name].copy_(full_tensor(state_dict[name]))
         for name, mod, attr in entries.unmanaged:
             if name in state_dict:
-                mod._parameters[attr].copy_(value(state_dict[name]))
+                mod._parameters[attr].copy_(full_tensor(state_dict[name]))
         for name, mod, attr in entries.buffers:
             if name in state_dict:
-                mod._buffers[attr].copy_(value(state_dict[name]))
+                mod._buffers[attr].copy_(full_tensor(state_dict[name]))
     return missing, unexpected

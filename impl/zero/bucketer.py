@@ -1,8 +1,9 @@
 """Batch many small reduce-scatters into few large ones, asynchronously.
 
-The semantics of fairscale's ``ReduceScatterBucketer`` as its tests pin them down
-(docs/behaviour.md §Z2.2), with the collectives made asynchronous. See
-[Note: bucketer semantics].
+The semantics of fairscale's ``ReduceScatterBucketer`` (docs/behaviour.md §Z2.2), with
+the collectives made asynchronous: the callback of an input that is not buffered fires
+when it is waited, not before the call returns, so the fairscale tests that assert the
+early callback (four of its five) fail here by design. See [Note: bucketer semantics].
 
 [Note: bucketer semantics]
 ``reduce_scatter_async(tensors_per_rank, group, callback_fn)`` takes one tensor per

@@ -126,6 +126,26 @@ def unit_policy(model):
     return functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in ids)
 
 
+def torch_fsdp1(raw: nn.Module, strategy: str = "FULL_SHARD", mesh: bool = False) -> nn.Module:
+    """``raw`` wrapped by PyTorch's own FSDP1 the way ``unit_policy`` wraps it for impl
+    (same units, flat parameters), on the CPU: what impl is a drop-in for. With ``mesh``
+    it is given a 1-D device mesh, which makes its SHARDED state dicts DTensors."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
+    from torch.distributed.fsdp import ShardingStrategy as TorchStrategy
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy as torch_lambda_policy
+
+    ids = {id(m) for m in raw.units()}
+    return TorchFSDP(
+        raw,
+        auto_wrap_policy=functools.partial(torch_lambda_policy, lambda_fn=lambda m: id(m) in ids),
+        sharding_strategy=TorchStrategy[strategy],
+        device_id=torch.device("cpu"),  # without it FSDP1 refuses a machine with no accelerator
+        **({"device_mesh": init_device_mesh("cpu", (dist.get_world_size(),))} if mesh else {}),
+    )
+
+
 def reference_train(kind: str, steps: int = STEPS, param_dtype: torch.dtype | None = None):
     """Single-process training on the global batch: (losses, {name: parameter}, the
     largest gradient element seen).
