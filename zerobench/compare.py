@@ -350,10 +350,13 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
     b = baseline.results.drop_duplicates("cell_id").set_index("cell_id")
     n = new.results.drop_duplicates("cell_id").set_index("cell_id")
     columns = [(c, "identity") for c in dict.fromkeys([*baseline.config_columns, *new.config_columns])]
-    columns += [(c, "context") for c in CONTEXT_COLUMNS]
+    # A different model is a different configuration under the same cell id.
+    columns += [(c, "identity" if c in IDENTITY_CONTEXT else "context") for c in CONTEXT_COLUMNS]
     for cell_id in sorted(set(b.index) & set(n.index)):
         both_ok = b.loc[cell_id, "status"] == "ok" and n.loc[cell_id, "status"] == "ok"
         for col, severity in columns:
+            if col in IDENTITY_CONTEXT and not (col in b.columns and col in n.columns):
+                continue  # a run that does not record its model says nothing about it
             if severity == "context" and not both_ok:
                 continue  # a failed cell records no backend / device: not a difference worth a line
             bv = _text(b.loc[cell_id, col]) if col in b.columns else ""
@@ -388,6 +391,9 @@ def _axis_unrecorded_at_default(engine, column: str, baseline: str, new: str) ->
         return False  # an engine this version does not know: nothing to say what its default was
     return axis is not None and _text(axis.default) == (baseline or new)
 
+
+#: Workload columns that identify the configuration as much as the axes do.
+IDENTITY_CONTEXT = ("model",)
 
 #: meta.json fields whose difference is worth a line (git_commit, date, hostname always differ).
 _META_KEYS = ("torch_version", "python_version", "backend", "cpu_model", "cpu_count", "cpu_flags", "gpu_model",
