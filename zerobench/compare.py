@@ -53,7 +53,7 @@ import pandas as pd
 
 from zerobench.compare_rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
                                      default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
-from zerobench.runfolder import RunFolder, RunFolderError
+from zerobench.runfolder import DamagedFile, RunFolder, RunFolderError
 from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "default_rule", "cell_table",
@@ -104,6 +104,8 @@ def load_run(path: str | Path) -> RunTables:
         results = folder.results(rebuild=False)
     except RunFolderError:
         raise RunLoadError(f"{folder.root}: no results.csv (is this a run folder?)") from None
+    except DamagedFile as e:
+        raise RunLoadError(str(e)) from e
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunLoadError(f"{results_csv}: unreadable: {e}") from e
     missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
@@ -128,8 +130,8 @@ def load_run(path: str | Path) -> RunTables:
         steps["cell_id"] = steps["cell_id"].astype(str)
     try:
         meta = folder.meta()
-    except json.JSONDecodeError as e:
-        raise RunLoadError(f"{folder.meta_path}: not JSON: {e}") from e
+    except DamagedFile as e:
+        raise RunLoadError(str(e)) from e
     metrics, config = _classify_columns(results)
     return RunTables(folder.root, results, steps, meta, metrics, config)
 
