@@ -25,7 +25,7 @@ from zerobench.matrix import Cell
 from zerobench.reference import ReferenceFailed, reference_losses
 from zerobench.runfolder import RunFolder
 from zerobench.runner import finished, new_run_dir, run_metadata
-from zerobench.workload import load_workload, parse_workload
+from zerobench.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = textwrap.dedent("""
