@@ -148,8 +148,6 @@ def refusal(workload: Workload, cell: Cell, device_type: str, params: int | None
                 f"{batch / GiB:,.1f} GiB for one step over its batch of {workload.data.batch_size:,} samples "
                 f"(inputs, targets, one activation per block) besides {need.need_bytes / GiB:,.1f} GiB of model "
                 f"states, more than {need.where}; not started")
-    if workload.run.reference:
-        return reference_refusal(workload, cell.world_size, need.params)
     return None
 
 
@@ -169,8 +167,9 @@ def ranks_refusal(cell: Cell) -> str | None:
     return None
 
 
-def reference_refusal(workload: Workload, world_size: int, params: int) -> str | None:
+def reference_refusal(workload: Workload, world_size: int, params: int | None = None) -> str | None:
     """Why the single-process loss reference at ``world_size`` cannot fit in the harness."""
+    params = parameter_count(workload) if params is None else params
     optimizer = _OPTIMIZERS.get(workload.optimizer.kind, "adam")
     states = engine_model_state_bytes("ddp", {}, 1, params, optimizer, "fp32")["total"]
     samples = workload.data.batch_size * world_size
@@ -180,4 +179,4 @@ def reference_refusal(workload: Workload, world_size: int, params: int) -> str |
         return None
     return (f"preflight: the single-process loss reference at world size {world_size} (one process, the global "
             f"batch of {samples:,} samples) needs at least {need / GiB:,.1f} GiB, more than this machine's "
-            f"{memory / GiB:,.1f} GiB; not started (run.reference = false skips the reference)")
+            f"{memory / GiB:,.1f} GiB; not computed (run.reference = false skips it)")

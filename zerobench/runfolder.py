@@ -292,7 +292,12 @@ class RunFolder:
             return []
         references, failures = self.references(), {}
         for world_size in sorted({r["config"]["world_size"] for r in records} - set(references)):
+            from zerobench.preflight import reference_refusal
+
             try:
+                refused = reference_refusal(workload, world_size)
+                if refused:
+                    raise ReferenceFailed(refused)
                 references[world_size] = reference_losses(workload, world_size, workload.run.timeout_s)
             except ReferenceFailed as err:  # the cells stand; their deviation stays unknown, saying why
                 failures[world_size] = str(err)

@@ -256,19 +256,22 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                 ws = cell.world_size
                 if (refused is None and cell.skip_reason is None and workload.run.reference
                         and ws not in references and ws not in reference_failures):
-                    try:  # in this process, bounded like a cell: see reference_losses
-                        references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
-                        write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
-                    except ReferenceFailed as err:
-                        reference_failures[ws] = f"{err}; not started"
-                refused = refused or (reference_failures.get(ws) if cell.skip_reason is None else None)
+                    # in this process, so bounded like a cell; a reference that cannot be had
+                    # leaves the cell's deviation unknown, saying why, and the cell runs
+                    reference_failures[ws] = preflight.reference_refusal(workload, ws, params)
+                    if reference_failures[ws] is None:
+                        try:
+                            references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
+                            write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                        except ReferenceFailed as err:
+                            reference_failures[ws] = str(err)
                 if refused is not None:  # never allocate what cannot fit; the matrix goes on
                     record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),
                               "ranks": []}
                     write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
                 else:
                     record = run_one(run_dir, workload, cell, profile, device, references.get(ws),
-                                     concurrent=concurrent)
+                                     concurrent=concurrent, reference_error=reference_failures.get(ws))
                 console.print(_one_line(record))
                 progress.advance(task)
                 write_tables(run_dir)
@@ -299,7 +302,7 @@ def cell_counts(run_dir: Path) -> dict[str, int]:
 
 
 def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
-            reference: list[float] | None, concurrent: list[dict] = ()) -> dict:
+            reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None) -> dict:
     path = run_dir / "cells" / f"{cell.id}.json"
     path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
     if cell.skip_reason is not None:
@@ -319,6 +322,8 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             error = result.error or "ranks exited without writing results"
             record = {"cell_id": cell.id, "status": "failed", "error": error, "config": cell.config(), "ranks": []}
         record["cell_wall_s"] = result.wall_s
+        if reference_error and cell.skip_reason is None:
+            record["reference_error"] = reference_error  # why loss_max_abs_diff_ref is empty
         if concurrent:
             record["concurrent_runs"] = list(concurrent)
     write_json_atomic(path, record)

@@ -30,6 +30,7 @@ import gc
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -45,7 +46,7 @@ from zerobench import data as data_mod
 from zerobench import devices
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_atomic, write_json_atomic
-from zerobench.launch import code_root
+from zerobench.launch import HARNESS_ENV, code_root
 from zerobench.matrix import Cell, expand, find_cell
 from zerobench.memory import StorageTracker
 from zerobench.models import build_model, loss_fn, samples_to_tokens
@@ -74,17 +75,14 @@ def watch_harness() -> int | None:
     On Linux the kernel sends SIGKILL when the parent exits (PR_SET_PDEATHSIG); elsewhere
     a daemon thread notices the parent pid change within a second. A rank whose harness
     is already gone exits at once. Returns the harness pid (None under torchrun)."""
-    from zerobench.launch import HARNESS_ENV
-
     value = os.environ.get(HARNESS_ENV)
     if not value:
         return None
     harness = int(value)
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
-        PR_SET_PDEATHSIG = 1
+        PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if not harness_alive(harness):
         os._exit(3)
