@@ -179,8 +179,12 @@ class RunFolder:
 
     def cell_config(self, cell_id: str) -> dict:
         """The configuration a cell ran with ({} when its file is missing or unreadable)."""
-        record = self.read_cell(cell_id)
-        return record.get("config", {}) if record else {}
+        try:
+            record = read_json(self.cell_path(cell_id))
+        except (OSError, DamagedFile):
+            return {}
+        config = record.get("config") if isinstance(record, dict) else None
+        return config if isinstance(config, dict) else {}
 
     def references(self) -> dict[int, list[float]]:
         """world size -> single-process reference losses (reference.json; {} when absent or damaged,
