@@ -264,6 +264,15 @@ def test_context_difference_alone_is_reported_not_fatal(tmp_path, capsys):
     assert "batch_size" in capsys.readouterr().out
 
 
+def test_a_different_model_is_unusable_not_a_regression(tmp_path, capsys):
+    """Two runs of different models share cell ids but not a configuration (README: exit 2)."""
+    base = run_folder(tmp_path, "base")
+    results, steps = make_run(peak_mem=80 * MiB, loss_last=1.0)
+    results["model"] = "mlp(depth=1, width=8)"
+    assert cli(base, write_run(tmp_path / "new", results, steps)) == 2
+    assert "model" in capsys.readouterr().out
+
+
 def test_unreadable_input(tmp_path, capsys):
     base = run_folder(tmp_path, "base")
     (tmp_path / "empty").mkdir()

@@ -3,6 +3,9 @@ and one estimate against the harness's memory pass."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from zerobench.estimate import parse_world_sizes
@@ -35,6 +38,20 @@ def test_bad_world_sizes_name_the_field(bad):
 def test_bad_precision_names_allowed_values():
     with pytest.raises(ValueError, match="allowed: 'fp32', 'mixed'"):
         model_state_bytes(10, 2, 1, precision="fp16")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rank", "5", "--world-sizes", "2"], r"--rank: 5 is not allowed at world size 2 \(allowed: 0..1\)"),
+    (["--rank", "-1", "--world-sizes", "2"], r"--rank: -1 is not allowed"),
+    (["--hybrid-shard-size", "0", "--world-sizes", "2"], r"--hybrid-shard-size: 0 is not allowed \(allowed: int >= 1\)"),
+])
+def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, args, message):
+    from zerobench.cli import main
+
+    workload = Path(__file__).resolve().parents[1] / "workloads" / "quickstart.toml"
+    assert main(["estimate", str(workload), "--results", str(tmp_path), *args]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []  # no result folder for a refused command
 
 
 def test_hybrid_shard_group_must_divide_world_size():

@@ -28,3 +28,16 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):
         write_atomic(path, explode)
     assert path.read_text() == "old"
     assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_atomic_write_follows_the_umask(tmp_path):
+    """A results file is as readable as any other file the user makes (mkstemp alone makes 0600)."""
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "a.json", {"a": 1})
+        os.umask(0o077)
+        write_json_atomic(tmp_path / "b.json", {"b": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600

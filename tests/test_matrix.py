@@ -59,6 +59,12 @@ def test_value_no_engine_allows_is_an_error():
         cells({"engine": ["torch-fsdp1"], "sharding_strategy": ["FULL"]})
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_float_axis_must_be_finite(value):
+    with pytest.raises(WorkloadError, match=r"matrix.emulate_gbps: (nan|inf) is not allowed \(allowed: a finite float >= 0"):
+        cells({"engine": ["ddp"], "emulate_gbps": [value]})
+
+
 def test_axis_of_no_engine_is_an_error():
     with pytest.raises(WorkloadError, match=r"matrix.sharding_strategy: no engine of matrix.engine has this axis"):
         cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"]})

@@ -108,15 +108,17 @@ def _no_ranks_left(results: Path) -> bool:
 
 @pytest.mark.slow
 def test_killed_rank_is_blamed_and_the_matrix_goes_on(tmp_path):
+    """Rank 1, not rank 0: the harness once polled ranks in order and stopped at the first
+    still running, so rank 1's death went unseen while rank 0 waited for it."""
     proc, results = _start(tmp_path)
-    os.kill(_rank_pid(results, 0), signal.SIGKILL)
+    os.kill(_rank_pid(results, 1), signal.SIGKILL)
     out, _ = proc.communicate(timeout=280)
     assert proc.returncode == 1, out  # a cell failed: non-zero exit
     assert "Traceback" not in out and "MarkupError" not in out
     (run,) = results.iterdir()
     record = json.loads((run / "cells" / "ddp-ws2-fp32.json").read_text())
     assert record["status"] == "failed"
-    assert record["error"].startswith("rank 0 was killed by signal 9 (SIGKILL) first:"), record["error"]
+    assert record["error"].startswith("rank 1 was killed by signal 9 (SIGKILL) first:"), record["error"]
     assert json.loads((run / "cells" / "torch-zero1-ws2-fp32.json").read_text())["status"] == "ok"
     assert "cells: 1 ok, 1 failed, 0 skipped" in out
     assert _no_ranks_left(results)

@@ -240,6 +240,20 @@ def test_cli_simulate_world_sizes(tmp_path):
     assert main(["simulate", str(run), "--cell", "nope", "--gbps", "1"]) == 2
 
 
+def test_cli_simulate_refuses_bad_world_sizes_and_asks_for_a_link(tmp_path, capsys):
+    from zerobench.cli import main
+
+    run = _run_folder(tmp_path)
+    assert main(["simulate", str(run), "--link", "pcie4", "--world-sizes", "0", "--no-plots"]) == 2
+    assert "--world-sizes: 0 is not allowed (allowed: ints >= 1)" in capsys.readouterr().err
+    # a cell run without emulation records emulate_gbps = 0.0: there is no link to re-time it on
+    record = json.loads((run / "cells" / f"{CELL}.json").read_text())
+    record["config"].update(emulate_link="", emulate_gbps=0.0, emulate_latency_us=0.0)
+    (run / "cells" / f"{CELL}.json").write_text(json.dumps(record))
+    assert main(["simulate", str(run), "--no-plots"]) == 2
+    assert "measured without an emulated link; give --link" in capsys.readouterr().err
+
+
 def test_cross_validation_predicts_each_cell_from_the_others(tmp_path):
     import pandas as pd
 

@@ -38,7 +38,7 @@ def test_good_workload_parses():
     (with_("data", batch_size=1.5), r"data.batch_size: expected int, got float"),
     (with_("data", batch=4), r"unknown key data.batch \(allowed in data: batch_size, seed, steps, warmup_steps\)"),
     (with_("optimizer", kind="lion"), r"optimizer.kind: 'lion' is not allowed \(allowed: 'adam', 'adamw', 'sgd'\)"),
-    (with_("optimizer", lr=0), r"optimizer.lr: 0.0 is not allowed \(allowed: float > 0\)"),
+    (with_("optimizer", lr=0), r"optimizer.lr: 0.0 is not allowed \(allowed: a finite float > 0\)"),
     (with_("optimizer", betas=[0.9, 1.5]), r"optimizer.betas: .* \(allowed: two floats in \[0, 1\)\)"),
     (with_("optimizer", kind="sgd", momentum=0.9), r"optimizer.betas: not an argument of 'sgd'"),
     (with_("optimizer", momentum=0.9), r"optimizer.momentum: not an argument of 'adamw' \(it applies to: sgd\)"),
@@ -50,6 +50,14 @@ def test_good_workload_parses():
     ({**GOOD, "modle": {}}, r"unknown key modle \(allowed in the top level: "),
     ({**GOOD, "run": {"timeout_s": 0}}, r"run.timeout_s: 0.0 is not allowed \(allowed: float > 0\)"),
     ({**GOOD, "run": {"memory_pass": "yes"}}, r"run.memory_pass: expected bool, got str"),
+    (with_("optimizer", lr=float("inf")), r"optimizer.lr: inf is not allowed \(allowed: a finite float > 0\)"),
+    (with_("optimizer", weight_decay=float("nan")), r"optimizer.weight_decay: nan is not allowed \(allowed: a finite"),
+    (with_("optimizer", weight_decay=-0.1), r"optimizer.weight_decay: -0.1 is not allowed \(allowed: a finite float >= 0"),
+    (with_("optimizer", eps=float("nan")), r"optimizer.eps: nan is not allowed \(allowed: a finite float >= 0\)"),
+    (with_("optimizer", eps=-1e-8), r"optimizer.eps: -1e-08 is not allowed \(allowed: a finite float >= 0\)"),
+    ({**GOOD, "name": "../escape"}, r"name: '../escape' is not allowed \(allowed: .*no '/'"),
+    ({**GOOD, "name": "a/b"}, r"name: 'a/b' is not allowed"),
+    ({**GOOD, "name": ".."}, r"name: '..' is not allowed"),
 ])
 def test_bad_input_names_field_and_allowed_values(raw, match):
     with pytest.raises(WorkloadError, match=match):
@@ -131,3 +139,27 @@ def test_variant_removes_an_inherited_axis_with_an_empty_list(tmp_path):
     (tmp_path / "own.toml").write_text('[matrix]\nsharding_strategy = []\n')
     with pytest.raises(WorkloadError, match=r"matrix.sharding_strategy: empty list .*removes the inherited axis"):
         load_workload(tmp_path / "own.toml")
+
+
+def test_a_workload_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('description = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(WorkloadError, match=r"latin1.toml: not UTF-8 text .*byte 0xe9"):
+        load_workload(path)
+
+
+def test_a_variant_cannot_empty_a_common_axis(tmp_path):
+    """`engine = []` in a variant would remove the axis and fall back to the default engine."""
+    (tmp_path / "base.toml").write_text('[matrix]\nengine = ["torch-fsdp1"]\n')
+    for axis in ("engine", "world_size", "dtype"):
+        (tmp_path / "v.toml").write_text(f'extends = "base.toml"\n[matrix]\n{axis} = []\n')
+        with pytest.raises(WorkloadError, match=rf"v.toml: matrix.{axis}: empty list .*cannot be removed"):
+            load_workload(tmp_path / "v.toml")
+
+
+def test_a_variant_does_not_inherit_the_description(tmp_path):
+    (tmp_path / "base.toml").write_text('description = "width 512, 1.3M params"\n[model]\nwidth = 512\n')
+    (tmp_path / "v.toml").write_text('extends = "base.toml"\n[model]\nwidth = 8\n')
+    assert load_workload(tmp_path / "v.toml").description == ""
+    (tmp_path / "own.toml").write_text('extends = "base.toml"\ndescription = "tiny"\n')
+    assert load_workload(tmp_path / "own.toml").description == "tiny"

@@ -53,7 +53,7 @@ import pandas as pd
 
 from zerobench.compare_rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
                                      default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
-from zerobench.runfolder import RunFolder, RunFolderError
+from zerobench.runfolder import DamagedFile, RunFolder, RunFolderError
 from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "default_rule", "cell_table",
@@ -104,6 +104,8 @@ def load_run(path: str | Path) -> RunTables:
         results = folder.results(rebuild=False)
     except RunFolderError:
         raise RunLoadError(f"{folder.root}: no results.csv (is this a run folder?)") from None
+    except DamagedFile as e:
+        raise RunLoadError(str(e)) from e
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunLoadError(f"{results_csv}: unreadable: {e}") from e
     missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
@@ -128,8 +130,8 @@ def load_run(path: str | Path) -> RunTables:
         steps["cell_id"] = steps["cell_id"].astype(str)
     try:
         meta = folder.meta()
-    except json.JSONDecodeError as e:
-        raise RunLoadError(f"{folder.meta_path}: not JSON: {e}") from e
+    except DamagedFile as e:
+        raise RunLoadError(str(e)) from e
     metrics, config = _classify_columns(results)
     return RunTables(folder.root, results, steps, meta, metrics, config)
 
@@ -350,10 +352,13 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
     b = baseline.results.drop_duplicates("cell_id").set_index("cell_id")
     n = new.results.drop_duplicates("cell_id").set_index("cell_id")
     columns = [(c, "identity") for c in dict.fromkeys([*baseline.config_columns, *new.config_columns])]
-    columns += [(c, "context") for c in CONTEXT_COLUMNS]
+    # A different model is a different configuration under the same cell id.
+    columns += [(c, "identity" if c in IDENTITY_CONTEXT else "context") for c in CONTEXT_COLUMNS]
     for cell_id in sorted(set(b.index) & set(n.index)):
         both_ok = b.loc[cell_id, "status"] == "ok" and n.loc[cell_id, "status"] == "ok"
         for col, severity in columns:
+            if col in IDENTITY_CONTEXT and not (col in b.columns and col in n.columns):
+                continue  # a run that does not record its model says nothing about it
             if severity == "context" and not both_ok:
                 continue  # a failed cell records no backend / device: not a difference worth a line
             bv = _text(b.loc[cell_id, col]) if col in b.columns else ""
@@ -388,6 +393,9 @@ def _axis_unrecorded_at_default(engine, column: str, baseline: str, new: str) ->
         return False  # an engine this version does not know: nothing to say what its default was
     return axis is not None and _text(axis.default) == (baseline or new)
 
+
+#: Workload columns that identify the configuration as much as the axes do.
+IDENTITY_CONTEXT = ("model",)
 
 #: meta.json fields whose difference is worth a line (git_commit, date, hostname always differ).
 _META_KEYS = ("torch_version", "python_version", "backend", "cpu_model", "cpu_count", "cpu_flags", "gpu_model",

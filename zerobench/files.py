@@ -2,6 +2,8 @@
 
 Each writer writes a temporary file in the same folder, flushes it to disk and
 renames it over the destination (``os.replace`` is atomic on POSIX filesystems).
+The file gets the mode any new file gets under the process's umask (``mkstemp``
+alone would make every results file 0600).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +22,7 @@ def write_atomic(path: str | Path, write: Callable[[Any], None], mode: str = "w"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
@@ -28,6 +32,16 @@ def write_atomic(path: str | Path, write: Callable[[Any], None], mode: str = "w"
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+_UMASK_LOCK = threading.Lock()  # os.umask can only be read by setting it
+
+
+def _umask() -> int:
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

@@ -26,6 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FAILURE_GRACE_S = 5.0  # how long peers of a failed rank get to exit on their own
+POLL_S = 0.05
+
+#: Set by the harness in each rank's environment: the harness's pid. A rank that sees it
+#: dies with the harness and never records a result once the harness is gone
+#: (zerobench.worker.watch_harness). Unset under torchrun, where nothing changes.
+HARNESS_ENV = "ZEROBENCH_HARNESS_PID"
 
 
 @dataclass
@@ -42,53 +48,111 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def code_root() -> Path:
+    """The folder holding the ``zerobench`` and ``impl`` packages the harness runs."""
+    return Path(__file__).resolve().parents[1]
+
+
+def rank_command(run_dir: Path, cell_id: str, device: str, profile: bool) -> list[str]:
+    """The command of every rank: the worker's torchrun entry point. ``-P`` keeps the
+    current folder off ``sys.path``, so a checkout there cannot stand in for the
+    harness's own code (see :func:`rank_env`)."""
+    cmd = [sys.executable, "-P", "-m", "zerobench.worker", "--run-dir", str(run_dir), "--cell", cell_id,
+           "--device", device]
+    return cmd + ["--profile"] if profile else cmd
+
+
+def rank_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
+    """The torchrun environment of one rank, plus the harness's code first on PYTHONPATH
+    (ranks import the same ``zerobench``/``impl`` as the harness) and its pid."""
+    path = os.pathsep.join([str(code_root()), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                PYTHONPATH=path, **{HARNESS_ENV: str(os.getpid())})
+
+
 def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, *, threads: int = 1,
                 profile: bool = False, device: str = "auto") -> LaunchResult:
     """Run one cell's ranks to completion, a failure, or the timeout. Never leaves a
-    rank process behind. Each rank's output goes to ``logs/<cell>.rank<r>.log``."""
+    rank process behind. Each rank's output goes to ``logs/<cell>.rank<r>.log``.
+
+    Ranks die with the harness (a SIGKILLed ``zerobench run`` takes them along), so call
+    this from the thread that lives as long as the run: on Linux the rank's parent-death
+    signal follows the thread that started it."""
+    run_dir = Path(run_dir).absolute()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [sys.executable, "-m", "zerobench.worker", "--run-dir", str(run_dir), "--cell", cell_id, "--device", device]
-    if profile:
-        cmd.append("--profile")
-    procs, files = [], []
+    cmd = rank_command(run_dir, cell_id, device, profile)
+    procs: list[subprocess.Popen] = []
     start = time.monotonic()
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                   LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-        log = open(logs / f"{cell_id}.rank{rank}.log", "w")
-        files.append(log)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True))
     error = None
-    failed_at = None
-    deaths: list[int] = []  # ranks in the order we saw them end with a failure: the first is to blame
+    deaths: list[int] = []  # failed ranks in the order they were seen to end: the first is to blame
     try:
-        while any(p.poll() is None for p in procs):
-            now = time.monotonic()
-            deaths += [r for r, p in enumerate(procs) if p.returncode not in (None, 0) and r not in deaths]
-            if failed_at is None and deaths:
-                failed_at = now
-            if now - start > timeout_s:
-                running = [r for r, p in enumerate(procs) if p.poll() is None]
-                error = (f"timed out after {timeout_s:.0f} s (run.timeout_s) with rank(s) "
-                         f"{', '.join(map(str, running))} still running")
-                break
-            if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
-                break
-            time.sleep(0.05)
+        for rank in range(world_size):
+            with open(logs / f"{cell_id}.rank{rank}.log", "w") as log:  # the child keeps its own descriptor
+                try:
+                    procs.append(subprocess.Popen(cmd, env=rank_env(rank, world_size, port, threads), stdout=log,
+                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                  start_new_session=True))
+                except OSError as err:  # e.g. BlockingIOError: out of processes
+                    error = (f"could not start rank {rank} of {world_size}: {err.strerror or err} "
+                             f"({type(err).__name__}); the {len(procs)} started were stopped")
+                    break
+        if error is None:
+            error = _watch(procs, deaths, start, timeout_s)
     finally:
         for p in procs:
             if p.poll() is None:
                 _kill_group(p)
-        for f in files:
-            f.close()
     codes = [p.returncode for p in procs]
     if error is None and any(c != 0 for c in codes):
         error = describe_failure(logs, cell_id, codes, deaths)
     return LaunchResult(error is None, error, time.monotonic() - start, codes)
+
+
+def _watch(procs: list[subprocess.Popen], deaths: list[int], start: float, timeout_s: float) -> str | None:
+    """Poll every rank until all have ended, one failed FAILURE_GRACE_S ago, or the
+    timeout; append failed ranks to ``deaths`` as they are seen. Returns the timeout's
+    error, else None.
+
+    Every rank is polled on every round, so a rank that dies while another still runs
+    is seen when it dies. Ranks seen dead in the same round are put signal first: a
+    signal (kill -9, the OOM killer, a segfault) comes from outside, while a peer of a
+    dead rank ends with an error of its own ("Connection closed by peer")."""
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        now = time.monotonic()
+        new = [r for r, c in enumerate(codes) if c not in (None, 0) and r not in deaths]
+        deaths += sorted(new, key=lambda r: (codes[r] > 0, r))
+        if all(c is not None for c in codes):
+            return None
+        if failed_at is None and deaths:
+            failed_at = now
+        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
+            return None
+        if now - start > timeout_s:
+            running = [r for r, c in enumerate(codes) if c is None]
+            stopped = [r for r in running if _is_stopped(procs[r].pid)]
+            if stopped:  # a SIGSTOPped rank holds up its peers: it is the one that stopped making progress
+                others = [r for r in running if r not in stopped]
+                return (f"timed out after {timeout_s:.0f} s (run.timeout_s): rank(s) {', '.join(map(str, stopped))} "
+                        f"stopped (SIGSTOP or a debugger) and made no progress"
+                        + (f"; rank(s) {', '.join(map(str, others))} still running" if others else ""))
+            return (f"timed out after {timeout_s:.0f} s (run.timeout_s) with rank(s) "
+                    f"{', '.join(map(str, running))} still running")
+        time.sleep(POLL_S)
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether a process is stopped by a signal or traced (Linux; False where unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split(" ", 1)[0] in ("T", "t")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import time
+
 from zerobench import data as data_mod
 from zerobench.engines import OptimizerSpec
 from zerobench.models import build_model, loss_fn
 from zerobench.workload import Workload
 
 
-def reference_losses(workload: Workload, world_size: int) -> list[float]:
+class ReferenceFailed(RuntimeError):
+    """The reference could not be computed (too slow for run.timeout_s, or it failed)."""
+
+
+def reference_losses(workload: Workload, world_size: int, timeout_s: float | None = None) -> list[float]:
     """Losses of plain single-process fp32 training on the global batch, every step
-    (warm-up included): what a correct data-parallel engine must reproduce."""
+    (warm-up included): what a correct data-parallel engine must reproduce.
+
+    It runs in the harness's own process, so it is bounded like a cell: past
+    ``timeout_s`` (checked between steps) it raises ReferenceFailed, as it does for any
+    failure of the training itself."""
+    try:
+        return _train(workload, world_size, None if timeout_s is None else time.monotonic() + timeout_s, timeout_s)
+    except ReferenceFailed:
+        raise
+    except (RuntimeError, MemoryError, ValueError) as err:  # e.g. "can't allocate memory"
+        raise ReferenceFailed(f"the single-process loss reference at world size {world_size} failed: "
+                             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+
+
+def _train(workload: Workload, world_size: int, deadline: float | None, timeout_s: float | None) -> list[float]:
     d = workload.data
     model = build_model(workload.model, workload.seed)
     o = workload.optimizer
@@ -18,6 +38,10 @@ def reference_losses(workload: Workload, world_size: int) -> list[float]:
     loss_of = loss_fn(workload.model)
     losses = []
     for step in range(d.warmup_steps + d.steps):
+        if deadline is not None and time.monotonic() > deadline:
+            raise ReferenceFailed(f"the single-process loss reference at world size {world_size} did not finish "
+                                 f"within {timeout_s:.0f} s (run.timeout_s): {step} of {d.warmup_steps + d.steps} "
+                                 "steps done")
         inputs, targets = data_mod.global_batch(workload.model, d.batch_size * world_size, d.seed, step)
         loss = loss_of(model(inputs), targets)
         loss.backward()

@@ -11,7 +11,6 @@ Only the fixed words we write ourselves ("ok", "FAIL") carry markup.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zerobench.results import REFERENCE_ENGINE, load_results, reference_cells, summary
+from zerobench.runfolder import DamagedFile, RunFolder
 
 
 def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
@@ -84,9 +84,12 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
         table.add_column(name)
     runs = sorted(p.parent for p in results_root.glob("**/meta.json"))
     for run in runs:
-        meta = json.loads((run / "meta.json").read_text())
-        statuses = [json.loads(p.read_text())["status"] for p in (run / "cells").glob("*.json")] \
-            if (run / "cells").exists() else []
+        folder = RunFolder(run)
+        try:
+            meta = folder.meta()
+        except DamagedFile:  # the run is listed all the same, saying which file is damaged
+            meta = {"workload": f"(damaged {folder.meta_path.name})"}
+        statuses = [r["status"] for r in folder.cell_records()]
         table.add_row(Text(str(run.relative_to(results_root))), Text(str(meta.get("workload", "?"))),
                       str(meta.get("date", "?")),
                       str(len(meta.get("cells", []))), str(statuses.count("ok")), str(statuses.count("failed")),

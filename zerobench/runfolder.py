@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -32,6 +33,45 @@ DTYPES_FILE = "results.dtypes.json"
 
 class RunFolderError(FileNotFoundError):
     """A folder that is not (yet) a zerobench run folder."""
+
+
+class DamagedFile(ValueError):
+    """A file of a run folder that cannot be read back (truncated, not JSON, not UTF-8);
+    the message names it."""
+
+
+STATUSES = ("ok", "failed", "skipped")
+_CELL_ID = re.compile(r"^(?P<engine>.+?)-ws(?P<world_size>\d+)-(?P<dtype>[a-z0-9]+)")
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of the run folder; DamagedFile naming it when it cannot be read back."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DamagedFile(f"{path}: damaged ({type(err).__name__}: {err})") from None
+
+
+def damaged_record(path: Path, reason: str) -> dict:
+    """What a cell file that cannot be read stands for: a failed cell saying why, with the
+    configuration its id spells (engine, world size, dtype), so the other cells carry on."""
+    m = _CELL_ID.match(path.stem)
+    config = {"engine": m["engine"], "world_size": int(m["world_size"]), "dtype": m["dtype"]} if m else {}
+    return {"cell_id": path.stem, "status": "failed", "error": f"damaged cell record {path}: {reason}",
+            "config": config, "ranks": [], "damaged": True}
+
+
+def check_record(record: Any) -> str | None:
+    """Why a parsed cell record is not one (None when it is)."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    if record.get("status") not in STATUSES:
+        return f"status {record.get('status')!r} is not one of {', '.join(STATUSES)}"
+    if not isinstance(record.get("cell_id"), str) or not isinstance(record.get("config"), dict):
+        return "no cell_id or config"
+    if not isinstance(record["config"].get("world_size"), int) or not isinstance(record.get("ranks", []), list):
+        return "no config.world_size or ranks"
+    return None
 
 
 @dataclass(frozen=True)
@@ -95,30 +135,66 @@ class RunFolder:
     # -- reading ----------------------------------------------------------------------
 
     def meta(self) -> dict:
-        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+        """meta.json ({} when absent); DamagedFile naming it when it cannot be read."""
+        if not self.meta_path.exists():
+            return {}
+        meta = read_json(self.meta_path)
+        if not isinstance(meta, dict):
+            raise DamagedFile(f"{self.meta_path}: damaged (expected a JSON object)")
+        return meta
 
     def matrix_order(self) -> dict[str, int]:
-        """cell_id -> position in the matrix, from meta.json (tables and plots follow it)."""
-        return {cid: i for i, cid in enumerate(self.meta().get("cells", []))}
+        """cell_id -> position in the matrix, from meta.json (tables and plots follow it;
+        file order when meta.json is damaged)."""
+        try:
+            cells = self.meta().get("cells", [])
+        except DamagedFile:
+            cells = []
+        return {cid: i for i, cid in enumerate(cells)}
+
+    def read_cell(self, cell_id: str) -> dict | None:
+        """One cell's record; None when it is missing or damaged."""
+        path = self.cell_path(cell_id)
+        try:
+            record = read_json(path)
+        except (OSError, DamagedFile):
+            return None
+        return None if check_record(record) else record
 
     def cell_records(self) -> list[dict]:
-        """Every cell file of the run, in the order the matrix listed them when known."""
-        records = [json.loads(p.read_text()) for p in sorted(self.cells_dir.glob("*.json"))]
+        """Every cell file of the run, in the order the matrix listed them when known. A
+        file that cannot be read stands as a failed cell naming it (:func:`damaged_record`)."""
+        records = []
+        for path in sorted(self.cells_dir.glob("*.json")):
+            try:
+                record = read_json(path)
+                why = check_record(record)
+            except DamagedFile as err:
+                why = str(err).split(": damaged ", 1)[-1]
+            except OSError as err:
+                why = err.strerror or str(err)
+            records.append(damaged_record(path, why) if why else record)
         order = self.matrix_order()
         return sorted(records, key=lambda r: order.get(r["cell_id"], len(order)))
 
     def cell_config(self, cell_id: str) -> dict:
         """The configuration a cell ran with ({} when its file is missing or unreadable)."""
         try:
-            return json.loads(self.cell_path(cell_id).read_text()).get("config", {})
-        except (OSError, json.JSONDecodeError):
+            record = read_json(self.cell_path(cell_id))
+        except (OSError, DamagedFile):
             return {}
+        config = record.get("config") if isinstance(record, dict) else None
+        return config if isinstance(config, dict) else {}
 
     def references(self) -> dict[int, list[float]]:
-        """world size -> single-process reference losses (reference.json)."""
+        """world size -> single-process reference losses (reference.json; {} when absent or damaged,
+        so that it is computed again)."""
         if not self.reference_path.exists():
             return {}
-        return {int(k): v for k, v in json.loads(self.reference_path.read_text()).items()}
+        try:
+            return {int(k): v for k, v in read_json(self.reference_path).items()}
+        except (DamagedFile, AttributeError, ValueError):
+            return {}
 
     def find_traces(self) -> list[tuple[str, int, Path]]:
         """(cell_id, rank, path) of every trace under traces/, per-cell folders and the
@@ -156,20 +232,42 @@ class RunFolder:
 
     def _dtypes(self) -> dict[str, str]:
         sidecar = self.root / DTYPES_FILE
-        recorded = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-        return {**recorded, **COLUMN_DTYPES}
+        try:
+            recorded = read_json(sidecar) if sidecar.exists() else {}
+        except DamagedFile:
+            recorded = {}  # dtypes only refine how columns read back
+        return {**(recorded if isinstance(recorded, dict) else {}), **COLUMN_DTYPES}
 
     # -- building and updating ----------------------------------------------------------
 
     def tables_stale(self) -> bool:
-        """True when cells/ holds a record newer than results.csv (or results.csv is missing)."""
+        """True when cells/ holds a record newer than results.csv, or results.csv is missing
+        or does not hold exactly the rows cells/ gives (a truncated or edited file)."""
         cells = list(self.cells_dir.glob("*.json"))
         if not cells:
             return False
         if not self.results_path.exists():
             return True
         built = self.results_path.stat().st_mtime
-        return any(p.stat().st_mtime > built for p in cells)
+        return any(p.stat().st_mtime > built for p in cells) or not self._results_match_cells()
+
+    def _results_match_cells(self) -> bool:
+        """Whether results.csv is whole (ends with its last line's newline) and has one row
+        per cell x rank of cells/, no more, no fewer."""
+        try:
+            with open(self.results_path, "rb") as f:
+                f.seek(-1, 2)
+                whole = f.read(1) == b"\n"
+            rows = pd.read_csv(self.results_path, usecols=["cell_id", "rank"], dtype=str)
+        except (OSError, ValueError, pd.errors.ParserError, UnicodeDecodeError):
+            return False
+        if not whole:
+            return False
+        want = set()
+        for rec in self.cell_records():
+            ranks = [r.get("rank") for r in rec.get("ranks") or []] or range(rec["config"].get("world_size", 1))
+            want |= {(rec["cell_id"], str(r)) for r in ranks}
+        return set(zip(rows["cell_id"], rows["rank"])) == want and len(rows) == len(want)
 
     def ensure_tables(self) -> bool:
         """Build results.csv and steps.csv from cells/ when they are missing or older than
@@ -190,26 +288,41 @@ class RunFolder:
         if not records or not self.workload_path.exists():
             return []
         # Building models needs torch: only for runs that lack references.
-        from zerobench.reference import loss_deviation, reference_losses
+        from zerobench.reference import ReferenceFailed, loss_deviation, reference_losses
         from zerobench.workload import parse_workload
 
-        workload = parse_workload(json.loads(self.workload_path.read_text()), source=str(self.workload_path))
+        workload = parse_workload(read_json(self.workload_path), source=str(self.workload_path))
         if not workload.run.reference:
             return []
-        references = self.references()
+        references, failures = self.references(), {}
         for world_size in sorted({r["config"]["world_size"] for r in records} - set(references)):
-            references[world_size] = reference_losses(workload, world_size)
+            from zerobench.preflight import reference_refusal
+
+            try:
+                refused = reference_refusal(workload, world_size)
+                if refused:
+                    raise ReferenceFailed(refused)
+                references[world_size] = reference_losses(workload, world_size, workload.run.timeout_s)
+            except ReferenceFailed as err:  # the cells stand; their deviation stays unknown, saying why
+                failures[world_size] = str(err)
+                continue
             write_json_atomic(self.reference_path, {str(k): v for k, v in sorted(references.items())})
         for rec in records:
-            rec["loss_max_abs_diff_ref"] = loss_deviation(rec, references[rec["config"]["world_size"]],
+            world_size = rec["config"]["world_size"]
+            rec["loss_max_abs_diff_ref"] = loss_deviation(rec, references.get(world_size, []),
                                                           workload.data.warmup_steps)
+            if world_size in failures:
+                rec["reference_error"] = failures[world_size]
             write_json_atomic(self.cell_path(rec["cell_id"]), rec)
         return [r["cell_id"] for r in records]
 
     def build_tables(self) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
         """(results: one row per cell x rank, steps: one row per cell x rank x measured
         step, dtypes of the configuration columns) from cells/ and analysis/summary.csv."""
-        context = self.meta().get("context", {})
+        try:
+            context = self.meta().get("context", {})
+        except DamagedFile:
+            context = {}  # the cells still make their rows
         rows, step_rows, dtypes = [], [], {}
         for rec in self.cell_records():
             for key, value in rec["config"].items():
@@ -219,7 +332,7 @@ class RunFolder:
                     "backend": rec.get("backend"), "device": rec.get("device")}
             ranks = rec.get("ranks") or []
             if not ranks:  # failed or skipped: one row per rank, metrics empty
-                for rank in range(rec["config"]["world_size"]):
+                for rank in range(rec["config"].get("world_size", 1)):
                     rows.append({**base, "rank": rank, "cell_wall_s": rec.get("cell_wall_s")})
                 continue
             for r in ranks:

@@ -28,9 +28,12 @@ import argparse
 import faulthandler
 import gc
 import json
+import math
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -43,10 +46,11 @@ from zerobench import data as data_mod
 from zerobench import devices
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_atomic, write_json_atomic
+from zerobench.launch import HARNESS_ENV, code_root
 from zerobench.matrix import Cell, expand, find_cell
 from zerobench.memory import StorageTracker
 from zerobench.models import build_model, loss_fn, samples_to_tokens
-from zerobench.runfolder import RunFolder
+from zerobench.runfolder import RunFolder, read_json
 from zerobench.workload import Workload, parse_workload
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
@@ -65,13 +69,48 @@ def torchrun_env() -> tuple[int, int, int, int]:
     return rank, world, local_rank, local_world
 
 
+def watch_harness() -> int | None:
+    """Under ``zerobench run`` (HARNESS_ENV set): make this rank die with the harness.
+
+    On Linux the kernel sends SIGKILL when the parent exits (PR_SET_PDEATHSIG); elsewhere
+    a daemon thread notices the parent pid change within a second. A rank whose harness
+    is already gone exits at once. Returns the harness pid (None under torchrun)."""
+    value = os.environ.get(HARNESS_ENV)
+    if not value:
+        return None
+    harness = int(value)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if not harness_alive(harness):
+        os._exit(3)
+
+    def watch():
+        while harness_alive(harness):
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="zerobench-harness-watch", daemon=True).start()
+    return harness
+
+
+def harness_alive(harness: int | None) -> bool:
+    """Whether this rank's harness still runs (always True under torchrun): it is the
+    parent until it dies, when the rank is re-parented."""
+    return harness is None or os.getppid() == harness
+
+
 def pick_device(requested: str, local_rank: int, local_world: int) -> torch.device:
     """The rank's device; zerobench.devices decides (and raises rather than falling back)."""
     return devices.choose(requested, local_rank, local_world).device
 
 
 def load_run(run_dir: Path) -> Workload:
-    return parse_workload(json.loads((run_dir / "workload.json").read_text()), source=str(run_dir / "workload.json"))
+    """The workload a run folder was made for (its workload.json; errors name the file)."""
+    path = Path(run_dir) / "workload.json"
+    return parse_workload(read_json(path), source=str(path))
 
 
 # --------------------------------------------------------------------------------------
@@ -305,7 +344,7 @@ def _rss_max_bytes() -> int:
 # --------------------------------------------------------------------------------------
 
 
-def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
+def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: int | None = None) -> None:
     rank, world, local_rank, local_world = torchrun_env()
     workload = load_run(run_dir)
     cell = find_cell(workload, cell_id)
@@ -342,18 +381,33 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str) -> None:
         record["pass_wall_s"] = time.perf_counter() - started
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(record, gathered, dst=0)
-        if rank == 0:
-            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", {
+        if rank == 0 and harness_alive(harness):  # an orphan's record is no result: see watch_harness
+            diverged = divergence(gathered)
+            record = {
                 "cell_id": cell_id,
-                "status": "ok",
-                "error": None,
+                "status": "failed" if diverged else "ok",
+                "error": diverged,
                 "config": cell.config(),
                 "backend": backend,
                 "device": dev.type,
+                "code_root": str(code_root()),
                 "ranks": gathered,
-            })
+            }
+            if harness is not None:  # accepted by the harness, which adds cell_wall_s, or rerun by --resume
+                record["harness_pid"] = harness
+            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
     finally:
         dist.destroy_process_group()
+
+
+def divergence(ranks: list[dict]) -> str | None:
+    """Why a cell's training diverged (a loss that is NaN or infinite), None if it did not."""
+    for r in ranks:
+        for step, loss in enumerate(r["losses"]):
+            if not math.isfinite(loss):
+                return (f"diverged: rank {r['rank']}'s loss is {loss} at measured step {step} "
+                        "(timings and memory are recorded, but they are not of a training run)")
+    return None
 
 
 def _set_emulation(cell: Cell) -> None:
@@ -365,8 +419,8 @@ def _set_emulation(cell: Cell) -> None:
 
 
 @record  # under torchrun: the error goes to its error file, which its failure summary names
-def _run_cell_recorded(args: argparse.Namespace) -> None:
-    run_cell(args.run_dir, args.cell, args.profile, args.device)
+def _run_cell_recorded(args: argparse.Namespace, harness: int | None) -> None:
+    run_cell(args.run_dir, args.cell, args.profile, args.device, harness)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -376,10 +430,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args(argv)
+    harness = watch_harness()
     # A crash in C++ (abort, segfault) then leaves every thread's Python stack in the log.
     faulthandler.enable(all_threads=True)
     try:
-        _run_cell_recorded(args)
+        _run_cell_recorded(args, harness)
     except Exception:
         traceback.print_exc()
         code = 1  # peers may be blocked in a collective with this rank: exit hard, at once

@@ -11,6 +11,7 @@ removes an inherited axis.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -102,10 +103,12 @@ class OptimizerConfig:
     """sgd only."""
 
     def check(self) -> None:
-        if not self.lr > 0:
-            raise WorkloadError(f"optimizer.lr: {self.lr} is not allowed (allowed: float > 0)")
-        if self.weight_decay < 0:
-            raise WorkloadError(f"optimizer.weight_decay: {self.weight_decay} is not allowed (allowed: float >= 0)")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise WorkloadError(f"optimizer.lr: {self.lr} is not allowed (allowed: a finite float > 0)")
+        for name in ("weight_decay", "eps"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise WorkloadError(f"optimizer.{name}: {value} is not allowed (allowed: a finite float >= 0)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise WorkloadError(f"optimizer.betas: {list(self.betas)} is not allowed (allowed: two floats in [0, 1))")
         if self.momentum < 0:
@@ -209,8 +212,10 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
         run.check()
         matrix = _parse_matrix(_table("matrix", raw.get("matrix", {})))
         name = raw.get("name", default_name)
-        if not isinstance(name, str) or not name:
-            raise WorkloadError(f"name: {name!r} is not allowed (allowed: a non-empty string)")
+        if not isinstance(name, str) or not name or any(bad in name for bad in ("/", "\\", "..", "\0")):
+            # the name becomes part of the run folder's name: it must stay one folder under --results
+            raise WorkloadError(f"name: {name!r} is not allowed (allowed: a non-empty string with no '/', "
+                                "'\\' or '..')")
         seed = raw.get("seed", 0)
         _check_type("seed", seed, int)
         description = raw.get("description", "")
@@ -229,7 +234,10 @@ def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if not path.is_file():
         raise WorkloadError(f"{path}: no such workload file")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise WorkloadError(f"{path}: not UTF-8 text (TOML must be): byte 0x{err.object[err.start]:02x} "
+                            f"at offset {err.start}") from None
     except tomllib.TOMLDecodeError as err:
         raise WorkloadError(f"{path}: not valid TOML: {err}") from None
     parent = raw.get("extends")
@@ -238,7 +246,8 @@ def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(parent, str):
         raise WorkloadError(f"{path}: extends: {parent!r} is not allowed (allowed: a path to another workload file)")
     base = _load_with_parents(path.parent / parent, (*seen, resolved))
-    base.pop("name", None)  # a variant is its own workload: it never inherits the name
+    base.pop("name", None)  # a variant is its own workload: it never inherits the name,
+    base.pop("description", None)  # nor a description of a model it may have changed
     return _merge(base, raw)
 
 
@@ -247,7 +256,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any], path: str = "") -> di
     for key, value in override.items():
         if key == "extends":
             continue
-        if path == "matrix" and value == []:
+        if path == "matrix" and value == [] and key not in _COMMON_AXES:
             out.pop(key, None)  # a variant removes an inherited axis with `axis = []`
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             replace_whole = key == "model" and value.get("kind", out[key].get("kind")) != out[key].get("kind", "mlp")
@@ -269,6 +278,9 @@ def _parse_matrix(raw: dict[str, Any]) -> dict[str, list]:
     for axis, values in raw.items():
         if not isinstance(values, list):
             values = [values]
+        if not values and axis in _COMMON_AXES:
+            raise WorkloadError(f"matrix.{axis}: empty list (allowed: one or more values; "
+                                f"{axis} is an axis of every engine and cannot be removed)")
         if not values:
             raise WorkloadError(f"matrix.{axis}: empty list (allowed: one or more values; "
                                 f"in a workload that extends another, `{axis} = []` removes the inherited axis)")

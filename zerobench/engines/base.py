@@ -12,6 +12,7 @@ multiplies the cells of an engine it does not apply to.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,9 +52,11 @@ class Axis:
         ok_type = isinstance(value, self.type) and not isinstance(value, bool)
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok_type = float(value), True
-        if not ok_type or (self.minimum is not None and value < self.minimum):
+        finite = not (ok_type and isinstance(value, float)) or math.isfinite(value)
+        if not ok_type or not finite or (self.minimum is not None and value < self.minimum):
             bound = f" >= {self.minimum}" if self.minimum is not None else ""
-            raise ValueError(f"{name}: {value!r} is not allowed (allowed: {self.type.__name__}{bound})")
+            kind = f"a finite {self.type.__name__}" if self.type is float else self.type.__name__
+            raise ValueError(f"{name}: {value!r} is not allowed (allowed: {kind}{bound})")
         return value
 
 

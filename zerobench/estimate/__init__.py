@@ -104,6 +104,11 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if rank < 0:
         raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")
+    for ws in world_sizes:
+        if rank >= ws:
+            raise ValueError(f"--rank: {rank} is not allowed at world size {ws} (allowed: 0..{ws - 1})")
+    if hybrid_shard_size is not None and hybrid_shard_size < 1:
+        raise ValueError(f"--hybrid-shard-size: {hybrid_shard_size} is not allowed (allowed: int >= 1)")
     from zerobench.estimate.rank import BACKENDS
 
     if backend not in BACKENDS:
@@ -130,8 +135,6 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
         todo, reasons = [], {}
         for ws in world_sizes:
             why = why_not(cell, ws, hybrid_shard_size)
-            if why is None and rank >= ws:
-                why = f"--rank {rank} is not allowed at world size {ws} (allowed: 0..{ws - 1})"
             (reasons.__setitem__(ws, why) if why else todo.append(ws))
         results = {ws: {"status": "skipped", "reason": r} for ws, r in reasons.items()}
         if todo:

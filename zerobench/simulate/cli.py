@@ -135,6 +135,9 @@ def _cmd_simulate(args) -> int:
     if args.link or args.gbps is not None:
         link = resolve_link(args.link, args.gbps, args.latency_us)
     inter = resolve_link(args.inter_link) if args.inter_link else None
+    for ws in args.world_sizes or []:
+        if ws < 1:
+            raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
     if not args.compute_scale > 0:
         raise ValueError(f"--compute-scale: must be > 0, got {args.compute_scale}")
     pred, mat = simulate_run(args.run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,

@@ -107,7 +107,7 @@ def validation_summary(pred, step_bar: float = STEP_BAR, exposed_bar: float = EX
 def measured_link(s):
     """The emulated link the schedule's cell ran on, or None."""
     g = s.source.get("emulate_gbps")
-    if g is None or (isinstance(g, float) and math.isnan(g)):
+    if not g or (isinstance(g, float) and math.isnan(g)):  # 0.0: the cell ran without emulation
         return None
     lat = s.source.get("emulate_latency_us") or 0.0
     return Link(float(g), 0.0 if isinstance(lat, float) and math.isnan(lat) else float(lat))
