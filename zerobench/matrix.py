@@ -34,6 +34,9 @@ COMMON_AXES = ("engine", "world_size", "dtype")
 class CheckpointingAxis(Axis):
     """``activation_checkpointing``: "none", "full", "every:K" or "ops" (zerobench/checkpointing.py)."""
 
+    def allowed(self) -> str:
+        return "'none', 'full', 'every:K' (K >= 1), 'ops'"
+
     def check(self, name: str, value: Any) -> Any:
         from zerobench.checkpointing import parse_mode
 
