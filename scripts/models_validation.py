@@ -3,6 +3,7 @@
     zerobench run workloads/llama-tiny.toml
     zerobench estimate workloads/llama-tiny.toml --world-sizes 2,4 --backend gloo
     python scripts/models_validation.py RUN_DIR ESTIMATE_DIR
+    python scripts/models_validation.py --recompute-cost workloads/llama-tiny.toml
 
 prints one markdown row per engine, checkpointing mode and world size (rank 0): the real
 peak and its activations (memory pass), the median step time, the estimated peak and its
@@ -49,7 +50,38 @@ def table(run_dir: Path, estimate_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame
     return both, pd.DataFrame(saving)
 
 
+def recompute_cost(workload_path: str, rounds: int = 15) -> dict[str, float]:
+    """Median single-process forward+backward time of each checkpointing mode relative to
+    "none", the modes interleaved round by round so that a busy machine slows them alike."""
+    import statistics
+    import time
+
+    import torch
+
+    from zerobench import data
+    from zerobench.models import build_for_cell, loss_fn
+    from zerobench.workload import load_workload
+
+    torch.set_num_threads(1)
+    w = load_workload(workload_path)
+    inputs, targets = data.global_batch(w.model, w.data.batch_size, 0, 0)
+    models = {mode: build_for_cell(w.model, w.seed, "cpu", mode)[0] for mode in MODES}
+    times = {mode: [] for mode in MODES}
+    for _ in range(rounds):
+        for mode, model in models.items():
+            start = time.perf_counter()
+            loss_fn(w.model)(model(inputs), targets).backward()
+            times[mode].append(time.perf_counter() - start)
+            model.zero_grad(set_to_none=True)
+    base = statistics.median(times["none"])
+    return {mode: statistics.median(t) / base for mode, t in times.items()}
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "--recompute-cost":
+        for mode, ratio in recompute_cost(argv[1]).items():
+            print(f"{mode}: {ratio:.2f} x none")
+        return
     both, saving = table(Path(argv[0]), Path(argv[1]))
     print("| engine | AC | ws | peak MiB | activations MiB | step ms | estimate MiB | est. vs real | loss dev |")
     print("|---|---|---|---|---|---|---|---|---|")
