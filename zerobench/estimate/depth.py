@@ -73,7 +73,10 @@ def zero1_optimizer_correction(workload, engine: str, world_size: int, rank: int
     with torch.device("meta"):
         params = list(construct(workload.model).parameters())
     mine = sorted_greedy_partition([{"params": params}], world_size)[rank][0]["params"]
-    exact = sum(p.numel() for p in mine)
+    # elements of optimizer state per parameter element: Adam's two moments, SGD's momentum
+    opt = workload.optimizer
+    per_element = 2 if opt.kind in ("adam", "adamw") else (1 if opt.hyper().get("momentum") else 0)
+    exact = per_element * sum(p.numel() for p in mine)
     bytes_per_element = row["state_optim_bytes"] / row["state_optim_numel"]
     delta = int(round((exact - row["state_optim_numel"]) * bytes_per_element))
     out = dict(row)
