@@ -28,7 +28,7 @@ def test_good_workload_parses():
 
 @pytest.mark.parametrize("raw, match", [
     (with_("model", heads=5), r"model.heads: 5 does not divide model.d_model=64 \(allowed: a divisor"),
-    (with_("model", kind="cnn"), r"model.kind: 'cnn' is not allowed \(allowed: 'mlp', 'gpt'\)"),
+    (with_("model", kind="cnn"), r"model.kind: 'cnn' is not allowed \(allowed: 'mlp', 'gpt', 'llama', 'hf', 'factory'\)"),
     (with_("model", depth=3), r"unknown key model.depth \(allowed in model: .*d_model.*heads"),
     (with_("model", layers=0), r"model.layers: 0 is not allowed \(allowed: int >= 1\)"),
     (with_("model", seq_len=1), r"model.seq_len: 1 is not allowed \(allowed: int >= 2\)"),

@@ -81,7 +81,7 @@ def cmd_engines(args) -> int:
     for name in ENGINES:
         print(name)
         for axis, spec in engine_axes(name).items():
-            allowed = ", ".join(map(repr, spec.choices)) if spec.choices else f"{spec.type.__name__} >= {spec.minimum}"
+            allowed = spec.allowed()
             doc = f"  ({spec.doc})" if spec.doc else ""
             print(f"    {axis} = {spec.default!r}   allowed: {allowed}{doc}")
     return 0

@@ -15,6 +15,10 @@ from zerobench.workload import ModelConfig
 def global_batch(cfg: ModelConfig, global_batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) for the whole world at ``step``, on CPU."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    if getattr(cfg, "batch", ""):  # a user model's own batches (zerobench/user_models.py)
+        from zerobench.user_models import import_entry_point
+
+        return import_entry_point("model.batch", cfg.batch)(global_batch_size, gen)
     if cfg.kind == "mlp":
         inputs = torch.randn(global_batch_size, cfg.width, generator=gen)
         targets = torch.randn(global_batch_size, cfg.width, generator=gen)

@@ -30,9 +30,33 @@ EMULATION_AXES = {
 COMMON_AXES = ("engine", "world_size", "dtype")
 
 
+@dataclass(frozen=True)
+class CheckpointingAxis(Axis):
+    """``activation_checkpointing``: "none", "full", "every:K" or "ops" (zerobench/checkpointing.py)."""
+
+    def allowed(self) -> str:
+        return "'none', 'full', 'every:K' (K >= 1), 'ops'"
+
+    def check(self, name: str, value: Any) -> Any:
+        from zerobench.checkpointing import parse_mode
+
+        parse_mode(value)  # ValueError naming the axis and what it allows
+        return value
+
+
+#: Axes every engine has: activation checkpointing, applied to the model before the
+#: engine wraps it, the same way for all of them.
+MODEL_AXES = {
+    "activation_checkpointing": CheckpointingAxis(
+        "none", doc="none | full (every block) | every:K (every K-th block) | ops (every other matmul's and "
+                    "attention's outputs kept, the rest recomputed); non-reentrant, applied before wrapping"),
+}
+
+
 def engine_axes(engine: str) -> dict[str, Axis]:
     cls = get_engine(engine)
     axes = dict(cls.options)
+    axes.update(MODEL_AXES)
     if cls.supports_emulation:
         axes.update(EMULATION_AXES)
     return axes

@@ -14,7 +14,9 @@ decided at the end of the step, in this order:
      (``Engine.parameter_tensors`` ...; gradients are read as the optimizer phase starts,
      before ``zero_grad`` drops them);
   2. "unsharded": outputs of all-gather collectives (unsharded parameters under FSDP);
-  3. "activations": storages first allocated during the forward phase;
+  3. "activations": storages first allocated during the forward phase, and those a
+     checkpointed block allocates while its forward is recomputed in backward
+     (zerobench/checkpointing.py marks the recomputation);
   4. "other": everything else (gradient temporaries and buckets, reduce-scatter inputs,
      optimizer temporaries, communication buffers).
 The peak's composition is the classification of the storages live at the peak.
@@ -41,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from zerobench.checkpointing import recomputing
 from zerobench.comm import collective_kind, collective_bytes
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
@@ -113,7 +116,7 @@ class StorageTracker(TorchDispatchMode):
         nbytes = storage.nbytes()
         self._uid_of[storage] = uid
         self._live[uid] = (weakref.ref(storage, lambda _ref, uid=uid: self._on_free(uid)), nbytes)
-        self._born_in[uid] = self._phase
+        self._born_in[uid] = "recompute" if recomputing() else self._phase
         self._change(uid, nbytes)
         return uid
 
@@ -220,7 +223,7 @@ class StorageTracker(TorchDispatchMode):
             return self._roles[uid]
         if uid in self._gathered:
             return "unsharded"
-        if self._born_in.get(uid) == "forward":
+        if self._born_in.get(uid) in ("forward", "recompute"):
             return "activations"
         return "other"
 

@@ -1,7 +1,12 @@
 """The models workloads train, built deterministically from a seed.
 
-Each model exposes ``blocks``: the modules an engine shards as separate units (FSDP
-wraps each one; the root takes what is left, such as embeddings and the head).
+One front door for ``zerobench run``, ``estimate`` and ``predict``: :func:`build_for_cell`
+is a plain function of the resolved workload's model table, the seed, the device and
+the cell's ``activation_checkpointing``; it returns the model and its sharding units
+(FSDP wraps each one; the root takes what is left, such as embeddings and the head).
+Our own models (MLP, GPT here, Llama in zerobench/llama.py) expose their units as
+``blocks``; a user's model names their classes (``wrap``, zerobench/user_models.py).
+Every model builds on the meta device and under FakeTensorMode.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from zerobench.checkpointing import apply_activation_checkpointing
 from zerobench.workload import GPTConfig, MLPConfig, ModelConfig
 
 
@@ -89,25 +95,71 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))  # (batch, seq, vocab) logits
 
 
-def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> nn.Module:
-    """The workload's model with weights drawn from ``seed`` (identical on every rank)."""
+def construct(cfg: ModelConfig) -> nn.Module:
+    """The workload's model, initialised from the current RNG state on the current
+    default device (``with torch.device("meta")``: shapes only)."""
+    if cfg.kind == "mlp":
+        return MLP(cfg)
+    if cfg.kind == "gpt":
+        return GPT(cfg)
+    if cfg.kind == "llama":
+        from zerobench.llama import Llama
+
+        return Llama(cfg)
+    from zerobench import user_models
+
+    if cfg.kind == "hf":
+        return user_models.build_hf_model(cfg)
+    return user_models.build_factory_model(cfg)
+
+
+def build_model(cfg: ModelConfig, seed: int, device: torch.device | str | None = "cpu") -> nn.Module:
+    """The workload's model with weights drawn from ``seed`` (identical on every rank),
+    moved to ``device`` (None: left where it was built, as under FakeTensorMode)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = MLP(cfg) if cfg.kind == "mlp" else GPT(cfg)
-    return model.to(device)
+        model = construct(cfg)
+    return model if device is None else model.to(device)
+
+
+def sharding_units(model: nn.Module, cfg: ModelConfig) -> list[nn.Module]:
+    """The modules an engine shards as separate units, in forward order."""
+    if cfg.kind in ("mlp", "gpt", "llama"):
+        return list(model.blocks)
+    from zerobench import user_models
+
+    if cfg.kind == "hf":
+        return user_models.units_by_class(model, user_models.hf_unit_classes(model, cfg))
+    return user_models.units_by_class(model, tuple(cfg.wrap))
+
+
+def build_for_cell(cfg: ModelConfig, seed: int, device: torch.device | str | None = "cpu",
+                   activation_checkpointing: str = "none") -> tuple[nn.Module, list[nn.Module]]:
+    """(model, sharding units) for one cell: the seeded model with its units wrapped for
+    activation checkpointing (zerobench/checkpointing.py), ready for ``Engine.wrap``."""
+    model = build_model(cfg, seed, device)
+    units = apply_activation_checkpointing(model, sharding_units(model, cfg), activation_checkpointing)
+    return model, units
 
 
 def loss_fn(cfg: ModelConfig):
     """The training loss for the model kind, as ``fn(output, target) -> scalar``."""
-    if cfg.kind == "mlp":
+    name = getattr(cfg, "loss", "mse" if cfg.kind == "mlp" else "cross_entropy")
+    if name == "mse":
         return F.mse_loss
+    if name != "cross_entropy":
+        from zerobench.user_models import import_entry_point
+
+        return import_entry_point("model.loss", name)
 
     def next_token(logits, targets):
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
     return next_token
 
 
 def samples_to_tokens(cfg: ModelConfig) -> int:
     """Tokens per sample, for tokens/s (0 for models without tokens)."""
-    return cfg.seq_len if cfg.kind == "gpt" else 0
+    if cfg.kind == "mlp" or getattr(cfg, "batch", ""):
+        return 0
+    return cfg.seq_len

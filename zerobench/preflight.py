@@ -26,7 +26,7 @@ import torch
 
 from zerobench.estimate.analytic import engine_model_state_bytes
 from zerobench.matrix import Cell
-from zerobench.models import GPT, MLP
+from zerobench.models import construct
 from zerobench.workload import Workload
 
 GiB = 2**30
@@ -54,16 +54,22 @@ def parameter_count(workload: Workload) -> int:
     by formula for a model too large even for meta tensors' size arithmetic."""
     try:
         with torch.device("meta"):
-            model = MLP(workload.model) if workload.model.kind == "mlp" else GPT(workload.model)
+            model = construct(workload.model)
         return sum(p.numel() for p in model.parameters())
     except RuntimeError:  # "Storage size calculation overflowed": more than 2^63 bytes
         return _count_by_formula(workload.model)
 
 
 def _count_by_formula(cfg) -> int:
-    """The parameter count of zerobench.models' MLP and GPT, written out."""
+    """The parameter count of zerobench.models' MLP, GPT and Llama, written out."""
     if cfg.kind == "mlp":
         return (cfg.depth + 1) * (cfg.width * cfg.width + cfg.width)
+    if cfg.kind == "llama":
+        d, kv = cfg.d_model, cfg.kv_heads * (cfg.d_model // cfg.heads)
+        block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_hidden
+        return cfg.vocab * d + cfg.layers * block + d + (0 if cfg.tie_embeddings else d * cfg.vocab)
+    if cfg.kind != "gpt":
+        raise ValueError(f"model.kind {cfg.kind!r}: too large to count on the meta device")
     d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
     block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
     return cfg.vocab * d + cfg.seq_len * d + cfg.layers * block + 2 * d + d * cfg.vocab

@@ -49,7 +49,7 @@ from zerobench.files import write_atomic, write_json_atomic
 from zerobench.launch import HARNESS_ENV, code_root
 from zerobench.matrix import Cell, expand, find_cell
 from zerobench.memory import StorageTracker
-from zerobench.models import build_model, loss_fn, samples_to_tokens
+from zerobench.models import build_for_cell, loss_fn, samples_to_tokens
 from zerobench.runfolder import RunFolder, read_json
 from zerobench.workload import Workload, parse_workload
 
@@ -129,8 +129,9 @@ class CellRunner:
 
     def build(self):
         engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
-        model = build_model(self.w.model, self.w.seed, self.ctx.device)
-        engine.wrap(model, list(model.blocks))
+        model, units = build_for_cell(self.w.model, self.w.seed, self.ctx.device,
+                                      self.cell.opts.get("activation_checkpointing", "none"))
+        engine.wrap(model, units)
         engine.build_optimizer(self.spec)
         return engine
 

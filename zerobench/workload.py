@@ -70,8 +70,166 @@ class GPTConfig:
             )
 
 
-ModelConfig = Union[MLPConfig, GPTConfig]
-MODEL_KINDS = {"mlp": MLPConfig, "gpt": GPTConfig}
+#: Published shapes of the Llama family, filled in by ``preset``; explicit keys override them.
+#: Llama 2: arXiv 2307.09288 (Table 1 and the released params.json); Llama 3: arXiv 2407.21783 (Table 3).
+LLAMA_PRESETS: dict[str, dict[str, Any]] = {
+    "llama2-7b": dict(layers=32, d_model=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000,
+                      seq_len=4096, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False),
+    "llama3-8b": dict(layers=32, d_model=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                      seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False),
+    "llama3-70b": dict(layers=80, d_model=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256,
+                       seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False),
+}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-family decoder (RMSNorm, RoPE, grouped-query causal attention through
+    ``scaled_dot_product_attention``, SwiGLU feed-forward), trained on next-token
+    prediction over random tokens. Each block is one sharding unit."""
+
+    kind: Literal["llama"] = "llama"
+    preset: str = ""
+    """A published shape (see ``LLAMA_PRESETS``) that fills every key not given explicitly."""
+    layers: int = 2
+    d_model: int = 128
+    """Embedding width; must be divisible by ``heads``."""
+    heads: int = 4
+    """Query heads."""
+    kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide ``heads``. ``heads`` is plain multi-head."""
+    ffn_hidden: int = 352
+    """Hidden width of the SwiGLU feed-forward (its gate and up projections)."""
+    vocab: int = 512
+    seq_len: int = 64
+    """Tokens per sample (>= 2)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary position embedding's frequencies."""
+    norm_eps: float = 1e-5
+    """RMSNorm's epsilon."""
+    tie_embeddings: bool = False
+    """Share the token embedding's weight with the output head."""
+
+    def check(self) -> None:
+        for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab"):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.seq_len < 2:
+            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
+        if self.d_model % self.heads or (self.d_model // self.heads) % 2:
+            raise WorkloadError(
+                f"model.heads: {self.heads} does not divide model.d_model={self.d_model} into heads of even width "
+                f"(allowed: a divisor of d_model leaving an even head width, e.g. {_divisors(self.d_model)})"
+            )
+        if self.heads % self.kv_heads:
+            raise WorkloadError(f"model.kv_heads: {self.kv_heads} does not divide model.heads={self.heads} "
+                                f"(allowed: a divisor of heads, e.g. {_divisors(self.heads)})")
+        if not self.rope_theta > 0:
+            raise WorkloadError(f"model.rope_theta: {self.rope_theta} is not allowed (allowed: float > 0)")
+        if not self.norm_eps > 0:
+            raise WorkloadError(f"model.norm_eps: {self.norm_eps} is not allowed (allowed: float > 0)")
+
+
+#: Keys of ``[model]`` that a user model (``factory``) does not receive as keyword arguments.
+FACTORY_RESERVED = ("factory", "wrap", "batch", "loss")
+LOSSES = ("cross_entropy", "mse")
+
+
+@dataclass(frozen=True)
+class FactoryConfig:
+    """Any model the user brings: ``factory = "package.module:function"`` is called with the
+    other keys of ``[model]`` as keyword arguments and returns an ``nn.Module``.
+    See docs/models.md for the contract."""
+
+    kind: Literal["factory"] = "factory"
+    factory: str = ""
+    """"package.module:function", imported from the harness's sys.path (the current folder first)."""
+    wrap: tuple[str, ...] = ()
+    """Class names whose instances are the sharding units (as ModuleWrapPolicy takes classes)."""
+    batch: str = ""
+    """"package.module:function" called as ``function(batch_size, generator) -> (inputs, targets)``;
+    empty: token ids of ``vocab`` and ``seq_len`` (keys then required), next-token targets."""
+    loss: str = "cross_entropy"
+    """"cross_entropy", "mse" or "package.module:function", applied to ``(model(inputs), targets)``."""
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    """The other keys of ``[model]``, passed to the factory."""
+
+    def check(self) -> None:
+        _check_entry_point("model.factory", self.factory)
+        if not self.wrap:
+            raise WorkloadError("model.wrap: missing (allowed: a list of one or more module class names, "
+                                "e.g. wrap = [\"Block\"])")
+        if self.batch:
+            _check_entry_point("model.batch", self.batch)
+        else:
+            for key in ("vocab", "seq_len"):
+                if not isinstance(dict(self.kwargs).get(key), int) or dict(self.kwargs)[key] < 1:
+                    raise WorkloadError(f"model.{key}: required as an int >= 1 without model.batch "
+                                        f"(the model then takes token ids of vocab and seq_len)")
+        if self.loss not in LOSSES and ":" not in self.loss:
+            raise WorkloadError(f"model.loss: {self.loss!r} is not allowed "
+                                f"(allowed: 'cross_entropy', 'mse' or 'package.module:function')")
+        if self.loss not in LOSSES:
+            _check_entry_point("model.loss", self.loss)
+
+    @property
+    def vocab(self) -> int:
+        return dict(self.kwargs).get("vocab", 0)
+
+    @property
+    def seq_len(self) -> int:
+        return dict(self.kwargs).get("seq_len", 0)
+
+    def table(self) -> dict[str, Any]:
+        """The ``[model]`` table this config was read from."""
+        out = {"kind": self.kind, "factory": self.factory, "wrap": list(self.wrap), "loss": self.loss}
+        if self.batch:
+            out["batch"] = self.batch
+        return {**out, **dict(self.kwargs)}
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A Hugging Face transformers causal LM built from its ``config.json`` alone (no
+    weights, nothing downloaded; needs the optional extra ``pip install -e '.[hf]'``).
+    Its decoder layers (the model's ``_no_split_modules``, or ``wrap``) are the sharding units."""
+
+    kind: Literal["hf"] = "hf"
+    config: str = ""
+    """Path to a config.json, relative to the workload file."""
+    seq_len: int = 64
+    """Tokens per sample (>= 2); the vocabulary is the config's ``vocab_size``."""
+    wrap: tuple[str, ...] = ()
+    """Class names of the sharding units; empty: the model's ``_no_split_modules``."""
+
+    def check(self) -> None:
+        if not self.config:
+            raise WorkloadError("model.config: missing (allowed: a path to a Hugging Face config.json)")
+        if self.seq_len < 2:
+            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
+        self.read()
+
+    def read(self) -> dict[str, Any]:
+        """The parsed config.json; WorkloadError naming model.config if it does not parse."""
+        import json
+
+        try:
+            out = json.loads(Path(self.config).read_text())
+        except OSError as err:
+            raise WorkloadError(f"model.config: cannot read {self.config}: {err.strerror}") from None
+        except json.JSONDecodeError as err:
+            raise WorkloadError(f"model.config: {self.config} is not valid JSON: {err}") from None
+        if not isinstance(out, dict) or not isinstance(out.get("vocab_size"), int):
+            raise WorkloadError(f"model.config: {self.config} is not a transformers model config "
+                                f"(allowed: a JSON object with model_type and an int vocab_size)")
+        return out
+
+    @property
+    def vocab(self) -> int:
+        return self.read()["vocab_size"]
+
+
+ModelConfig = Union[MLPConfig, GPTConfig, LlamaConfig, FactoryConfig, HFConfig]
+MODEL_KINDS = {"mlp": MLPConfig, "gpt": GPTConfig, "llama": LlamaConfig, "hf": HFConfig, "factory": FactoryConfig}
 
 
 @dataclass(frozen=True)
@@ -171,6 +329,8 @@ class Workload:
         """The resolved workload as plain TOML-able data (what the run folder keeps)."""
         out = dataclasses.asdict(self)
         out.pop("source")
+        if isinstance(self.model, FactoryConfig):
+            out["model"] = self.model.table()
         opt = self.optimizer
         out["optimizer"] = {"kind": opt.kind, "lr": opt.lr,
                             **{k: list(v) if isinstance(v, tuple) else v for k, v in opt.hyper().items()}}
@@ -194,12 +354,7 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
     raw.pop("extends", None)
     _no_unknown_keys("", raw, {"name", "description", "seed", "model", "data", "optimizer", "run", "matrix"})
     try:
-        model_raw = dict(_table("model", raw.get("model", {})))
-        kind = model_raw.get("kind", "mlp")
-        if kind not in MODEL_KINDS:
-            raise WorkloadError(f"model.kind: {kind!r} is not allowed (allowed: {', '.join(map(repr, MODEL_KINDS))})")
-        model = _build("model", MODEL_KINDS[kind], model_raw)
-        model.check()
+        model = _parse_model(dict(_table("model", raw.get("model", {}))), source)
         data = _build("data", DataConfig, _table("data", raw.get("data", {})))
         _positive("data.batch_size", data.batch_size)
         _positive("data.steps", data.steps)
@@ -224,6 +379,39 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
         raise WorkloadError(f"{source}: {err}") from None
     return Workload(name=name, model=model, data=data, optimizer=optimizer, run=run,
                     matrix=matrix, description=description, seed=seed, source=source)
+
+
+def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
+    if "factory" in raw:
+        raw.setdefault("kind", "factory")
+    kind = raw.get("kind", "mlp")
+    if kind not in MODEL_KINDS:
+        raise WorkloadError(f"model.kind: {kind!r} is not allowed (allowed: {', '.join(map(repr, MODEL_KINDS))})")
+    if kind == "factory":
+        extra = {k: v for k, v in raw.items() if k not in (*FACTORY_RESERVED, "kind")}
+        raw = {k: v for k, v in raw.items() if k in (*FACTORY_RESERVED, "kind")}
+        raw["kwargs"] = tuple(sorted(extra.items()))
+    elif kind == "llama" and raw.get("preset", "") != "":
+        preset = raw["preset"]
+        if preset not in LLAMA_PRESETS:
+            raise WorkloadError(f"model.preset: {preset!r} is not allowed "
+                                f"(allowed: {', '.join(map(repr, LLAMA_PRESETS))})")
+        raw = {**LLAMA_PRESETS[preset], **raw}
+    elif kind == "hf" and isinstance(raw.get("config"), str) and raw["config"]:
+        # relative to the workload file, as ``extends`` is; absolute afterwards so every rank finds it
+        base = Path(source).parent if Path(source).suffix == ".toml" else Path(".")
+        raw["config"] = str((base / raw["config"]).resolve())
+    model = _build("model", MODEL_KINDS[kind], {k: v for k, v in raw.items() if k != "kwargs"})
+    if kind == "factory":
+        model = dataclasses.replace(model, kwargs=raw["kwargs"])
+    model.check()
+    return model
+
+
+def _check_entry_point(name: str, value: str) -> None:
+    module, _, attr = value.partition(":")
+    if not module or not attr or not all(part.isidentifier() for part in [*module.split("."), attr]):
+        raise WorkloadError(f"{name}: {value!r} is not allowed (allowed: \"package.module:function\")")
 
 
 def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:

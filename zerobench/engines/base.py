@@ -43,6 +43,12 @@ class Axis:
         other, want = self.applies_when
         return want(chosen.get(other)) if callable(want) else chosen.get(other) == want
 
+    def allowed(self) -> str:
+        """What values the axis allows, in words (``zerobench engines``)."""
+        if self.choices is not None:
+            return ", ".join(map(repr, self.choices))
+        return f"{self.type.__name__} >= {self.minimum}" if self.minimum is not None else self.type.__name__
+
     def check(self, name: str, value: Any) -> Any:
         """Return ``value`` if allowed, else raise ValueError naming the axis and what it allows."""
         if self.choices is not None:

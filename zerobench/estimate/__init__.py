@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from zerobench.estimate import depth
 from zerobench.estimate.analytic import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
@@ -83,18 +84,20 @@ def why_not(cell, world_size: int, hybrid_shard_size: int | None) -> str | None:
 def _psi(workload) -> int:
     import torch
 
-    from zerobench.models import GPT, MLP
+    from zerobench.models import construct
 
     with torch.device("meta"):
-        model = MLP(workload.model) if workload.model.kind == "mlp" else GPT(workload.model)
+        model = construct(workload.model)
     return sum(p.numel() for p in model.parameters())
 
 
 def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
              fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl") -> Path:
+             log=print, backend: str = "nccl", full_depth: bool = False) -> Path:
     """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
-    ``backend``: whose own communication buffers to count (zerobench/estimate/rank.py)."""
+    ``backend``: whose own communication buffers to count (zerobench/estimate/rank.py).
+    ``full_depth``: run every block even where the estimate would extrapolate from two
+    shallow copies of the model (zerobench/estimate/depth.py)."""
     import pandas as pd
 
     from zerobench.files import write_csv_atomic, write_json_atomic
@@ -137,10 +140,15 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
             why = why_not(cell, ws, hybrid_shard_size)
             (reasons.__setitem__(ws, why) if why else todo.append(ws))
         results = {ws: {"status": "skipped", "reason": r} for ws, r in reasons.items()}
+        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
         if todo:
             started = time.perf_counter()
-            results.update(_run_child(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend))
-            log(f"{config_id(cell)}: world sizes {','.join(map(str, todo))} in {time.perf_counter() - started:.1f} s")
+            if shallow is None:
+                results.update(_run_child(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend))
+            else:
+                results.update(_run_shallow(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend, shallow))
+            how = f" (depths {shallow[0]} and {shallow[1]}, extrapolated to {w.model.layers})" if shallow else ""
+            log(f"{config_id(cell)}: world sizes {','.join(map(str, todo))} in {time.perf_counter() - started:.1f} s{how}")
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
             opts = dict(cell.opts)
@@ -172,7 +180,24 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     return out_dir
 
 
-def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl") -> dict:
+def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, shallow) -> dict:
+    """Rows at the workload's depth extrapolated from depths ``shallow`` ([Note: depth extrapolation])."""
+    low, high = shallow
+    rows = _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, layers=shallow)
+    out = {}
+    for ws in world_sizes:
+        a, b = rows.get((ws, low)), rows.get((ws, high))
+        if not (a and b and a.get("status") == "ok" and b.get("status") == "ok"):
+            bad = next((r for r in (a, b) if r and r.get("status") != "ok"), None)
+            out[ws] = bad or {"status": "skipped", "reason": "no result from the estimating process"}
+            continue
+        row = depth.extrapolate(a, b, low, high, w.model.layers)
+        out[ws] = depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
+    return out
+
+
+def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl", layers=None) -> dict:
+    """{world size: row}, or with ``layers`` {(world size, depth): row}."""
     with tempfile.TemporaryDirectory(prefix="zerobench-estimate-") as tmp:
         tmp = Path(tmp)
         (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
@@ -183,17 +208,21 @@ def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, back
                "--rank", str(rank), "--backend", backend, "--out", str(tmp / "out.json")]
         if fake_tensors:
             cmd.append("--fake-tensors")
+        if layers:
+            cmd += ["--layers", ",".join(map(str, layers))]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env.pop("LOCAL_WORLD_SIZE", None)
         if hybrid_shard_size:
             env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         done = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
-        out = {row.pop("world_size"): row for row in done}
+        key = (lambda row: (row.pop("world_size"), row.pop("layers"))) if layers else (lambda row: row.pop("world_size"))
+        out = {key(row): row for row in done}
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             for ws in world_sizes:
-                out.setdefault(ws, {"status": "skipped", "reason": f"estimating process failed: {tail[:200]}"})
+                for k in ([(ws, d) for d in layers] if layers else [ws]):
+                    out.setdefault(k, {"status": "skipped", "reason": f"estimating process failed: {tail[:200]}"})
         return out
 
 
@@ -234,7 +263,7 @@ def cmd_estimate(args) -> int:
     started = time.perf_counter()
     out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank, results_root=args.results,
                        fake_tensors=args.fake_tensors, hybrid_shard_size=args.hybrid_shard_size, only=args.config,
-                       backend=args.backend)
+                       backend=args.backend, full_depth=args.full_depth)
     frame = pd.read_csv(out_dir / "estimate.csv")
     print("per-rank peak MiB (estimated on a fake process group):")
     print(format_table(frame))
@@ -263,6 +292,9 @@ def register_cli(sub) -> None:
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                    help="whose communication buffers to count besides the engine's tensors: nccl (default) none; "
                         "gloo also its reduce-scatter's full-input-size buffer, as the CPU memory pass sees it")
+    p.add_argument("--full-depth", action="store_true",
+                   help="run every block of a deep llama/gpt on fake tensors instead of extrapolating from 3 and 4 "
+                        "blocks (slower; docs/models.md, depth extrapolation)")
     p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
     p.add_argument("--against", type=Path, metavar="RUN",
                    help="a run folder (with the memory pass) to compare the estimates with, per rank")

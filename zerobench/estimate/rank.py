@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -42,7 +43,7 @@ from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.files import write_json_atomic
 from zerobench.matrix import Cell
 from zerobench.memory import StorageTracker
-from zerobench.models import GPT, MLP, loss_fn
+from zerobench.models import build_for_cell, loss_fn
 from zerobench.workload import Workload, parse_workload
 
 
@@ -66,15 +67,11 @@ def _unique_nbytes(tensors) -> tuple[int, int]:
     return nbytes, numel
 
 
-def _model(w: Workload):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(w.seed)
-        return MLP(w.model) if w.model.kind == "mlp" else GPT(w.model)
-
-
 def _batch(w: Workload, world: int, rank: int, step: int, fake: bool):
     d, m = w.data, w.model
     if fake:  # shapes only
+        if getattr(m, "batch", ""):
+            return data_mod.global_batch(m, d.batch_size, d.seed, step)
         if m.kind == "mlp":
             return torch.randn(d.batch_size, m.width), torch.randn(d.batch_size, m.width)
         return (torch.randint(0, m.vocab, (d.batch_size, m.seq_len)),
@@ -253,8 +250,8 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
             grads = []
             with tracker:
                 engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
-                model = _model(w)
-                engine.wrap(model, list(model.blocks))
+                model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
+                engine.wrap(model, units)
                 _fake_pg_ddp_hook(engine.module)
                 engine.build_optimizer(spec)
                 for step in range(w.run.memory_warmup_steps):
@@ -300,23 +297,27 @@ def main(argv=None) -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--fake-tensors", action="store_true")
     parser.add_argument("--backend", choices=BACKENDS, default="nccl")
+    parser.add_argument("--layers", default="",
+                        help="comma-separated depths to run the model at instead of its own (see zerobench.estimate.depth)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     w = parse_workload(json.loads(args.workload.read_text()), source=str(args.workload))
     conf = json.loads(args.cell_config.read_text())
     rows = []
-    for ws in [int(x) for x in args.world_sizes.split(",")]:
+    depths = [int(x) for x in args.layers.split(",")] if args.layers else [None]
+    for ws, layers in [(int(x), d) for x in args.world_sizes.split(",") for d in depths]:
         cell = Cell(conf["engine"], ws, conf["dtype"], tuple(tuple(kv) for kv in conf["options"]))
+        at_depth = w if layers is None else dataclasses.replace(w, model=dataclasses.replace(w.model, layers=layers))
         try:
-            row = estimate_one(w, cell, min(args.rank, ws - 1), args.fake_tensors, args.backend)
+            row = estimate_one(at_depth, cell, min(args.rank, ws - 1), args.fake_tensors, args.backend)
         except Exception as err:  # one cell never stops the others
             traceback.print_exc()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             row = {"status": "skipped",
                    "reason": f"cannot run under {'fake tensors' if args.fake_tensors else 'the fake process group'}: "
                              f"{type(err).__name__}: {first[:200]}"}
-        rows.append({"world_size": ws, **row})
+        rows.append({"world_size": ws, **({} if layers is None else {"layers": layers}), **row})
         write_json_atomic(args.out, rows)
 
 

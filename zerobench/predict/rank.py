@@ -94,8 +94,8 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
 
     from zerobench.engines import OptimizerSpec, RankContext, get_engine
-    from zerobench.estimate.rank import _batch, _fake_pg_ddp_hook, _fake_tensor_mode, _model, _single_rank_ddp
-    from zerobench.models import loss_fn
+    from zerobench.estimate.rank import _batch, _fake_pg_ddp_hook, _fake_tensor_mode, _single_rank_ddp
+    from zerobench.models import build_for_cell, loss_fn
     from zerobench.vgpu import VirtualGpu
 
     world = cell.world_size
@@ -108,8 +108,8 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size)
         with _fake_tensor_mode(), _single_rank_ddp(), vgpu:
             engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
-            model = _model(w)
-            engine.wrap(model, list(model.blocks))
+            model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
+            engine.wrap(model, units)
             _fake_pg_ddp_hook(engine.module)
             engine.build_optimizer(spec)
             for step in range(max(w.run.memory_warmup_steps, 1)):
@@ -129,7 +129,9 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
             with gzip.open(trace_path, "wt") as f:
                 json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
         step_s = t1 - t0
-        tokens = w.data.batch_size * getattr(w.model, "seq_len", 1) if w.model.kind != "mlp" else w.data.batch_size
+        from zerobench.models import samples_to_tokens
+
+        tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
         largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
         return {
             "status": "ok", "reason": None,
