@@ -16,6 +16,9 @@ fp32, 3.35 TB/s HBM3, 80 GB), NVIDIA A100 data sheet (SXM4 80 GB: 312 TFLOPS bf1
 19.5 TFLOPS fp32, 2.039 TB/s HBM2e), NVIDIA H200 data sheet (SXM: 989 TFLOPS bf16,
 67 TFLOPS fp32, 4.8 TB/s HBM3e, 141 GB). Host-to-device copies run at the PCIe link's
 per-direction bandwidth (Gen5 x16: 64 GB/s; Gen4 x16: 32 GB/s) at ``memory_efficiency``.
+``memory_bytes`` is the total that nvidia-smi reports for each card (81,559 MiB for the
+H100 SXM 80GB, 81,920 MiB for the A100 80GB, 143,771 MiB for the H200): what the caching
+allocator can reserve at most, before the CUDA context's own share.
 
 A host preset is what the CPU thread pays per operator it dispatches: ``dispatch_s``
 for every operator (Python, the dispatcher, autograd bookkeeping) and ``launch_s`` more
@@ -55,15 +58,15 @@ class GpuPreset:
 _TB = 1e12
 GPU_PRESETS: dict[str, GpuPreset] = {
     "h100-sxm": GpuPreset(
-        "h100-sxm", memory_bytes=80 * 10**9,
+        "h100-sxm", memory_bytes=81_559 * 2**20,
         peak_flops={torch.bfloat16: 989 * _TB, torch.float16: 989 * _TB, torch.float32: 67 * _TB},
         hbm_bytes_per_s=3.35 * _TB, pcie_bytes_per_s=64e9, sleep_cycles_per_s=1.98e9),
     "a100-80gb": GpuPreset(
-        "a100-80gb", memory_bytes=80 * 10**9,
+        "a100-80gb", memory_bytes=81_920 * 2**20,
         peak_flops={torch.bfloat16: 312 * _TB, torch.float16: 312 * _TB, torch.float32: 19.5 * _TB},
         hbm_bytes_per_s=2.039 * _TB, pcie_bytes_per_s=32e9, sleep_cycles_per_s=1.41e9),
     "h200": GpuPreset(
-        "h200", memory_bytes=141 * 10**9,
+        "h200", memory_bytes=143_771 * 2**20,
         peak_flops={torch.bfloat16: 989 * _TB, torch.float16: 989 * _TB, torch.float32: 67 * _TB},
         hbm_bytes_per_s=4.8 * _TB, pcie_bytes_per_s=64e9, sleep_cycles_per_s=1.98e9),
 }
