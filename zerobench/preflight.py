@@ -114,10 +114,16 @@ def _cgroup_limit(name: str) -> float:
 def batch_bytes(model, samples: int) -> float:
     """A lower bound on what one training step over ``samples`` samples holds besides the
     model states: its inputs and targets and one fp32 activation per block (and, for
-    the GPT, the logits)."""
+    the GPT and Llama, the logits). A model given by a factory or a Hugging Face config has
+    no shape keys here: its bound is its token ids and targets, or nothing."""
     if model.kind == "mlp":
         return float(samples) * model.width * 4 * (2 + model.depth)
-    return float(samples) * model.seq_len * (2 * 8 + 4 * model.d_model * model.layers + 4 * model.vocab)
+    shape = [getattr(model, key, None) for key in ("seq_len", "d_model", "layers", "vocab")]
+    if None in shape:
+        seq_len = shape[0] or dict(getattr(model, "kwargs", ())).get("seq_len") or 0
+        return float(samples) * seq_len * 2 * 8
+    seq_len, d_model, layers, vocab = shape
+    return float(samples) * seq_len * (2 * 8 + 4 * d_model * layers + 4 * vocab)
 
 
 def cell_need(workload: Workload, cell: Cell, device_type: str, params: int | None = None) -> Need:
