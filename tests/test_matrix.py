@@ -51,7 +51,9 @@ def test_value_one_engine_allows_and_another_does_not_is_a_skipped_cell(monkeypa
 
     workload = parse_workload({"matrix": {"engine": ["torch-fsdp1", "narrow"],
                                           "sharding_strategy": ["FULL_SHARD", "NO_SHARD"]}})
-    assert find_cell(workload, "narrow-ws2-fp32") == Cell("narrow", 2, "fp32", (("sharding_strategy", "FULL_SHARD"),))
+    found = find_cell(workload, "narrow-ws2-fp32")
+    assert (found.engine, found.world_size, found.dtype, found.skip_reason) == ("narrow", 2, "fp32", None)
+    assert dict(found.options)["sharding_strategy"] == "FULL_SHARD"  # plus every engine's own axes at their defaults
 
 
 def test_value_no_engine_allows_is_an_error():
