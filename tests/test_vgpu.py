@@ -89,6 +89,29 @@ def test_item_blocks_the_host_and_views_launch_nothing():
         assert gpu.host.now >= 20 * US + 4 * MS
 
 
+def test_metadata_markers_and_collective_dispatch_ops_launch_no_kernel(fake_world):
+    """On fake tensors (as predict runs) a tensor's ``.device`` dispatches ``prim::device``,
+    ``record_function`` dispatches profiler ops, and a collective dispatches its c10d op:
+    none of them is a kernel. Each was once priced by its tensor's bytes, which put 0.5 s of
+    phantom compute into a Llama 3 8B step and 12 s onto FSDP1's streams at 1024 ranks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.autograd.profiler import record_function
+
+    gpu = toy()
+    with FakeTensorMode(), gpu:
+        x = torch.empty(1_000_000)
+        out = torch.empty(4_000_000)
+        kernels, tail = gpu.kernels, gpu.default.tail
+        for _ in range(10):
+            torch.ops.prim.device(x)
+            with record_function("marker"):
+                torch.ops.aten._unsafe_view(x, (1000, 1000))
+        assert gpu.kernels == kernels and gpu.default.tail == tail
+        dist.all_gather_into_tensor(out, x)  # on the comm stream only, by the link model
+        assert gpu.kernels == kernels
+    assert gpu.collectives == 1
+
+
 def test_matmul_is_priced_by_flops_and_dtype():
     a, b = torch.ones(256, 512), torch.ones(512, 1024)
     flops = 2 * 256 * 512 * 1024
@@ -217,16 +240,18 @@ def test_impl_sees_the_virtual_gpu_as_its_device_module():
 def _train_body(rank, world_size, engine):
     """Train 3 steps on CPU, then the same from the same seed on the virtual GPU (each
     rank its own device); return both loss lists and what the virtual GPU saw."""
-    from impl.fsdp import BackwardPrefetch, MixedPrecision
+    from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision
     from impl.fsdp import FullyShardedDataParallel as FSDP
     from impl.zero.stage2 import ZeroStage2Optimizer
 
     def run(gpu):
         torch.manual_seed(0)
         model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)])
-        if engine == "fsdp":
+        if engine.startswith("fsdp"):
             mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             wrap = dict(backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True, mixed_precision=mp)
+            if engine == "fsdp-offload":
+                wrap["cpu_offload"] = CPUOffload(offload_params=True)
             for i in range(4):
                 model[i] = FSDP(model[i], **wrap)
             model = FSDP(model, **wrap)
@@ -253,7 +278,8 @@ def _train_body(rank, world_size, engine):
 @pytest.mark.parametrize("engine", ["fsdp", "zero2"])
 def test_impl_trains_to_the_same_losses_on_the_virtual_gpu(engine):
     """Same code, same tensors: the virtual device changes timing, never values. FSDP
-    with mixed precision, prefetch and the event limiter; ZeRO-2's bucketer. Two real
+    with mixed precision, prefetch and the event limiter, with and without CPU offload's
+    pinned host copies; ZeRO-2's bucketer. Two real
     gloo ranks, so the collectives carry real data through the virtual GPU."""
     from zerobench.testing import run_ranks
 
@@ -327,3 +353,26 @@ def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strateg
     unit_bytes = width * width * 4
     assert gpu.host.blocked_s < gpu.host.now  # the host did run ahead
     assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
+
+
+def test_fused_attention_is_priced_by_its_flops_and_host_scalars_do_not_synchronise():
+    """Causal attention costs half the score matrix's FLOPs at the attention efficiency
+    (flop_counter has no rule for the CPU kernel this build runs, so it was once priced by
+    its bytes alone); ``torch.tensor(0.0)`` -- an optimizer's step counter -- is host
+    memory, so reading it with ``.item()`` does not make the host wait for the device."""
+    import torch.nn.functional as F
+
+    gpu = toy()
+    with gpu:
+        q = torch.randn(1, 4, 512, 64)
+        flops = 2 * (2 * 4 * 512 * 512 * 64) // 2  # QK^T and PV, half of each when causal
+        tail = gpu.default.tail
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        attention_s = flops / (TOY_GPU.peak_flops[torch.float32] * TOY_GPU.attention_efficiency)
+        assert gpu.default.tail - tail >= attention_s
+        torch.ones(10_000_000)  # a 40 ms fill: the device is far behind the host
+        step = torch.tensor(0.0)
+        step += 1
+        before = gpu.host.now
+        assert step.item() == 1.0
+        assert gpu.host.now - before < 1 * MS  # no wait for the 40 ms fill

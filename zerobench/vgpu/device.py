@@ -286,12 +286,13 @@ class VirtualGpu:
         patches[(torch.UntypedStorage, "resize_")] = resize_
         # PyTorch's FSDP1 skips record_stream on a device type other than cuda, mtia, xpu
         # or privateuse1: the only CPU-only branch of its stream code. On the virtual GPU
-        # the hand-over is what sets its memory profile, so it is made.
+        # the hand-over is what sets its memory profile, so it is made, through
+        # Tensor.record_stream (which a memory tracker may follow too).
         import torch.distributed.fsdp._flat_param as flat_param_module
         import torch.distributed.fsdp._runtime_utils as runtime_utils_module
 
         for module in (flat_param_module, runtime_utils_module):
-            patches[(module, "_no_dispatch_record_stream")] = lambda t, s: gpu.record_stream(t, s)
+            patches[(module, "_no_dispatch_record_stream")] = lambda t, s: t.record_stream(s)
         for name, (kind, nbytes_of) in _collectives().items():
             if hasattr(dist, name):
                 patches[(dist, name)] = self._wrap_collective(name, getattr(dist, name), kind, nbytes_of)
@@ -330,9 +331,12 @@ class VirtualGpu:
             link = gpu.link_of(group)
             if link is not None and size > 1:
                 seconds = link.latency_us * 1e-6 + bus_factor(kind, size) * nbytes / (link.bandwidth_gbps * 1e9)
-            if kind == "all_gather":  # its output holds gathered parameters: count them as such
-                for storage in _storages(call_arg(args, kwargs, 0, "output_tensor")):
-                    gpu.relabel(storage, "unsharded")
+            # Count what the outputs hold by role: gathered parameters, reduced gradients.
+            role, keyword = {"all_gather": ("unsharded", "output_tensor"),
+                             "reduce_scatter": ("reduced", "output")}.get(kind, (None, None))
+            if role is not None:
+                for storage in _storages(call_arg(args, kwargs, 0, keyword)):
+                    gpu.relabel(storage, role)
             _, end = stream.enqueue(seconds, f"{kind} {nbytes / 2**20:.2f} MiB")
             gpu.collectives += 1
             done = VEvent(gpu)
@@ -411,17 +415,29 @@ class _Mode(TorchDispatchMode):
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:  # a host buffer: this CPU-only build cannot pin, and it is not device memory
             kwargs = {**kwargs, "pin_memory": False}
-        launch = costs.launches_kernel(func)
+        inputs = list(_storages((args, kwargs)))
+        if func is aten.lift_fresh.default:
+            for storage in inputs:
+                gpu._host_storages[storage] = True
+        # An operator on host memory alone (a pinned buffer and what is computed from it,
+        # as CPU offload's optimizer step) runs on the CPU: its outputs are host memory,
+        # and it costs the host its bytes at host memory speed instead of a kernel.
+        # ``torch.tensor(data)`` (``lift_fresh``) without a device is host memory too: an
+        # optimizer's step counters, whose ``.item()`` must not wait for the device.
+        on_host = pinned or (bool(inputs) and all(s in gpu._host_storages for s in inputs))
+        launch = costs.launches_kernel(func) and not on_host
         gpu.host_op(launch)
         start = gpu.host.now
-        for storage in _storages((args, kwargs)):  # tensors made before the device was installed
+        for storage in inputs:  # tensors made before the device was installed
             gpu.track(storage)
-        if func in costs.SYNCHRONIZING:
+        if func in costs.SYNCHRONIZING and not on_host:
             gpu._current.synchronize()
         out = func(*args, **kwargs)
-        if pinned:
+        if on_host:
             for storage in _storages(out):
                 gpu._host_storages[storage] = True
+            if costs.launches_kernel(func):
+                gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
             if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
                 host_side = any(s in gpu._host_storages for s in _storages((args, out)))

@@ -8,6 +8,11 @@ assumptions, stated here and in docs/vgpu.md, not measurements of this project:
 * ``matmul_efficiency`` 0.70: large bf16 GEMMs on Hopper and Ampere typically reach
   60-80 % of the tensor-core peak; training runs report 35-45 % MFU over a whole step,
   which includes everything that is not a GEMM.
+* ``attention_efficiency``: fused attention (FlashAttention-2, what SDPA runs in eager
+  PyTorch) reaches about 35 % of the bf16 peak on H100 (FlashAttention-3 paper, Shah et
+  al. 2024, abstract) and 50-73 % on A100 (FlashAttention-2 paper, Dao 2023); the presets
+  take 0.35 on Hopper and 0.50 on A100. Its FLOPs are counted as the kernel does them:
+  half the score matrix when causal.
 * ``memory_efficiency`` 0.80: elementwise kernels stream at about 80 % of HBM peak.
 * ``kernel_floor_s``: the shortest kernel (launch to completion on an idle device).
 
@@ -23,7 +28,10 @@ allocator can reserve at most, before the CUDA context's own share.
 A host preset is what the CPU thread pays per operator it dispatches: ``dispatch_s``
 for every operator (Python, the dispatcher, autograd bookkeeping) and ``launch_s`` more
 for one that launches a kernel. PyTorch eager mode costs a few to tens of microseconds
-per operator; ``fast`` and ``slow`` bracket that range.
+per operator; ``fast`` and ``slow`` bracket that range. An operator the CPU runs on
+host memory (CPU offload's optimizer step on pinned shards) costs its bytes in and out
+at ``bytes_per_s``, 10 GB/s in both presets: about what one thread of a server CPU
+streams (an assumption; a multi-threaded CPU Adam is faster).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class GpuPreset:
     sleep_cycles_per_s: float = 1.5e9
     """Clock that ``_sleep(cycles)`` spins on (the SM clock)."""
     matmul_efficiency: float = 0.70
+    attention_efficiency: float = 0.35
     memory_efficiency: float = 0.80
     kernel_floor_s: float = 2e-6
 
@@ -64,7 +73,8 @@ GPU_PRESETS: dict[str, GpuPreset] = {
     "a100-80gb": GpuPreset(
         "a100-80gb", memory_bytes=81_920 * 2**20,
         peak_flops={torch.bfloat16: 312 * _TB, torch.float16: 312 * _TB, torch.float32: 19.5 * _TB},
-        hbm_bytes_per_s=2.039 * _TB, pcie_bytes_per_s=32e9, sleep_cycles_per_s=1.41e9),
+        hbm_bytes_per_s=2.039 * _TB, pcie_bytes_per_s=32e9, sleep_cycles_per_s=1.41e9,
+        attention_efficiency=0.50),
     "h200": GpuPreset(
         "h200", memory_bytes=143_771 * 2**20,
         peak_flops={torch.bfloat16: 989 * _TB, torch.float16: 989 * _TB, torch.float32: 67 * _TB},
@@ -79,6 +89,9 @@ class HostPreset:
     """Host time of every operator the CPU thread dispatches."""
     launch_s: float
     """Additional host time of an operator that launches a kernel."""
+    bytes_per_s: float = 10e9
+    """Memory speed of an operator the CPU itself runs on host memory (CPU offload's
+    optimizer step): bytes read plus written per second, one thread's streaming rate."""
 
 
 HOST_PRESETS: dict[str, HostPreset] = {
