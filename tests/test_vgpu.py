@@ -275,7 +275,7 @@ def _train_body(rank, world_size, engine):
     return cpu, virtual, sorted(s.name for s in gpu.streams), gpu.collectives, gpu.kernels
 
 
-@pytest.mark.parametrize("engine", ["fsdp", "zero2"])
+@pytest.mark.parametrize("engine", ["fsdp", "fsdp-offload", "zero2"])
 def test_impl_trains_to_the_same_losses_on_the_virtual_gpu(engine):
     """Same code, same tensors: the virtual device changes timing, never values. FSDP
     with mixed precision, prefetch and the event limiter, with and without CPU offload's
@@ -353,6 +353,41 @@ def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strateg
     unit_bytes = width * width * 4
     assert gpu.host.blocked_s < gpu.host.now  # the host did run ahead
     assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
+
+
+def test_cpu_offload_moves_each_units_gradient_to_the_host_during_backward(fake_world):
+    """Defect 6 of #18: under CPU offload each unit's reduced gradient shard is copied to
+    pinned host memory while backward goes on (one unit behind its reduce-scatter), so
+    at most two shards are on the device at once, not every unit's until the end of
+    backward; and the sharded parameters, their gradients and the optimizer state live
+    in host memory, not on the device."""
+    from impl.fsdp import CPUOffload
+    from impl.fsdp import FullyShardedDataParallel as FSDP
+
+    units, width = 8, 256
+    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0))
+    with gpu:
+        model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(units)])
+        offload = CPUOffload(offload_params=True)
+        for i in range(units):
+            model[i] = FSDP(model[i], cpu_offload=offload)
+        model = FSDP(model, cpu_offload=offload)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(8, width)
+        for _ in range(2):
+            gpu.synchronize()
+            gpu.reset_peak_memory_stats()
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        gpu.synchronize()
+        resident = gpu.memory_allocated()
+    shard_bytes = width * width * 4 // fake_world
+    assert gpu.host.blocked_s < gpu.host.now  # the host did run ahead
+    assert gpu.allocator.peak_active_by_label["reduced"] <= 2 * shard_bytes
+    # Parameters, gradients and Adam's two moments of 8 units, were they on the device:
+    # 4 x 8 shards. What stays there is the input batch and small tensors.
+    assert resident < units * shard_bytes
 
 
 def test_fused_attention_is_priced_by_its_flops_and_host_scalars_do_not_synchronise():

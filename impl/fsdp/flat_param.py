@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from impl.streams import accelerator
+
 
 class ShardedState(enum.Enum):
     """Whether a flat parameter's unsharded storage exists and holds gathered data."""
@@ -117,8 +119,9 @@ class FlatParamHandle:
     ):
         """``keep_unsharded_alias``: NO_SHARD without a cast, where the unsharded
         parameters are the sharded ones and are never freed. ``offload_to_cpu``: keep
-        ``sharded_flat`` in (pinned) CPU memory while the unsharded parameters live on
-        the parameters' (accelerator) device."""
+        ``sharded_flat`` in pinned host memory while the unsharded parameters live on
+        the parameters' device, when that device is an accelerator (on plain CPU there
+        is nowhere else to put it)."""
         self.infos: list[ParamInfo] = []
         self.shared: list[SharedParamInfo] = []
         seen: dict[int, int] = {}  # id(parameter) -> index into self.infos
@@ -162,8 +165,13 @@ class FlatParamHandle:
             start = shard_rank * self.shard_numel
             shard = full if shard_world == 1 else full[start : start + self.shard_numel].clone()
         del full
-        if offload_to_cpu and self.device.type != "cpu":
-            shard = shard.cpu().pin_memory()
+        # CPU offload: the shard (and so its gradient and optimizer state) lives in host
+        # memory; each all-gather copies it to the device first (device_shard).
+        self.offloaded = offload_to_cpu and accelerator(self.device) is not None
+        if self.offloaded:
+            host = torch.empty(shard.shape, dtype=shard.dtype, device="cpu", pin_memory=True)
+            host.copy_(shard)
+            shard = host
         # The optimizer's parameter: this rank's shard, in the original dtype.
         self.sharded_flat = nn.Parameter(shard, requires_grad=self.requires_grad)
 
@@ -199,6 +207,17 @@ class FlatParamHandle:
         """Give ``all_gather_output`` its storage back; returns it for the all-gather to fill."""
         alloc_storage(self.all_gather_output)
         return self.all_gather_output
+
+    def device_shard(self, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's shard on the compute device in ``dtype`` (an all-gather's input):
+        a non-blocking host-to-device copy under CPU offload, else a cast (or the shard
+        itself). Allocated on the current stream."""
+        shard = self.sharded_flat.detach()
+        if not self.offloaded:
+            return shard.to(dtype=dtype)
+        on_device = torch.empty(shard.numel(), dtype=dtype, device=self.device)
+        on_device.copy_(shard, non_blocking=True)
+        return on_device
 
     def free_unsharded(self) -> None:
         if not self.keeps_unsharded:

@@ -46,7 +46,7 @@ from impl.fsdp.rate_limiter import RateLimiter
 from impl.fsdp.state import FSDPState, RootState
 from impl.fsdp.unit import FlatParamUnit
 from impl.fsdp.wrap import recursive_wrap
-from impl.streams import Streams
+from impl.streams import Streams, accelerator
 
 # What each nesting level adds to parameter names; summon_full_params strips it.
 _WRAPPED_PREFIX = "_fsdp_wrapped_module."
@@ -202,7 +202,7 @@ class FullyShardedDataParallel(nn.Module):
                 compute_dtype=param_dtype,
                 keep_unsharded_alias=not sharded
                 and (param_dtype is None or param_dtype == managed[0][3].dtype)
-                and not (state.cpu_offload.offload_params and compute_device.type != "cpu"),
+                and not (state.cpu_offload.offload_params and accelerator(compute_device) is not None),
                 offload_to_cpu=state.cpu_offload.offload_params,
             )
             for _, _, _, p in managed:

@@ -35,9 +35,24 @@ reference is dropped (FSDP2 does the same with its reduce-scatter event). Comput
 may then reuse the memory at once, and at most two unsharded gradients exist on
 the device, at the price of the next unit's compute waiting for the older
 reduce-scatter (which had a whole unit's backward to complete).
+
+[Note: offloaded gradients]
+Under CPU offload on an accelerator the optimizer steps on the host, so each reduced
+gradient shard must reach pinned host memory. Waiting until the end of backward to
+copy them would keep every unit's reduced shard on the device until then. Instead,
+when a unit's post-backward advances the older reductions, it also finishes the
+offloaded ones: on the post-backward stream, wait for the reduction (HYBRID_SHARD's
+second stage included), then a non-blocking device-to-host copy into the unit's pinned
+buffer; the device shard, allocated on that stream, is then let go. The host does not
+wait for any of it: the copies queue behind the reduce-scatters, one unit behind, as
+FSDP1's post-backward hook queues its offload copy behind each reduce-scatter. At most
+two reduced shards are then on the device at a time. The end of backward finishes the
+last one and synchronises the post-backward stream once before the gradients are read.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 from torch.autograd import Variable
@@ -206,7 +221,22 @@ def post_backward(state: FSDPState) -> None:
         grad = handle.take_unsharded_grad()
         for older_unit, older in shared.pending_reductions:  # See [Note: reductions in flight]
             older_unit.advance_reduction(older)
+        _offload_older_reductions(shared)
         shared.pending_reductions.append((unit, unit.reduce_grad(grad)))
+
+
+def _offload_older_reductions(shared: RootState) -> None:
+    """Under CPU offload, start the older reductions' copies to host memory now, one unit
+    behind their reduce-scatter. See [Note: offloaded gradients]."""
+    if not any(unit.offloads_grads for unit, _ in shared.pending_reductions):
+        return
+    still_pending = deque()
+    for unit, pending in shared.pending_reductions:
+        if unit.offloads_grads:
+            shared.offloaded_reductions.append((unit, unit.finish_reduction(pending)))
+        else:
+            still_pending.append((unit, pending))
+    shared.pending_reductions = still_pending
 
 
 def end_of_backward(shared: RootState) -> None:
@@ -215,13 +245,13 @@ def end_of_backward(shared: RootState) -> None:
             # Units some of whose parameters got no gradient: their hook never completed.
             if state.grads_ready and state.unit is not None:
                 post_backward(state)
-        finished = []
+        finished, shared.offloaded_reductions = shared.offloaded_reductions, []
         while shared.pending_reductions:
             unit, pending = shared.pending_reductions.popleft()
             finished.append((unit, unit.finish_reduction(pending)))
-        if shared.streams.cuda and any(u._pinned_grad is not None for u, _ in finished):
+        if any(unit.offloads_grads for unit, _ in finished):
             # CPU offload: the non-blocking copies into pinned memory must land before the
-            # optimizer step reads the gradients.
+            # optimizer step reads the gradients (on the host, which has no stream to wait).
             shared.streams.post_backward.synchronize()
         for unit, reduced in finished:
             unit.accumulate_sharded_grad(reduced)

@@ -99,6 +99,9 @@ class RootState:
         self.exec_order = ExecutionOrder()
         # Reductions in flight, oldest first. See [Note: reductions in flight] (runtime.py).
         self.pending_reductions: deque = deque()
+        # CPU offload: (unit, pinned host shard) whose copies are queued, read at the end
+        # of backward. See [Note: offloaded gradients] (runtime.py).
+        self.offloaded_reductions: list = []
         # False inside no_sync(): gradients accumulate unsharded and are not reduced.
         self.sync_gradients = True
         # Whether this backward's end-of-backward callback is already queued.

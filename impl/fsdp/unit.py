@@ -48,8 +48,8 @@ class FlatParamUnit:
         # Set at lazy init to the root's streams (made here only if used before that).
         # See [Note: streams].
         self._streams: Streams | None = None
-        # CPU offload on CUDA: a pinned host buffer per reduced gradient shard, reused,
-        # and the event after the device-to-host copy into it.
+        # CPU offload on an accelerator: a pinned host buffer for the reduced gradient
+        # shard, reused every iteration. See [Note: offloaded gradients] (runtime.py).
         self._pinned_grad: torch.Tensor | None = None
         # The all-gather in flight, while UNSHARDING.
         self._all_gather: collectives.comm.Handle | None = None
@@ -111,16 +111,15 @@ class FlatParamUnit:
         h = self.handle
         s = self.streams
         self.limiter.before_all_gather()  # CUDA: may block the CPU on an old free's event
-        shard = h.sharded_flat.detach()
         # The shard is ready once the compute recorded at the root's pre-forward (the
         # optimizer step) is done; nothing later on compute is waited for.
         ready = s.params_ready if s.params_ready is not None else s.record(s.compute)
         with s.on(s.unshard):
             s.wait(s.unshard, ready)
-            # Output, and the input (cast for mixed precision and copied host-to-device under
-            # CPU offload, in one op), allocated on the unshard stream. See [Note: streams].
+            # Output, and the input (cast for mixed precision, copied host-to-device under
+            # CPU offload), allocated on the unshard stream. See [Note: streams].
             output = h.alloc_unsharded()
-            self._all_gather_input = shard.to(device=output.device, dtype=output.dtype, non_blocking=True)
+            self._all_gather_input = h.device_shard(output.dtype)
             self._all_gather = collectives.all_gather_flat(
                 output, self._all_gather_input, self.shard_group, h.shard_world
             )
@@ -197,6 +196,12 @@ class FlatParamUnit:
                 world_size=self.world_size,
             )
 
+    @property
+    def offloads_grads(self) -> bool:
+        """Whether reduced gradient shards go to pinned host memory (CPU offload on an
+        accelerator)."""
+        return self.handle.offloaded and self.streams.cuda
+
     def advance_reduction(self, pending: collectives.PendingReduction) -> None:
         """Finish the first stage of an older reduction, letting its gradient go."""
         s = self.streams
@@ -206,14 +211,14 @@ class FlatParamUnit:
     def finish_reduction(self, pending: collectives.PendingReduction) -> torch.Tensor:
         """Wait for a reduction on the post-backward stream; return the reduced shard.
 
-        Under CPU offload on CUDA the shard is copied, non-blocking, into a pinned host
-        buffer on the post-backward stream; the caller synchronises the post-backward
-        stream before the optimizer step reads it (runtime.end_of_backward)."""
+        Under CPU offload on an accelerator the shard is copied, non-blocking, into a
+        pinned host buffer on the post-backward stream, and the device copy is let go at
+        once (it was allocated on that stream); the caller synchronises the post-backward
+        stream before the optimizer step reads it. See [Note: offloaded gradients]."""
         s = self.streams
         with s.on(s.post_backward):
             reduced = pending.wait(s)
-            param = self.handle.sharded_flat
-            if s.cuda and param.device.type == "cpu" and reduced.device.type == "cuda":
+            if s.cuda and self.handle.offloaded:
                 pinned = self._pinned_grad
                 if pinned is None or pinned.numel() != reduced.numel() or pinned.dtype != reduced.dtype:
                     pinned = self._pinned_grad = torch.empty(
@@ -233,8 +238,8 @@ class FlatParamUnit:
             reduced = reduced.to(self.mp.param_dtype)
         if reduced.dtype != param.dtype:
             reduced = reduced.to(param.dtype)
-        if reduced.device != param.device:  # CPU offload on an accelerator: a blocking copy,
-            reduced = reduced.to(param.device)  # so the optimizer may read it at once
+        if reduced.device != param.device:  # a device shard for a host parameter: copy it over
+            reduced = reduced.to(param.device)
         if param.grad is None:
             param.grad = reduced.clone() if reduced is self._pinned_grad else reduced
         else:

@@ -121,7 +121,7 @@ def summon_full_params(
                 continue
             h = unit.handle
             sharded = unit.sharded and h.shard_world > 1
-            shard = h.sharded_flat.detach().to(h.device)  # from CPU under offload
+            shard = h.device_shard(h.dtype)  # copied from host memory under offload
             if sharded:
                 full = torch.empty(h.padded_numel, dtype=shard.dtype, device=shard.device)
                 comm.all_gather(full, shard, group=unit.shard_group, async_op=False)

@@ -38,7 +38,8 @@ class FSDPEngine(Engine):
         "limiter_depth": Axis(2, type=int, minimum=1, applies_when=("limit_all_gathers", True),
                               doc="units in flight allowed by limit_all_gathers"),
         "cpu_offload": Axis(False, choices=(False, True),
-                            doc="keep sharded parameters and gradients on CPU (a no-op on a CPU device)"),
+                            doc="keep sharded parameters and gradients in host memory "
+                                "(on a GPU or the virtual GPU; a no-op on a CPU device)"),
     }
 
     @classmethod
