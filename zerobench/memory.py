@@ -24,6 +24,20 @@ The peak's composition is the classification of the storages live at the peak.
 The tracker slows a step down 1.5-2x on CPU: it runs in its own pass, never while
 step times are measured.
 
+[Note: freed but still in use]
+On a device with stream queues (CUDA, or the virtual GPU) a storage's death is not the
+end of its memory. A block handed to another stream with ``record_stream`` stays
+*active* in the caching allocator after its last reference dies, until every stream it
+was used on has passed that point; the allocator notices at its next allocation. The
+rate limiter (``limit_all_gathers``) exists to bound exactly these blocks: with the
+host far ahead of the device, every freed unsharded buffer is still in use. So the
+tracker does what the allocator does: it follows ``Tensor.record_stream`` (noting each
+stream other than the one the storage was allocated on), and when such a storage dies
+or is resized smaller, its bytes move to a stand-in entry with the storage's role and an
+event recorded on each of those streams; at each new allocation, stand-ins whose events
+have all completed are dropped. Its peak is then the allocator's *active* peak (up to
+the allocator's rounding), not its *allocated* one. On plain CPU nothing is deferred.
+
 Storages can die on other threads: a gloo ``Work`` drops its tensors on gloo's worker
 thread when the collective completes. So the bookkeeping takes a lock, and the peak
 of engines with asynchronous collectives depends on scheduling (seen here: FSDP peaks
@@ -43,6 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from impl.streams import accelerator
 from zerobench.checkpointing import recomputing
 from zerobench.comm import collective_kind, collective_bytes
 
@@ -72,9 +87,19 @@ class StorageTracker(TorchDispatchMode):
         tracker.peak_bytes, tracker.peak_breakdown()
     """
 
-    def __init__(self, device_type: str = "cpu", timeline: bool = True):
+    def __init__(self, device_type: str = "cpu", timeline: bool = True, module=None):
         super().__init__()
         self.device_type = device_type
+        # The device module (torch.cuda, or what stands in for it) where the device has
+        # stream queues, else None. See [Note: freed but still in use].
+        self.module = module if module is not None else accelerator(device_type)
+        # uid -> the stream a storage was allocated on, and the other streams it was used on
+        self._allocated_on: dict[int, object] = {}
+        self._used_on: dict[int, list] = {}
+        # (stand-in uid, events) of freed bytes still in use on other streams
+        self._in_use: list[tuple[int, list]] = []
+        # stand-in uid -> the uid whose bytes it holds (its role is that storage's)
+        self._stand_in_for: dict[int, int] = {}
         self.current_bytes = 0
         self.peak_bytes = 0
         self.comm = CommCounter()
@@ -117,6 +142,9 @@ class StorageTracker(TorchDispatchMode):
         self._uid_of[storage] = uid
         self._live[uid] = (weakref.ref(storage, lambda _ref, uid=uid: self._on_free(uid)), nbytes)
         self._born_in[uid] = "recompute" if recomputing() else self._phase
+        if self.module is not None:
+            self._allocated_on[uid] = self.module.current_stream()
+            self._release_passed()
         self._change(uid, nbytes)
         return uid
 
@@ -124,7 +152,8 @@ class StorageTracker(TorchDispatchMode):
         with self._lock:
             entry = self._live.pop(uid, None)
             if entry is not None:
-                self._change(uid, -entry[1])
+                self._allocated_on.pop(uid, None)
+                self._change(uid, self._keep_in_use(uid, entry[1]) - entry[1])
 
     def _on_resize(self, storage, new_nbytes: int) -> None:
         with self._lock:
@@ -134,7 +163,52 @@ class StorageTracker(TorchDispatchMode):
                 return
             ref, old = self._live[uid]
             self._live[uid] = (ref, new_nbytes)
-            self._change(uid, new_nbytes - old)
+            if new_nbytes < old:
+                self._change(uid, new_nbytes - old + self._keep_in_use(uid, old - new_nbytes))
+            else:
+                if self.module is not None:  # a new block, on the current stream
+                    self._allocated_on[uid] = self.module.current_stream()
+                    self._release_passed()
+                self._change(uid, new_nbytes - old)
+
+    def _on_record_stream(self, tensor: torch.Tensor, stream) -> None:
+        for storage in _storages([tensor]):
+            with self._lock:
+                uid = self._track(storage)
+                if uid is None or stream == self._allocated_on.get(uid):
+                    continue
+                used = self._used_on.setdefault(uid, [])
+                if stream not in used:
+                    used.append(stream)
+
+    def _keep_in_use(self, uid: int, nbytes: int) -> int:
+        """Of ``nbytes`` just freed from ``uid``, the bytes still in use on other streams:
+        they move to a stand-in entry until those streams pass this point."""
+        streams = self._used_on.pop(uid, None)
+        if not streams or self.module is None or nbytes == 0:
+            return 0
+        events = []
+        for stream in streams:
+            event = self.module.Event()
+            event.record(stream)
+            events.append(event)
+        stand_in = next(self._uids)
+        self._live[stand_in] = (None, nbytes)
+        self._stand_in_for[stand_in] = uid
+        self._in_use.append((stand_in, events))
+        return nbytes
+
+    def _release_passed(self) -> None:
+        """Drop the stand-ins whose streams have all passed their free (as the caching
+        allocator does, at an allocation)."""
+        still = []
+        for stand_in, events in self._in_use:
+            if all(e.query() for e in events):
+                _, nbytes = self._live.pop(stand_in)
+                self._change(stand_in, -nbytes)
+            else:
+                still.append((stand_in, events))
+        self._in_use = still
 
     def _change(self, uid: int, delta: int) -> None:
         if delta == 0:
@@ -177,10 +251,26 @@ class StorageTracker(TorchDispatchMode):
             return result
 
         torch.UntypedStorage.resize_ = resize_
+        # Tensor.record_stream: the class's own (a device module's patch) or inherited
+        self._own_record_stream = torch.Tensor.__dict__.get("record_stream")
+        if self.module is not None:
+            original_record_stream = torch.Tensor.record_stream
+
+            def record_stream(tensor, stream):
+                result = original_record_stream(tensor, stream)
+                tracker._on_record_stream(tensor, stream)
+                return result
+
+            torch.Tensor.record_stream = record_stream
         return super().__enter__()
 
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._original_resize
+        if self.module is not None:
+            if self._own_record_stream is None:
+                del torch.Tensor.record_stream
+            else:
+                torch.Tensor.record_stream = self._own_record_stream
         return super().__exit__(*exc)
 
     # -- what the harness calls ----------------------------------------------------
@@ -194,7 +284,10 @@ class StorageTracker(TorchDispatchMode):
         self._phase = phase
 
     def reset_peak(self) -> None:
-        """Start a measured interval: the peak restarts at the current live bytes."""
+        """Start a measured interval: the peak restarts at the current live bytes (less
+        freed bytes whose streams have passed them)."""
+        with self._lock:
+            self._release_passed()
         self.peak_bytes = self.current_bytes
         self._at_peak = {u: n for u, (_, n) in self._live.items()}
         self._start_bytes = dict(self._at_peak)
@@ -219,6 +312,7 @@ class StorageTracker(TorchDispatchMode):
                 self._roles[uid] = role
 
     def role(self, uid: int) -> str:
+        uid = self._stand_in_for.get(uid, uid)
         if uid in self._roles:
             return self._roles[uid]
         if uid in self._gathered:
