@@ -76,6 +76,12 @@ def _tensors(obj) -> list:
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds: a DTensor's local shard, not its global size. (The dispatch
+    mode sees a DTensor operator, e.g. fully_shard's optimizer step on sharded
+    parameters, before DTensor maps it onto the local shard.)"""
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        t = local
     return t.numel() * t.element_size()
 
 
