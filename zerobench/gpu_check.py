@@ -247,6 +247,9 @@ def overlap_check(target: Target | None = None, gather_ms: float = 2.0, compute_
     return out
 
 
+WARMUP_LIMIT = 8  # warm-up forwards of the limiter check, at most
+
+
 def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, units: int, unit_mb: float,
                   empty_cache: bool = False) -> dict:
     m = target.module
@@ -256,8 +259,17 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
                   limiter_depth=depth)
     x = torch.randn(4, width, device=target.device)
     with torch.no_grad():
-        model(x)  # warm-up: it also leaves the blocks the measured forward reuses in the cache
-        m.synchronize()
+        # Warm-up, until the cache stops growing: it leaves the blocks the measured forward
+        # reuses in the cache. One is not enough where cudaMalloc synchronises: each new
+        # segment stops the host's run-ahead, so a forward caches only as many blocks as
+        # it got ahead by, and the next forward gets further.
+        reserved = -1
+        for _ in range(WARMUP_LIMIT):
+            model(x)
+            m.synchronize()
+            if m.memory_stats()["reserved_bytes.all.current"] == reserved:
+                break
+            reserved = m.memory_stats()["reserved_bytes.all.current"]
         # No empty_cache() here (``empty_cache`` is for the test that shows why): cudaFree
         # and the cudaMallocs it makes necessary can synchronise the host, and the
         # measured forward needs the host free to run ahead.
