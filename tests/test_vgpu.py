@@ -463,9 +463,9 @@ def test_the_memory_pass_counts_freed_blocks_still_in_use_as_the_allocator_does(
     allocated = (stats["allocated_bytes.all.peak"] - base_active) / unit
     tracked = (tracker.peak_bytes - base_tracked) / unit
     assert active >= allocated + 4  # the host ran ahead: freed units were still in use
-    # Within a fifth of a unit: activations of a few KB, counted in exact bytes by the
-    # tracker and in 512-byte blocks by the allocator.
-    assert tracked == pytest.approx(active, abs=0.2)
+    # Within a twentieth of a unit: small tensors are counted in exact bytes by the
+    # tracker and in 512-byte blocks by the allocator (both read 8.02 units here).
+    assert tracked == pytest.approx(active, abs=0.05)
     # The freed buffers' stand-ins keep their storage's role in the peak's breakdown.
     assert tracker.peak_breakdown()["unsharded"] >= (units - 1) * unit
 
