@@ -8,12 +8,31 @@ alone would make every results file 0600).
 
 from __future__ import annotations
 
+import datetime as _dt
+import itertools
 import json
 import os
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable
+
+
+def new_stamped_dir(root: str | Path, name: str) -> Path:
+    """Create and return a new folder ``<root>/<date-time>-<name>``. It is made by
+    ``mkdir``, which fails when it exists, so two started in the same second never share
+    one: the second gets ``-2`` (and so on). Raises ``OSError`` where it cannot be made."""
+    root = Path(root)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for suffix in itertools.count(1):
+        folder = root / (f"{stamp}-{name}" + (f"-{suffix}" if suffix > 1 else ""))
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def write_atomic(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> None:

@@ -4,7 +4,6 @@ resume, a timeout per cell, and failures recorded instead of stopping the matrix
 from __future__ import annotations
 
 import datetime as _dt
-import itertools
 import os
 import platform
 import shlex
@@ -20,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from zerobench import active, devices
-from zerobench.files import write_json_atomic
+from zerobench.files import new_stamped_dir, write_json_atomic
 from zerobench import preflight
 from zerobench.launch import code_root, launch_cell
 from zerobench.matrix import Cell, expand
@@ -36,19 +35,10 @@ def new_run_dir(root: Path, workload: Workload) -> Path:
     """Create and return a new run folder ``<root>/<date-time>-<workload>``. The folder is
     made by ``mkdir``, which fails when it exists, so two runs started in the same second
     never share one: the second gets ``-2`` (and so on)."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        for suffix in itertools.count(1):
-            run_dir = root / (f"{stamp}-{workload.name}" + (f"-{suffix}" if suffix > 1 else ""))
-            try:
-                run_dir.mkdir()
-                return run_dir
-            except FileExistsError:
-                continue
+        return new_stamped_dir(root, workload.name)
     except OSError as err:  # PermissionError, a file in the way, a read-only filesystem
         raise RunSetupError(f"--results {root}: cannot create a run folder there: {err.strerror or err}") from None
-    raise AssertionError("unreachable")
 
 
 class RunSetupError(ValueError):

@@ -12,7 +12,6 @@ beside them), ``workload.json`` and ``plots/estimate_peak.png``. See docs/estima
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import os
 import subprocess
@@ -100,7 +99,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     shallow copies of the model (zerobench/estimate/depth.py)."""
     import pandas as pd
 
-    from zerobench.files import write_csv_atomic, write_json_atomic
+    from zerobench.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.workload import load_workload
 
     w = load_workload(workload_path)
@@ -119,13 +118,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(results_root) / f"{stamp}-{w.name}-estimate"
-    n = 1
-    while out_dir.exists():
-        n += 1
-        out_dir = Path(results_root) / f"{stamp}-{w.name}-estimate-{n}"
-    out_dir.mkdir(parents=True)
+    out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
     cells = configurations(w)
     if only:
@@ -196,34 +189,46 @@ def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, ba
     return out
 
 
-def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl", layers=None) -> dict:
-    """{world size: row}, or with ``layers`` {(world size, depth): row}."""
-    with tempfile.TemporaryDirectory(prefix="zerobench-estimate-") as tmp:
+def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str], env: dict) -> tuple[list, str | None]:
+    """Run ``python -m module`` for one engine configuration (``options``: its option
+    pairs) at ``world_sizes``, in a process of its own. Returns the rows it wrote to
+    ``--out`` and, if it failed, the last line of its stderr (else None). The estimator
+    and the predictor both run one rank this way."""
+    with tempfile.TemporaryDirectory(prefix="zerobench-rank-") as tmp:
         tmp = Path(tmp)
         (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
         (tmp / "cell.json").write_text(json.dumps({"engine": cell.engine, "dtype": cell.dtype,
-                                                   "options": [list(kv) for kv in cell.options]}))
-        cmd = [sys.executable, "-m", "zerobench.estimate.rank", "--workload", str(tmp / "workload.json"),
+                                                   "options": [list(kv) for kv in options]}))
+        cmd = [sys.executable, "-m", module, "--workload", str(tmp / "workload.json"),
                "--cell-config", str(tmp / "cell.json"), "--world-sizes", ",".join(map(str, world_sizes)),
-               "--rank", str(rank), "--backend", backend, "--out", str(tmp / "out.json")]
-        if fake_tensors:
-            cmd.append("--fake-tensors")
-        if layers:
-            cmd += ["--layers", ",".join(map(str, layers))]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        env.pop("LOCAL_WORLD_SIZE", None)
-        if hybrid_shard_size:
-            env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        done = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
-        key = (lambda row: (row.pop("world_size"), row.pop("layers"))) if layers else (lambda row: row.pop("world_size"))
-        out = {key(row): row for row in done}
+               "--out", str(tmp / "out.json"), *args]
+        proc = subprocess.run(cmd, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=3600)
+        rows = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
+        failure = None
         if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            for ws in world_sizes:
-                for k in ([(ws, d) for d in layers] if layers else [ws]):
-                    out.setdefault(k, {"status": "skipped", "reason": f"estimating process failed: {tail[:200]}"})
-        return out
+            failure = (proc.stderr.strip().splitlines() or ["(no output)"])[-1][:200]
+        return rows, failure
+
+
+def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl", layers=None) -> dict:
+    """{world size: row}, or with ``layers`` {(world size, depth): row}."""
+    args = ["--rank", str(rank), "--backend", backend]
+    if fake_tensors:
+        args.append("--fake-tensors")
+    if layers:
+        args += ["--layers", ",".join(map(str, layers))]
+    env = dict(os.environ)
+    env.pop("LOCAL_WORLD_SIZE", None)
+    if hybrid_shard_size:
+        env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
+    rows, failure = run_rank_process("zerobench.estimate.rank", w, cell, cell.options, world_sizes, args, env)
+    key = (lambda row: (row.pop("world_size"), row.pop("layers"))) if layers else (lambda row: row.pop("world_size"))
+    out = {key(row): row for row in rows}
+    if failure is not None:
+        for ws in world_sizes:
+            for k in ([(ws, d) for d in layers] if layers else [ws]):
+                out.setdefault(k, {"status": "skipped", "reason": f"estimating process failed: {failure}"})
+    return out
 
 
 def format_table(frame) -> str:

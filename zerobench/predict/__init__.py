@@ -17,16 +17,12 @@ Which tool answers what:
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from zerobench.estimate import config_id, configurations, parse_world_sizes, why_not
+from zerobench.estimate import config_id, configurations, parse_world_sizes, run_rank_process, why_not
 from zerobench.predict.rank import EMULATION_OPTIONS
 
 #: --matrix: the knobs swept for the engines that have them.
@@ -55,7 +51,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     """Predict every configuration of the workload at ``world_sizes``; returns the folder."""
     import pandas as pd
 
-    from zerobench.files import write_csv_atomic, write_json_atomic
+    from zerobench.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.link import resolve_link
     from zerobench.vgpu.presets import gpu_preset, host_preset
     from zerobench.workload import load_workload
@@ -68,16 +64,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(results_root) / f"{stamp}-{w.name}-predict"
-    n = 1
-    while True:
-        try:
-            out_dir.mkdir(parents=True)
-            break
-        except FileExistsError:
-            n += 1
-            out_dir = Path(results_root) / f"{stamp}-{w.name}-predict-{n}"
+    out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
     cells = configurations(w)
     if only:
@@ -111,32 +98,22 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     return out_dir
 
 
+def _link_json(link) -> str:
+    return json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us, "name": link.name})
+
+
 def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path) -> dict:
-    opts = [list(kv) for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
-    with tempfile.TemporaryDirectory(prefix="zerobench-predict-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
-        (tmp / "cell.json").write_text(json.dumps({"engine": cell.engine, "dtype": cell.dtype, "options": opts}))
-        link = links["link"]
-        cmd = [sys.executable, "-m", "zerobench.predict.rank", "--workload", str(tmp / "workload.json"),
-               "--cell-config", str(tmp / "cell.json"), "--world-sizes", ",".join(map(str, world_sizes)),
-               "--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
-               "--link", json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us,
-                                     "name": link.name}),
-               "--out", str(tmp / "out.json")]
-        inter = links["inter_link"]
-        if inter is not None:
-            cmd += ["--inter-link", json.dumps({"bandwidth_gbps": inter.bandwidth_gbps,
-                                                "latency_us": inter.latency_us, "name": inter.name})]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        done = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
-        out = {row.pop("world_size"): row for row in done}
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            for ws in world_sizes:
-                out.setdefault(ws, {"status": "skipped", "reason": f"predicting process failed: {tail[:200]}"})
-        return out
+    options = [kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
+    args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
+            "--link", _link_json(links["link"])]
+    if links["inter_link"] is not None:
+        args += ["--inter-link", _link_json(links["inter_link"])]
+    rows, failure = run_rank_process("zerobench.predict.rank", w, cell, options, world_sizes, args, dict(os.environ))
+    out = {row.pop("world_size"): row for row in rows}
+    if failure is not None:
+        for ws in world_sizes:
+            out.setdefault(ws, {"status": "skipped", "reason": f"predicting process failed: {failure}"})
+    return out
 
 
 def format_table(frame) -> str:

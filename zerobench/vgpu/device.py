@@ -425,7 +425,8 @@ class _Mode(TorchDispatchMode):
         # ``torch.tensor(data)`` (``lift_fresh``) without a device is host memory too: an
         # optimizer's step counters, whose ``.item()`` must not wait for the device.
         on_host = pinned or (bool(inputs) and all(s in gpu._host_storages for s in inputs))
-        launch = costs.launches_kernel(func) and not on_host
+        kernel = costs.launches_kernel(func)
+        launch = kernel and not on_host
         gpu.host_op(launch)
         start = gpu.host.now
         for storage in inputs:  # tensors made before the device was installed
@@ -436,7 +437,7 @@ class _Mode(TorchDispatchMode):
         if on_host:
             for storage in _storages(out):
                 gpu._host_storages[storage] = True
-            if costs.launches_kernel(func):
+            if kernel:  # the CPU runs it
                 gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
             if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):

@@ -100,17 +100,19 @@ HOST_PRESETS: dict[str, HostPreset] = {
 }
 
 
+def _lookup(kind: str, presets: dict, value):
+    """``value`` itself if it is a preset, else the preset of that name; a bad name is
+    an error naming the allowed ones."""
+    if not isinstance(value, str):
+        return value
+    if value not in presets:
+        raise ValueError(f"{kind} must be one of {', '.join(presets)}, got {value!r}")
+    return presets[value]
+
+
 def gpu_preset(name: str | GpuPreset) -> GpuPreset:
-    if isinstance(name, GpuPreset):
-        return name
-    if name not in GPU_PRESETS:
-        raise ValueError(f"gpu must be one of {', '.join(GPU_PRESETS)}, got {name!r}")
-    return GPU_PRESETS[name]
+    return _lookup("gpu", GPU_PRESETS, name)
 
 
 def host_preset(name: str | HostPreset) -> HostPreset:
-    if isinstance(name, HostPreset):
-        return name
-    if name not in HOST_PRESETS:
-        raise ValueError(f"host must be one of {', '.join(HOST_PRESETS)}, got {name!r}")
-    return HOST_PRESETS[name]
+    return _lookup("host", HOST_PRESETS, name)
