@@ -68,13 +68,17 @@ def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
     assert (out / "plots" / "predict.png").exists()
 
 
-def test_predict_names_bad_presets(tmp_path):
+def test_predict_names_bad_presets_and_configurations(tmp_path):
     from zerobench.predict import predict
 
     with pytest.raises(ValueError, match="gpu must be one of h100-sxm, a100-80gb, h200"):
         predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
         predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
+    # a --config that names no configuration (here a cell id, with its world size)
+    with pytest.raises(ValueError, match=r"--config: 'impl-fsdp-ws2-fp32' is not a configuration .*allowed: ddp-fp32"):
+        predict("workloads/quickstart.toml", [8], only=["impl-fsdp-ws2-fp32"], results_root=tmp_path)
+    assert not any(tmp_path.iterdir())  # and no empty results folder is left behind
 
 
 def test_predicted_beside_measured(tmp_path):

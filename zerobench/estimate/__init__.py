@@ -62,6 +62,20 @@ def config_id(cell) -> str:
     return cell.id.replace(f"-ws{cell.world_size}", "")
 
 
+def select_configurations(w, only=None) -> list:
+    """The workload's configurations, or those whose id is in ``only`` (``--config``);
+    an id that names none is an error listing the ids there are."""
+    cells = configurations(w)
+    if not only:
+        return cells
+    ids = [config_id(c) for c in cells]
+    unknown = [i for i in only if i not in ids]
+    if unknown:
+        raise ValueError(f"--config: {', '.join(map(repr, unknown))} is not a configuration of workload {w.name!r} "
+                         f"(allowed: {', '.join(ids)})")
+    return [c for c, i in zip(cells, ids) if i in only]
+
+
 def why_not(cell, world_size: int, hybrid_shard_size: int | None) -> str | None:
     """Why this configuration cannot be estimated at ``world_size`` (None if it can)."""
     from zerobench.engines import get_engine
@@ -118,11 +132,9 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
+    cells = select_configurations(w, only)
     out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
-    cells = configurations(w)
-    if only:
-        cells = [c for c in cells if config_id(c) in only]
     rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):

@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from zerobench.estimate import config_id, configurations, parse_world_sizes, run_rank_process, why_not
+from zerobench.estimate import config_id, parse_world_sizes, run_rank_process, select_configurations, why_not
 from zerobench.predict.rank import EMULATION_OPTIONS
 
 #: --matrix: the knobs swept for the engines that have them.
@@ -64,11 +64,9 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
+    cells = select_configurations(w, only)
     out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
-    cells = configurations(w)
-    if only:
-        cells = [c for c in cells if config_id(c) in only]
     rows = []
     for i, cell in enumerate(cells, 1):
         todo, results = [], {}
