@@ -115,7 +115,7 @@ def test_hung_cell_is_killed_recorded_and_the_matrix_goes_on(tmp_path):
     assert "still running" in record["error"]  # names the ranks it had to stop
     assert main(["run", "--resume", str(run_dir), "--no-plots", "--allow-failures"]) == 0
     # no rank process is left behind
-    left = subprocess.run(["pgrep", "-f", f"zerobench.rank.worker --run-dir {run_dir}"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", f"zerobench.worker --run-dir {run_dir}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
 
 
@@ -126,7 +126,7 @@ def test_worker_runs_under_torchrun(tiny_run):
     (tiny_run / "cells" / f"{cell}.json").unlink()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "zerobench.rank.worker", "--run-dir", str(tiny_run), "--cell", cell],
+         "-m", "zerobench.worker", "--run-dir", str(tiny_run), "--cell", cell],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -133,7 +133,7 @@ def test_resume_reruns_a_record_its_harness_never_accepted():
 
 
 def _ranks_of(results: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"zerobench.rank.worker --run-dir {results}"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", f"zerobench.worker --run-dir {results}"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 

@@ -94,7 +94,7 @@ def _rank_pid(results: Path, rank: int, deadline_s: float = 60) -> int:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"zerobench.rank.worker" in cmd and str(results).encode() in cmd and f"RANK={rank}".encode() in env:
+            if b"zerobench.worker" in cmd and str(results).encode() in cmd and f"RANK={rank}".encode() in env:
                 time.sleep(2)  # into the cell (a kill at any point blames this rank all the same)
                 return int(pid)
         time.sleep(0.2)
@@ -102,7 +102,7 @@ def _rank_pid(results: Path, rank: int, deadline_s: float = 60) -> int:
 
 
 def _no_ranks_left(results: Path) -> bool:
-    left = subprocess.run(["pgrep", "-f", f"zerobench.rank.worker --run-dir {results}"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", f"zerobench.worker --run-dir {results}"], capture_output=True, text=True)
     return left.stdout.strip() == ""
 
 

@@ -60,7 +60,7 @@ def torchrun_run(tmp_path_factory):
     assert main(["run", str(root / "w.toml"), "--results", str(root), "--prepare-only"]) == 0
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "zerobench.rank.worker", "--run-dir", str(run_dir), "--cell", CELL,
+    procs = [subprocess.Popen([sys.executable, "-m", "zerobench.worker", "--run-dir", str(run_dir), "--cell", CELL,
                                "--profile", "--device", "cpu"], env=_worker_env(r, 2, port), cwd=ROOT)
              for r in range(2)]
     assert [p.wait(timeout=180) for p in procs] == [0, 0]
@@ -105,7 +105,7 @@ def test_holistic_trace_analysis_reads_one_rank_per_file(torchrun_run):
 
 def test_worker_records_errors_for_torchrun(tmp_path):
     error_file = tmp_path / "error.json"
-    proc = subprocess.run([sys.executable, "-m", "zerobench.rank.worker", "--run-dir", str(tmp_path / "missing"),
+    proc = subprocess.run([sys.executable, "-m", "zerobench.worker", "--run-dir", str(tmp_path / "missing"),
                            "--cell", CELL], env=_worker_env(0, 1, _free_port(), TORCHELASTIC_ERROR_FILE=str(error_file)),
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1

@@ -1,6 +1,6 @@
 """Starting the ranks of one cell on this machine, the way torchrun does.
 
-Each rank is a fresh ``python -m zerobench.rank.worker`` process with the torchrun
+Each rank is a fresh ``python -m zerobench.worker`` process with the torchrun
 environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 so what runs here is exactly what runs under torchrun on a cluster.
 
@@ -57,7 +57,7 @@ def rank_command(run_dir: Path, cell_id: str, device: str, profile: bool) -> lis
     """The command of every rank: the worker's torchrun entry point. ``-P`` keeps the
     current folder off ``sys.path``, so a checkout there cannot stand in for the
     harness's own code (see :func:`rank_env`)."""
-    cmd = [sys.executable, "-P", "-m", "zerobench.rank.worker", "--run-dir", str(run_dir), "--cell", cell_id,
+    cmd = [sys.executable, "-P", "-m", "zerobench.worker", "--run-dir", str(run_dir), "--cell", cell_id,
            "--device", device]
     return cmd + ["--profile"] if profile else cmd
 

@@ -204,7 +204,7 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
         console.print(f"prepared {run_dir} ({len(cells)} cells); run each under torchrun:")
         for cell in cells:
             if cell.skip_reason is None:
-                console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.rank.worker "
+                console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
                               f"--run-dir {run_dir} --cell {cell.id}", soft_wrap=True)
         return run_dir
     with active.register(run_dir):

@@ -5,7 +5,7 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same command runs under
 ``zerobench run`` (which starts the ranks of each cell on this machine) and under
 ``torchrun`` across nodes::
 
-    torchrun --nnodes 2 --nproc-per-node 8 -m zerobench.rank.worker \\
+    torchrun --nnodes 2 --nproc-per-node 8 -m zerobench.worker \\
         --run-dir results/my-run --cell impl-fsdp-ws16-bf16
 
 (``zerobench run --prepare-only`` makes the run folder; ``zerobench cells WORKLOAD``
@@ -61,8 +61,8 @@ def torchrun_env() -> tuple[int, int, int, int]:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except KeyError as err:
         raise SystemExit(
-            f"zerobench.rank.worker: {err.args[0]} is not set. Run it under torchrun "
-            "(torchrun --nproc-per-node N -m zerobench.rank.worker ...) or through `zerobench run`."
+            f"zerobench.worker: {err.args[0]} is not set. Run it under torchrun "
+            "(torchrun --nproc-per-node N -m zerobench.worker ...) or through `zerobench run`."
         ) from None
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -351,9 +351,9 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
     cell = find_cell(workload, cell_id)
     if cell is None:
         cells = ", ".join(c.id for c in expand(workload))
-        raise SystemExit(f"zerobench.rank.worker: no cell {cell_id!r} in {run_dir} (cells: {cells})")
+        raise SystemExit(f"zerobench.worker: no cell {cell_id!r} in {run_dir} (cells: {cells})")
     if cell.world_size != world:
-        raise SystemExit(f"zerobench.rank.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {world}")
+        raise SystemExit(f"zerobench.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {world}")
 
     choice = devices.choose(device, local_rank, local_world)
     dev, backend = choice.device, choice.backend
@@ -425,7 +425,7 @@ def _run_cell_recorded(args: argparse.Namespace, harness: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m zerobench.rank.worker", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m zerobench.worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="run folder made by `zerobench run`")
     parser.add_argument("--cell", required=True, help="cell id (see `zerobench cells WORKLOAD`)")
     parser.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")

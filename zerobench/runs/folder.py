@@ -3,7 +3,7 @@ the right types, and how it is updated atomically. Every reader and writer of a 
 folder goes through :class:`RunFolder` (layout: :mod:`zerobench.runs.schema`).
 
 A run whose cells ran under torchrun (``zerobench run --prepare-only``, then
-``torchrun ... -m zerobench.rank.worker``) has ``cells/`` but no tables yet;
+``torchrun ... -m zerobench.worker``) has ``cells/`` but no tables yet;
 :meth:`RunFolder.ensure_tables` completes it: the single-process loss reference of every
 cell that lacks one, then ``results.csv`` and ``steps.csv``.
 """
