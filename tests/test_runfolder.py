@@ -184,5 +184,6 @@ def test_zerobench_has_no_import_cycle():
 
 def test_cli_never_swallows_an_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "zerobench.analysis.compare.gate", None)  # as a broken module would
-    with pytest.raises(ImportError):
-        main(["engines"])
+    baseline = str(ROOT / "results" / "baselines" / "cpu-quickstart")
+    with pytest.raises(ImportError):  # not exit 2, "bad input"
+        main(["compare", baseline, baseline])

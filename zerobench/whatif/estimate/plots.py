@@ -28,3 +28,11 @@ def plot_estimate(frame, path: Path) -> Path | None:
     ax.set_title("Estimated per-rank peak (solid) and analytic model states, the lower bound (dashed)")
     ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path, dpi=110)
+
+
+def plot_estimate_folder(folder: Path) -> list[Path]:
+    """Redraw an estimate folder's plots from its estimate.csv."""
+    import pandas as pd
+
+    frame = pd.read_csv(Path(folder) / "estimate.csv")
+    return [p for p in (plot_estimate(frame, Path(folder) / "plots" / "estimate_peak.png"),) if p is not None]

@@ -43,3 +43,13 @@ def plot_predict(frame, path: Path) -> None:
     fig.suptitle("zerobench predict (virtual GPU)")
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def plot_predict_folder(folder: Path) -> list[Path]:
+    """Redraw a predict folder's plots from its predict.csv."""
+    import pandas as pd
+
+    frame = pd.read_csv(Path(folder) / "predict.csv")
+    path = Path(folder) / "plots" / "predict.png"
+    plot_predict(frame, path)
+    return [path] if path.exists() else []

@@ -1,0 +1,26 @@
+"""Redraw the plots of a results folder into its plots/: a run's (step time, peak
+memory, the memory/time Pareto front, losses, memory timeline, knobs), an estimate's
+(peak per rank against world size) or a prediction's.
+
+FOLDER is a run, estimate or predict folder, or `latest` (the newest under results/).
+"""
+
+from __future__ import annotations
+
+from zerobench.commands.args import FOLDER_KINDS, resolve_folder
+
+HELP = "redraw the plots of a run, estimate or predict folder (or `latest`)"
+
+
+def arguments(p) -> None:
+    p.add_argument("run", metavar="FOLDER", help="run, estimate or predict folder, or `latest`")
+
+
+def main(args) -> int:
+    folder = resolve_folder(args.run, "FOLDER", kinds=tuple(FOLDER_KINDS))
+
+    from zerobench.analysis.plots import plot_folder
+
+    for path in plot_folder(folder):
+        print(f"plot: {path}")
+    return 0
