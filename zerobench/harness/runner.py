@@ -24,7 +24,7 @@ from zerobench.rank import devices
 from zerobench.runs.files import new_stamped_dir, write_json_atomic
 from zerobench.harness import preflight
 from zerobench.harness.launch import code_root, launch_cell
-from zerobench.spec.matrix import Cell, expand
+from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.harness.reference import ReferenceFailed, loss_deviation, reference_losses
 from zerobench.runs.tables import write_tables
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
@@ -171,6 +171,8 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
         workload = load_workload(workload_path)
+    for note in matrix_notes(workload):
+        console.print(Text(f"note: {note}"))
     device_type = devices.device_type(device)
     if device_type == "cuda":
         try:
@@ -201,15 +203,32 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
         meta = run_metadata(workload, cells, device)
         prepare_run(workload, run_dir, cells, device, meta)
     if prepare_only:
-        console.print(f"prepared {run_dir} ({len(cells)} cells); run each under torchrun:")
-        for cell in cells:
-            if cell.skip_reason is None:
-                console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
-                              f"--run-dir {run_dir} --cell {cell.id}", soft_wrap=True)
+        runnable = [c for c in todo if c.skip_reason is None]
+        kept = len(cells) - len(todo)
+        console.print(Text(f"prepared {run_dir} ({len(cells)} cells"
+                           + (f"; {kept} already finished are kept and not listed" if kept else "")
+                           + ("); run each under torchrun:" if runnable else "); no cell left to run")))
+        for cell in runnable:
+            console.print(Text(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
+                               f"--run-dir {run_dir} --cell {cell.id}"), soft_wrap=True)
         return run_dir
     with active.register(run_dir):
-        _run_cells(workload, run_dir, cells, todo, profile, device, device_type, console)
+        try:
+            _run_cells(workload, run_dir, cells, todo, profile, device, device_type, console)
+        except OSError as err:  # disk full, a folder made read-only: the finished cells stay
+            raise CannotWrite(run_dir, err) from None
     return run_dir
+
+
+class CannotWrite(OSError):
+    """The run could not write a file of its folder (a full disk, a read-only folder);
+    the cells finished before are kept and ``--resume`` runs the others."""
+
+    def __init__(self, run_dir: Path, err: OSError):
+        what = f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
+        super().__init__(f"cannot write {what}. The cells that finished are kept in {run_dir}; make room "
+                         f"(or make it writable), then run the others with:\n  zerobench run --resume {run_dir}")
+        self.run_dir = run_dir
 
 
 def finished(record: dict | None) -> bool:
