@@ -78,8 +78,10 @@ def main(args) -> int:
             report.write_markdown(args.markdown, comparison, mismatches, info)
             progress.advance(f"wrote {args.markdown}")
         if args.plot:
+            from zerobench.analysis.plots import run_setting
+
             report.plot_changes(comparison, args.plot, title=f"{run_dir.name} vs {baseline_dir.name} -- "
-                                                             + report.summary_line(comparison, info))
+                                + report.summary_line(comparison, info) + "\n" + run_setting(run_dir, new.results).line())
             progress.advance(f"wrote {args.plot}")
         if args.csv:
             write_csv_atomic(args.csv, comparison)

@@ -20,8 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from zerobench.whatif.estimate import depth
-from zerobench.engines.stages import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
@@ -146,8 +144,10 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
     import pandas as pd
 
+    from zerobench.engines.stages import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.spec.workload import load_workload
+    from zerobench.whatif.estimate import depth
 
     w = load_workload(workload_path)
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
@@ -218,14 +218,16 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
             })
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "estimate.csv", frame)
-    from zerobench.whatif.estimate.plots import plot_estimate
+    from zerobench.whatif.estimate.plots import plot_estimate, estimate_setting
 
-    plot_estimate(frame, out_dir / "plots" / "estimate_peak.png")
+    plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
     return out_dir
 
 
 def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, shallow) -> dict:
     """Rows at the workload's depth extrapolated from depths ``shallow`` ([Note: depth extrapolation])."""
+    from zerobench.whatif.estimate import depth
+
     low, high = shallow
     rows = _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, layers=shallow)
     out = {}

@@ -5,7 +5,7 @@ warm-up and one measured step on the virtual GPU (zerobench/vgpu) against a fake
 process group, with fake tensors: any model size, in one process per configuration
 (zerobench/whatif/predict/rank.py). Out come ``predict.csv`` (one row per cell and world size,
 [Note: predicted columns]), a Chrome trace per cell under ``traces/`` and
-``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
+``plots/pareto.png`` and ``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
 
 Which tool answers what:
 * ``zerobench estimate``: peak memory per rank at any world size (tensor bytes; no time);
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from zerobench.whatif.estimate import config_id, parse_world_sizes, run_rank_process, select_configurations, why_not
-from zerobench.whatif.predict.rank import EMULATION_OPTIONS
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -53,8 +52,9 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     configuration as it finishes (zerobench.commands.progress.Progress)."""
     import pandas as pd
 
-    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.instruments.link import resolve_link
+    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
+    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
     from zerobench.spec.workload import load_workload
 
@@ -99,9 +99,9 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
         write_csv_atomic(out_dir / "predict.csv", pd.DataFrame(rows))
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "predict.csv", frame)
-    from zerobench.whatif.predict.plots import plot_predict
+    from zerobench.whatif.predict.plots import plot_predict_all
 
-    plot_predict(frame, out_dir / "plots" / "predict.png")
+    plot_predict_all(frame, out_dir, w.name)
     return out_dir
 
 
@@ -110,6 +110,8 @@ def _link_json(link) -> str:
 
 
 def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path) -> dict:
+    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
+
     options = [kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
     args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
             "--link", _link_json(links["link"])]
