@@ -28,7 +28,8 @@ from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.harness.reference import ReferenceFailed, loss_deviation, reference_losses
 from zerobench.runs.tables import write_tables
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
-from zerobench.spec.workload import Workload, load_workload
+from zerobench.spec.user_check import check_user_model
+from zerobench.spec.workload import Workload, WorkloadError, load_workload
 
 FINISHED = ("ok", "skipped")  # statuses --resume does not run again
 
@@ -173,6 +174,7 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
         workload = load_workload(workload_path)
     for note in matrix_notes(workload):
         console.print(Text(f"note: {note}"))
+    check_user_model(workload.model, workload.data.batch_size, workload.data.seed)  # its errors before any folder
     device_type = devices.device_type(device)
     if device_type == "cuda":
         try:
@@ -274,7 +276,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                         try:
                             references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
                             write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
-                        except ReferenceFailed as err:
+                        except (ReferenceFailed, WorkloadError) as err:  # the user's loss or batch, say
                             reference_failures[ws] = str(err)
                 if refused is not None:  # never allocate what cannot fit; the matrix goes on
                     record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),

@@ -222,7 +222,31 @@ class RunFolder:
         if not self.results_path.exists():
             raise RunFolderError(f"{self.root}: no results.csv and no cells/ to build it from "
                                  "(is this a zerobench run folder?)")
+        if not self.results_path.is_file():
+            raise DamagedFile(f"{self.results_path}: not a file (allowed: the results table; remove it, and "
+                              f"zerobench rebuilds it from cells/)")
+        self._check_without_cells()
         return read_table(self.results_path, self._dtypes())
+
+    def _check_without_cells(self) -> None:
+        """A folder without cells/ (curated runs and baselines keep only their tables) is
+        read from results.csv as saved, once that holds exactly the cells meta.json lists:
+        DamagedFile naming both otherwise (cells/ deleted after more cells ran, say)."""
+        if self.cells_dir.is_dir():
+            return
+        try:
+            listed = set(self.meta().get("cells") or [])
+            have = set(pd.read_csv(self.results_path, usecols=["cell_id"], dtype=str)["cell_id"])
+        except (DamagedFile, ValueError, OSError, pd.errors.ParserError, UnicodeDecodeError):
+            return  # the readers below say what is wrong with those files
+        if listed and have != listed:
+            missing, extra = sorted(listed - have), sorted(have - listed)
+            raise DamagedFile(
+                f"{self.results_path}: does not hold the cells meta.json lists "
+                + (f"(missing: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}) " if missing else "")
+                + (f"(not listed: {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}) " if extra else "")
+                + f"and {self.cells_dir} is gone, so it cannot be checked or rebuilt (allowed: the run folder "
+                  f"with its cells/, or a results.csv holding every cell meta.json lists)")
 
     def steps(self) -> pd.DataFrame | None:
         """steps.csv (one row per cell x rank x measured step), None when absent."""
@@ -273,6 +297,10 @@ class RunFolder:
         """Build results.csv and steps.csv from cells/ when they are missing or older than
         a cell record, computing the loss reference of cells without one. Returns whether
         it wrote anything."""
+        for path in (self.results_path, self.steps_path):
+            if path.exists() and not path.is_file():
+                raise DamagedFile(f"{path}: not a file (allowed: the table zerobench writes there; remove it, "
+                                  f"and it is rebuilt from cells/)")
         if not self.tables_stale():
             return False
         self.fill_references()

@@ -150,6 +150,9 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     from zerobench.whatif.estimate import depth
 
     w = load_workload(workload_path)
+    from zerobench.spec.user_check import check_user_model
+
+    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if rank < 0:
         raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")

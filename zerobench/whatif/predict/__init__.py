@@ -63,6 +63,9 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
     w = load_workload(workload_path)
+    from zerobench.spec.user_check import check_user_model
+
+    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
