@@ -133,3 +133,47 @@ def test_compare_refuses_outputs_it_cannot_write_before_reading_anything(tmp_pat
             assert f"{option}: " in (err := capsys.readouterr().err) and why in err, err
     finally:
         read_only.chmod(0o755)
+
+
+def test_progress_shows_an_eta_on_a_terminal_only_after_a_while():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from zerobench.commands.progress import Progress
+
+    screen = io.StringIO()
+    with Progress(4, "estimate", after_s=0.05, console=Console(file=screen, force_terminal=True, width=100)) as p:
+        time.sleep(0.3)  # the timer shows the bar
+        p.advance("ddp-fp32")
+        time.sleep(0.2)
+    assert "estimate: ddp-fp32" in screen.getvalue() and "ETA" in screen.getvalue()
+    quiet = io.StringIO()
+    with Progress(4, "estimate", after_s=0.05, console=Console(file=quiet, force_terminal=False)) as p:
+        time.sleep(0.2)
+        p.advance("ddp-fp32")
+    assert quiet.getvalue() == ""  # a log, not a terminal
+    fast = io.StringIO()
+    with Progress(4, "estimate", after_s=5, console=Console(file=fast, force_terminal=True)) as p:
+        p.advance("ddp-fp32")
+    assert fast.getvalue() == ""  # done before a bar was worth showing
+
+
+def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(ROOT / "results" / "baselines" / "cpu-quickstart", tmp_path / "baselines" / "cpu-quickstart")
+    estimate = _folder(tmp_path, "20261124-101010-w-estimate", "workload.json")
+    (estimate / "workload.json").write_text('{"name": "w"}')
+    (estimate / "estimate.csv").write_text("config,world_size,status\na,8,ok\na,64,ok\nb,8,skipped\n")
+    predict = _folder(tmp_path, "20261124-111111-w-predict", "workload.json")
+    (predict / "predict.csv").write_text("config,world_size,status\na,8,ok\nb,8,failed\n")
+    assert main(["list", "--results", str(tmp_path)]) == 0
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    assert rows["baselines/cpu-quickstart"][:1] + rows["baselines/cpu-quickstart"][3:7] == ["run", "20", "20", "0", "0"]
+    assert rows["20261124-101010-w-estimate"][:2] + rows["20261124-101010-w-estimate"][3:7] == \
+        ["estimate", "w", "3", "2", "0", "1"]
+    assert rows["20261124-111111-w-predict"][:1] + rows["20261124-111111-w-predict"][3:7] == \
+        ["predict", "2", "1", "1", "0"]

@@ -407,24 +407,32 @@ def plot_knobs(results: pd.DataFrame, path: Path, setting: Setting | None = None
     return _save(fig, path, "prefetch and the all-gather rate limiter", setting)
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Draw every plot of the run into ``<run>/plots/``; returns the files written."""
+def plot_run(run_dir: Path, progress=None) -> list[Path]:
+    """Draw every plot of the run into ``<run>/plots/``; returns the files written.
+    ``progress``: told each plot as it is drawn (zerobench.commands.progress.Progress)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     setting = run_setting(run_dir, results)
     out = run_dir / "plots"
-    drawn = [
-        plot_pareto_run(results, out / "pareto.png", setting),
-        plot_step_time(results, out / "step_time.png", setting),
-        plot_peak_memory(results, out / "peak_memory.png", setting),
-        plot_losses(run_dir, results, out / "losses.png", setting),
-        plot_memory_timelines(run_dir, out / "memory_timeline.png", setting),
-        plot_knobs(results, out / "knobs.png", setting),
+    plots = [
+        ("pareto.png", lambda path: plot_pareto_run(results, path, setting)),
+        ("step_time.png", lambda path: plot_step_time(results, path, setting)),
+        ("peak_memory.png", lambda path: plot_peak_memory(results, path, setting)),
+        ("losses.png", lambda path: plot_losses(run_dir, results, path, setting)),
+        ("memory_timeline.png", lambda path: plot_memory_timelines(run_dir, path, setting)),
+        ("knobs.png", lambda path: plot_knobs(results, path, setting)),
     ]
+    if progress is not None:
+        progress.set_total(len(plots))
+    drawn = []
+    for name, draw in plots:
+        drawn.append(draw(out / name))
+        if progress is not None:
+            progress.advance(name)
     return [p for p in drawn if p is not None]
 
 
-def plot_folder(folder: Path) -> list[Path]:
+def plot_folder(folder: Path, progress=None) -> list[Path]:
     """Draw the plots of any results folder: a run's (:func:`plot_run`), an estimate's or
     a prediction's, from the table it holds. Returns the files written."""
     folder = Path(folder)
@@ -436,4 +444,4 @@ def plot_folder(folder: Path) -> list[Path]:
         from zerobench.whatif.predict.plots import plot_predict_folder
 
         return plot_predict_folder(folder)
-    return plot_run(folder)
+    return plot_run(folder, progress)

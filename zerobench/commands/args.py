@@ -16,26 +16,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-#: What a folder holds, by the file that marks it (zerobench list shows the kind).
-FOLDER_KINDS: dict[str, tuple[str, ...]] = {
-    "run": ("meta.json", "cells", "results.csv"),
-    "estimate": ("estimate.csv",),
-    "predict": ("predict.csv",),
-}
+from zerobench.runs.kinds import FOLDER_KINDS, folder_kind
+
 LATEST = "latest"
 DEFAULT_RESULTS = Path("results")
 
 
 class ArgumentError(ValueError):
     """A command-line value that cannot be used; the message names the option and what is allowed."""
-
-
-def folder_kind(path: Path) -> str | None:
-    """"run", "estimate" or "predict" for a results folder, None for anything else."""
-    for kind, markers in FOLDER_KINDS.items():
-        if any((path / m).exists() for m in markers):
-            return kind
-    return None
 
 
 def newest_folder(root: Path, kinds=tuple(FOLDER_KINDS)) -> Path | None:

@@ -20,7 +20,10 @@ def main(args) -> int:
     folder = resolve_folder(args.run, "FOLDER", kinds=tuple(FOLDER_KINDS))
 
     from zerobench.analysis.plots import plot_folder
+    from zerobench.commands.progress import Progress
 
-    for path in plot_folder(folder):
+    with Progress(None, "plot") as progress:
+        drawn = plot_folder(folder, progress)
+    for path in drawn:
         print(f"plot: {path}")
     return 0
