@@ -119,7 +119,7 @@ def _panels(ok: pd.DataFrame):
 
 
 def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
-    ax.set_yticks(range(len(cells)), cells, fontsize=8)
+    ax.set_yticks(range(len(cells)), [short_label(c) for c in cells], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
@@ -348,6 +348,17 @@ def _setting_columns(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def _setting_label(column: str, value) -> str:
+    """``sharding_strategy`` by its value alone, a link by its numbers, others as name=value."""
+    if column == "sharding_strategy":
+        return str(value)
+    if column == "emulate_gbps":
+        return f"{value:g} GB/s" if isinstance(value, float) else f"{value} GB/s"
+    if column == "emulate_latency_us":
+        return f"{value:g} µs" if isinstance(value, float) else f"{value} µs"
+    return f"{column}={value}"
+
+
 def plot_knobs(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
     """Step time, peak memory and all-gathers in flight against backward/forward
     prefetch (x) and the rate limiter (one line per setting, and per value of any other
@@ -378,11 +389,15 @@ def plot_knobs(results: pd.DataFrame, path: Path, setting: Setting | None = None
             first = ranks.iloc[0]
             row = {m: (numeric(ranks[m]).median() if m == STEP_TIME else numeric(ranks[m]).max()) for m, _, _ in metrics}
             row.update(x=_knob_label(first), series=", ".join([_limiter_label(first)]
-                                                               + [f"{c}={first[c]}" for c in others]),
+                                                               + [_setting_label(c, first[c]) for c in others]),
                        order=({"none": 0, "pre": 1, "post": 2}.get(str(first.get("backward_prefetch")), 3)
                               + 10 * flag(first.get("forward_prefetch"))))
             cells.append(row)
         per_cell = pd.DataFrame(cells)
+        if per_cell["x"].nunique() == 1:  # prefetch fixed: the limiter (and other settings) along x instead
+            fixed = per_cell["x"].iloc[0].replace("\n", ", ")
+            per_cell = per_cell.assign(x=per_cell["series"].str.replace(", ", "\n"), series=fixed,
+                                       order=range(len(per_cell))).sort_values("x")
         xs = list(dict.fromkeys(per_cell.sort_values("order")["x"]))
         for r, (metric, scale, label) in enumerate(metrics):
             ax = axes[r, col]
