@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "run": "zerobench.commands.run",
     "show": "zerobench.commands.show",
     "plot": "zerobench.commands.plot",
+    "reference": "zerobench.commands.reference",
     "list": "zerobench.commands.list_runs",
     "latest": "zerobench.commands.latest",
     "compare": "zerobench.commands.compare",
