@@ -64,7 +64,7 @@ def _record(cell_id, engine, world_size=2, dtype="fp32", status="ok", **options)
                 "ranks": []}
     ranks = []
     for rank in range(world_size):
-        metrics = {"step_time_median_s": 0.02 / scale ** 0.5, "step_time_p10_s": 0.018, "step_time_p90_s": 0.03,
+        metrics = {"step_time_s": 0.02 / scale ** 0.5, "step_time_p10_s": 0.018, "step_time_p90_s": 0.03,
                    "peak_mem_bytes": int(30e6 * scale), "peak_mem_params_bytes": int(5e6 * scale),
                    "peak_mem_grads_bytes": int(5e6 * scale), "peak_mem_optim_bytes": int(1e7 * scale),
                    "comm_total_bytes": 5_000_000, "comm_calls": 4}

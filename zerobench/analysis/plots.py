@@ -36,7 +36,7 @@ from zerobench.runs.folder import DamagedFile, RunFolder
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME
 from zerobench.runs.tables import cell_records, load_results, reference_cells
 
-STEP_TIME = "step_time_median_s"
+STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
