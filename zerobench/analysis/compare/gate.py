@@ -110,8 +110,9 @@ def load_run(path: str | Path) -> RunTables:
     missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
     if missing:
         raise RunLoadError(f"{results_csv}: missing column(s) {', '.join(missing)}")
-    results["status"] = results["status"].fillna("").astype(str)
-    results["error"] = results["error"].fillna("").astype(str) if "error" in results else ""
+    # an all-empty column reads as float64 ([Note: types in results.csv]): text first, then fill
+    results["status"] = results["status"].astype(object).fillna("").astype(str)
+    results["error"] = results["error"].astype(object).fillna("").astype(str) if "error" in results else ""
     results["cell_id"] = results["cell_id"].astype(str)
     results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
     for c in results.columns:  # the judging works on floats (NaN for missing), not nullable integers
