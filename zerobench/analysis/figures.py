@@ -66,7 +66,11 @@ class Setting:
 def figure_title(fig, what: str, setting: Setting | None) -> float:
     """Title a figure: what it shows, then the setting line under it. Returns the
     fraction of the figure's height left below the title (the top of tight_layout's rect)."""
-    text = what if setting is None else f"{what}\n{setting.line()}"
+    import textwrap
+
+    lines = [what] if setting is None else [what, setting.line()]
+    width = int(fig.get_figwidth() * 12.5)  # characters of 11 pt text that fit the figure
+    text = "\n".join(textwrap.fill(line, width) for line in lines)
     fig.suptitle(text, fontsize=11, x=0.01, y=0.995, ha="left", va="top")
     return 1 - (0.25 + 0.2 * text.count("\n") + 0.1) / fig.get_figheight()
 

@@ -46,7 +46,7 @@ def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: st
         return None
     groups = list(dict.fromkeys(points[group]))
     styles = EngineStyles()
-    fig, axes = plt.subplots(1, len(groups), figsize=(7.5 * len(groups), 6.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(7.5 * len(groups), 9.5), 6.2), squeeze=False)
     handles, labels = {}, []
     for ax, name in zip(axes[0], groups):
         frame = points[points[group] == name]
