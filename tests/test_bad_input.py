@@ -170,7 +170,7 @@ def test_results_that_is_a_file_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--world-sizes", "4", "--hybrid-shard-size", "3"],
      "--hybrid-shard-size: 3 does not divide world size 4 (allowed: a divisor of every --world-sizes value: 1, 2, 4)"),
-    (["--world-sizes", "8", "--against", "nope"], "--against: nope is not a folder"),
+    (["--world-sizes", "8", "--against", "nope"], "--against: nope: no such folder"),
 ])
 def test_estimate_refuses_bad_options_before_any_work(tmp_path, capsys, argv, message):
     (tmp_path / "w.toml").write_text(TINY)
@@ -184,4 +184,20 @@ def test_estimate_against_a_run_without_the_memory_pass_is_refused(tmp_path, cap
     run = ROOT / "results" / "curated" / "20261123-144741-simulate-validation"  # memory_pass = false
     assert main(["estimate", str(tmp_path / "w.toml"), "--results", str(tmp_path / "r"), "--against", str(run)]) == 2
     assert "has no peak_mem_bytes (allowed: a run with the memory pass" in capsys.readouterr().err
+    assert _nothing_written(tmp_path / "r")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["show", "no-such-run"], "zerobench show: error: RUN: no-such-run: no such folder"),
+    (["plot", "README.md"], "zerobench plot: error: FOLDER: README.md: not a folder"),
+    (["list", "--results", "README.md"], "zerobench list: error: --results: README.md is not a folder"),
+    (["latest", "--results", "no-such-folder"], "zerobench latest: error: --results: no run folder under no-such-folder/"),
+    (["predict", "quickstart", "--gpu", "h1000", "--results", "{tmp}/r"],
+     "zerobench predict: error: --gpu: gpu must be one of h100-sxm"),
+    (["predict", "quickstart", "--link", "nvlink9", "--results", "{tmp}/r"], "zerobench predict: error: --link: "),
+])
+def test_reading_and_predicting_name_the_option_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(ROOT)
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    assert message in capsys.readouterr().err
     assert _nothing_written(tmp_path / "r")

@@ -75,7 +75,7 @@ def test_latest_names_the_newest_folder_of_the_kind_asked(tmp_path):
     assert resolve_folder(str(tmp_path / "latest"), "RUN") == new  # DIR/latest
     assert resolve_folder("latest", "FOLDER", kinds=("run", "estimate"), results=tmp_path) == estimate
     assert resolve_folder(str(old), "RUN") == old  # a path is a path
-    with pytest.raises(ArgumentError, match=r"RUN: latest: no run folder under .*empty/ to be the latest"):
+    with pytest.raises(ArgumentError, match=r"RUN: no run folder under .*empty/ to be the latest"):
         resolve_folder("latest", "RUN", results=tmp_path / "empty")
 
 

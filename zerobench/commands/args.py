@@ -41,12 +41,16 @@ def resolve_folder(text: str | Path, option: str, kinds=("run",), results: Path 
     if str(text) == "":
         raise ArgumentError(f"{option}: an empty path is not allowed (allowed: a folder, or {LATEST})")
     if path.name != LATEST or path.exists():
+        if not path.exists():
+            raise ArgumentError(f"{option}: {text}: no such folder")
+        if not path.is_dir():
+            raise ArgumentError(f"{option}: {text}: not a folder (allowed: a results folder, or {LATEST})")
         return path
     root = Path(results) if str(text) == LATEST else path.parent
     newest = newest_folder(root, kinds)
     if newest is None:
         what = " or ".join(f"{k} folder" for k in kinds)
-        raise ArgumentError(f"{option}: {text}: no {what} under {root}/ to be the latest")
+        raise ArgumentError(f"{option}: no {what} under {root}/ to be the latest")
     return newest
 
 

@@ -15,5 +15,5 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
-    print(resolve_folder(LATEST, "latest", kinds=(args.kind,), results=args.results))
+    print(resolve_folder(LATEST, "--results", kinds=(args.kind,), results=args.results))
     return 0

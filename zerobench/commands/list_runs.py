@@ -3,7 +3,7 @@ baselines and curated runs, estimates and predictions, newest last."""
 
 from __future__ import annotations
 
-from zerobench.commands.args import DEFAULT_RESULTS, results_root
+from zerobench.commands.args import DEFAULT_RESULTS, ArgumentError, results_root
 
 HELP = "list the runs, estimates, predictions and baselines under results/"
 
@@ -13,6 +13,10 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    if args.results.exists() and not args.results.is_dir():
+        raise ArgumentError(f"--results: {args.results} is not a folder (allowed: the folder of results, "
+                            f"default results)")
+
     from zerobench.analysis.summary import list_runs
 
     list_runs(args.results)

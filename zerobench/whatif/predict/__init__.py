@@ -58,7 +58,13 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
     from zerobench.spec.workload import load_workload
 
-    gpu_preset(gpu), host_preset(host)  # bad names fail here, naming the allowed ones
+    for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_preset(host)),
+                          ("--link", lambda: resolve_link(link)),
+                          ("--inter-link", lambda: resolve_link(inter_link) if inter_link else None)):
+        try:
+            check()  # a bad name fails here, naming the option and the allowed ones
+        except ValueError as err:
+            raise ValueError(f"{option}: {err}") from None
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
