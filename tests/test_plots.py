@@ -17,7 +17,8 @@ import pytest
 
 from zerobench.analysis.figures import EngineStyles, Setting, flag, numeric, short_label
 from zerobench.analysis.pareto import pareto_front
-from zerobench.analysis.plots import link_description, plot_folder, plot_run, run_setting
+from zerobench.analysis.plots import link_description, plot_run, run_setting
+from zerobench.commands.plot import plot_folder
 from zerobench.runs.folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]

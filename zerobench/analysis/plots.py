@@ -445,18 +445,3 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
         if progress is not None:
             progress.advance(name)
     return [p for p in drawn if p is not None]
-
-
-def plot_folder(folder: Path, progress=None) -> list[Path]:
-    """Draw the plots of any results folder: a run's (:func:`plot_run`), an estimate's or
-    a prediction's, from the table it holds. Returns the files written."""
-    folder = Path(folder)
-    if (folder / "estimate.csv").exists() and not (folder / "meta.json").exists():
-        from zerobench.whatif.estimate.plots import plot_estimate_folder
-
-        return plot_estimate_folder(folder)
-    if (folder / "predict.csv").exists():
-        from zerobench.whatif.predict.plots import plot_predict_folder
-
-        return plot_predict_folder(folder)
-    return plot_run(folder, progress)
