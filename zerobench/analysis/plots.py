@@ -65,7 +65,8 @@ def run_setting(run_dir: Path, results: pd.DataFrame) -> Setting:
     else:
         cpu = str(meta.get("cpu_model") or "CPU")
         device = f"CPU ({cpu}, {backend})" if not cpu.upper().startswith("CPU") else f"{cpu} ({backend})"
-    sizes = tuple(sorted({int(w) for w in numeric(results["world_size"]).dropna()})) if len(results) else ()
+    sizes = tuple(sorted({int(w) for w in numeric(results["world_size"]).dropna()})) \
+        if len(results) and "world_size" in results else ()
     return Setting(workload, device, link_description(results), sizes)
 
 
@@ -73,7 +74,7 @@ def link_description(results: pd.DataFrame) -> str:
     """"no emulated link", "emulated link ib-400g", "emulated 0.05 GB/s + 100 µs", or
     "emulated links: ..." when the cells differ."""
     links = set()
-    for _, row in results.drop_duplicates("cell_id").iterrows() if len(results) else ():
+    for _, row in results.drop_duplicates("cell_id").iterrows() if len(results) and "cell_id" in results else ():
         preset = row.get("emulate_link")
         gbps, lat = numeric([row.get("emulate_gbps")]).iloc[0], numeric([row.get("emulate_latency_us")]).iloc[0]
         if isinstance(preset, str) and preset:

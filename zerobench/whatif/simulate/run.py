@@ -70,6 +70,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     if not schedules:
         raise FileNotFoundError(f"{run}: no profiled cells to simulate (run with `zerobench run --profile`)")
     out = run / "simulate" / tag(link, world_sizes, compute_scale, async_collectives)
+    where = _measured_on(run)  # every plot title names the workload and the measured device
     rows, mrows = [], []
     for cell_id, s in schedules.items():
         as_measured = not (async_collectives and s.knobs.blocking_collectives)
@@ -94,7 +95,8 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
                 from .plots import plot_gantt
 
                 plot_gantt(r, out / f"gantt_{cell_id}_ws{ws}.png",
-                           title=f"{cell_id}: simulated, {ws} ranks, {cell_link.describe()}, compute / {compute_scale:g}")
+                           title=f"{cell_id}: simulated, {ws} ranks, {cell_link.describe()}, compute / {compute_scale:g}"
+                                 f"\n{where}")
         if matrix:
             base = cell_link.bandwidth_gbps
             for name, knobs in knob_settings(s).items():
@@ -115,7 +117,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
         if plots and len(measured):
             from .plots import plot_validation
 
-            plot_validation(measured, out / "validation.png")
+            plot_validation(measured, out / "validation.png", heading=where)
     mat = None
     if matrix:
         mat = pd.DataFrame(mrows)
@@ -125,5 +127,17 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
 
             for (cell_id, ws), g in mat.groupby(["cell_id", "world_size"], sort=False):
                 plot_heatmap(g, out / f"heatmap_{cell_id}_ws{ws}.png",
-                             title=f"{cell_id}: predicted step time, {ws} ranks")
+                             title=f"{cell_id}: predicted step time, {ws} ranks\n{where}")
     return pred, mat
+
+
+def _measured_on(run: Path) -> str:
+    """"<workload> · simulated from its run on <device>" for the plots' titles."""
+    from zerobench.runs.folder import DamagedFile, RunFolder
+
+    try:
+        meta = RunFolder(run).meta()
+    except DamagedFile:
+        meta = {}
+    device = meta.get("gpu_model") or f"CPU ({meta.get('cpu_model') or 'unknown'})"
+    return f"{meta.get('workload') or run.name} · simulated from its run on {device}, {meta.get('backend') or 'gloo'}"
