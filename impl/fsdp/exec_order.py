@@ -10,15 +10,18 @@ pair its collectives with the wrong ones on the other ranks and hang or corrupt 
 
 [Note: order check after the first iteration]
 PyTorch's FSDP1 compares later iterations with the first only under
-``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and then only locally: it warns "Forward order
-differs from that of the first iteration on rank R" and carries on, so ranks that took
-different paths pair the wrong collectives and hang until the backend's timeout.
-Here every training-mode pre-forward of a sharded unit keeps checking: it warns as
-FSDP1 does (once) when this rank's order departs from the first iteration's, and it
-all-reduces ``(unit index, parameter count)`` over the unit's group before the unit's
-own all-gather (max and max of the negation: equal when every rank agrees), so ranks
-that disagree all raise the same RuntimeError instead of hanging. The price is one
-32-byte all-reduce per unit and forward.
+``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and only locally: it warns "Forward order differs
+from that of the first iteration on rank R. Collectives are unchecked and may give
+incorrect results or hang" and carries on. Ranks that took different paths then pair
+their collectives silently when the sizes happen to agree (its own test relies on
+that), and hang until the backend's timeout when they do not.
+Here every training-mode pre-forward of a sharded unit warns as FSDP1 does (once,
+always, not only under DETAIL) when this rank's order departs from the first
+iteration's, and all-reduces ``(shard numel, unit index)`` over the unit's group before
+the unit's own all-gather (max and max of the negation: equal when every rank agrees).
+Ranks at different units whose all-gathers have the same size carry on, as FSDP1
+does; ranks whose all-gathers would not match all raise the same RuntimeError instead
+of hanging. The price is one 32-byte all-reduce per unit and forward.
 """
 
 from __future__ import annotations
@@ -71,15 +74,17 @@ class ExecutionOrder:
         expected = self.forward_order[position] if position < len(self.forward_order) else None
         if expected is not instance and not self._warned:
             self._warned = True
-            what = (f"expected to all-gather the unit with index {expected.unit.index} but all-gathering the "
-                    f"unit with index {unit.index}") if expected is not None else (
-                    f"expected no more all-gathers in this forward but all-gathering the unit with index {unit.index}")
+            what = (f"Expected to all-gather the unit with index {expected.unit.index} but trying to all-gather "
+                    f"the unit with index {unit.index}") if expected is not None else (
+                    f"Expected to not all-gather any more parameters in the forward but trying to all-gather the "
+                    f"unit with index {unit.index}")
             warnings.warn(
-                f"Forward order differs from that of the first iteration on rank {dist.get_rank()}. "
-                f"impl.fsdp still checks every all-gather across ranks and raises if they disagree.\n{what}",
+                f"Forward order differs from that of the first iteration on rank {dist.get_rank()}. Collectives "
+                f"are unchecked and may give incorrect results or hang.\n{what}\n(impl.fsdp checks that the "
+                "all-gathers of every rank have the same size, and raises instead of hanging when they do not.)",
                 stacklevel=2,
             )
-        self._check_same_across_ranks(unit, position)
+        self._check_sizes_across_ranks(unit, position)
 
     def next_forward(self, instance):
         """The instance whose forward came after ``instance``'s in the first iteration."""
@@ -116,7 +121,23 @@ class ExecutionOrder:
         self._post_forward.clear()
         self._post_forward_index.clear()
 
-    # -- the first-iteration check ---------------------------------------------------
+    # -- the checks ---------------------------------------------------------------
+
+    @staticmethod
+    def _check_sizes_across_ranks(unit, position: int) -> None:
+        """Later iterations: raise on every rank if the all-gathers about to be issued
+        differ in size (they would hang). See [Note: order check after the first iteration]."""
+        group = unit.shard_group
+        numel = unit.handle.shard_numel
+        agree = torch.tensor([numel, -numel], dtype=torch.int64, device=unit.handle.device)
+        comm.all_reduce(agree, op=dist.ReduceOp.MAX, group=group, async_op=False)
+        if agree[0] != -agree[1]:
+            raise RuntimeError(
+                f"Forward order differs across ranks: at all-gather #{position} of this iteration the ranks are "
+                f"about to all-gather shards of different sizes (between {int(-agree[1])} and {int(agree[0])} "
+                f"elements; this rank: the unit with index {unit.index}, {numel}). The collectives would hang; "
+                "every rank must run the FSDP units in the same order."
+            )
 
     @staticmethod
     def _check_same_across_ranks(unit, position: int) -> None:

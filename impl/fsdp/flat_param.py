@@ -205,6 +205,8 @@ class FlatParamHandle:
             .requires_grad_(param.requires_grad)
             for info, param in zip(self.infos, unique)
         ]
+        # id() of the unsharded parameters with a gradient hook (sync_requires_grad adds them).
+        self._hooked: set[int] = set()
         # Where the unsharded storage is in its life; unit.py moves it, the hooks read it.
         self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
 
@@ -262,6 +264,22 @@ class FlatParamHandle:
             return
         for ref in [*self.infos, *self.shared]:
             ref.module.__dict__.pop(ref.name, None)
+
+    def sync_requires_grad(self, on_grad_ready) -> None:
+        """Let each unsharded parameter require grad as its original does now: the
+        original parameter with use_orig_params, else the flat shard (``requires_grad_``
+        on ``model.parameters()`` reaches only that). ``on_grad_ready`` is hooked on a
+        parameter's gradient accumulation the first time it requires grad."""
+        if self.orig is not None:
+            wants = [p.requires_grad for p in self.orig.params]
+        else:
+            wants = [self.sharded_flat.requires_grad] * len(self.unsharded_params)
+        for param, want in zip(self.unsharded_params, wants):
+            if param.requires_grad != want:
+                param.requires_grad_(want)
+            if want and id(param) not in self._hooked:
+                param.register_post_accumulate_grad_hook(on_grad_ready)
+                self._hooked.add(id(param))
 
     @property
     def requires_grad_count(self) -> int:

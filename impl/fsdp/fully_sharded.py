@@ -256,9 +256,7 @@ class FullyShardedDataParallel(nn.Module):
             else:
                 self._flat_param = handle.sharded_flat  # registered, under PyTorch 2.x's name
             self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
-            for param in handle.unsharded_params:
-                if param.requires_grad:
-                    param.register_post_accumulate_grad_hook(functools.partial(runtime.post_accumulate_grad, state))
+            handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
             if handle.keeps_unsharded:
                 handle.use_unsharded_params()
 

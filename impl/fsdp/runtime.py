@@ -52,6 +52,7 @@ last one and synchronises the post-backward stream once before the gradients are
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 import torch
@@ -140,6 +141,7 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
             nxt = shared.exec_order.next_forward(state)
             if nxt is not None:
                 nxt.unit.unshard(prefetch=True, ticketed=frees_after_forward(nxt))
+        unit.handle.sync_requires_grad(functools.partial(post_accumulate_grad, state))
         unit.handle.use_unsharded_params()
     return args, kwargs
 
