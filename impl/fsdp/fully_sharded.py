@@ -251,10 +251,13 @@ class FullyShardedDataParallel(nn.Module):
                 handle, strategy, shard_group, replicate_group, world, mixed_precision, _next_unit_index
             )
             _next_unit_index += 1
-            if use_orig_params:  # the original parameters are the module's; the shard is an attribute
-                self.__dict__["_flat_param"] = handle.sharded_flat
+            # On the wrapped module, under PyTorch 2.x's name: a registered parameter, or
+            # with use_orig_params a plain attribute (the original parameters are the module's).
+            handle.sharded_flat._impl_fsdp_flat = True  # what state dicts and clipping skip
+            if use_orig_params:
+                module.__dict__[utils.FLAT_PARAM] = handle.sharded_flat
             else:
-                self._flat_param = handle.sharded_flat  # registered, under PyTorch 2.x's name
+                module.register_parameter(utils.FLAT_PARAM, handle.sharded_flat)
             self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
             handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
             if handle.keeps_unsharded:

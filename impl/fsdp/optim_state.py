@@ -44,6 +44,13 @@ def _param_map(model: nn.Module) -> dict[int, tuple[Any, list[str]]]:
     for mod_name, mod in model.named_modules():
         state = state_of(mod)
         if state is not None:  # an FSDP instance: the optimizer sees its flat shard
+            if state.unit is not None and state.use_orig_params:
+                raise NotImplementedError(
+                    "impl.fsdp has no optimizer state dicts for units built with use_orig_params=True (the optimizer "
+                    "holds each original parameter's slice of the shard). Save optim.state_dict() on every rank and "
+                    "load it with the same world size and wrapping, or build the model with use_orig_params=False "
+                    "(docs/fsdp.md, \"What still differs from PyTorch 2.x's FSDP1\")."
+                )
             if state.unit is not None:
                 h = state.unit.handle
                 out[id(h.sharded_flat)] = (state.unit, [_join(_clean(mod_name), i.fqn) for i in h.infos])

@@ -132,7 +132,8 @@ class _Entries:
                 continue
             prefix = _clean(mod_name)
             for name, p in mod._parameters.items():
-                if p is not None and not getattr(p, "_impl_fsdp_flattened", False):  # use_orig_params: the unit's
+                # Skip the units' own: flat shards, and original parameters under use_orig_params.
+                if p is not None and not getattr(p, "_impl_fsdp_flattened", False) and not getattr(p, "_impl_fsdp_flat", False):
                     self.unmanaged.append((_join(prefix, name), mod, name))
             for name, b in mod._buffers.items():
                 if b is not None and name not in mod._non_persistent_buffers_set:
@@ -339,8 +340,6 @@ def pre_load_hook(module, state_dict, prefix, local_metadata, strict, missing_ke
     kind = state.state_dict_type
     for key in [k for k in state_dict if k.startswith(prefix) and not k[len(prefix):].startswith(_WRAPPED)]:
         rest = key[len(prefix):]
-        if kind is StateDictType.LOCAL_STATE_DICT and rest == FLAT_PARAM:
-            continue  # the instance's own registered parameter
         value = state_dict.pop(key)
         state_dict[prefix + _WRAPPED + rest] = full_tensor(value) if kind is StateDictType.SHARDED_STATE_DICT else value
     if kind is not StateDictType.LOCAL_STATE_DICT:

@@ -21,7 +21,7 @@ from impl.fsdp.traversal import fsdp_modules, fsdp_states, state_of
 
 FLAT_PARAM = "_flat_param"
 """The attribute (and, unless use_orig_params, the registered parameter) holding a
-unit's flat shard on its instance: PyTorch 2.x's name."""
+unit's flat shard on its wrapped module: PyTorch 2.x's name and place."""
 
 
 def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -54,7 +54,7 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
             replicated.append(unit.handle.sharded_flat.grad)
     flat_ids = {id(state.unit.handle.sharded_flat) for state in states if state.unit is not None}
     others = [q.grad for q in root.parameters()
-              if id(q) not in flat_ids and not getattr(q, "_impl_fsdp_flattened", False) and q.grad is not None]
+              if id(q) not in flat_ids and not getattr(q, "_impl_fsdp_flattened", False) and q.grad is not None]  # ignored
     replicated += others
     if len(groups) > 1:
         raise NotImplementedError("clip_grad_norm_ with units in different shard groups is not supported")
@@ -150,15 +150,19 @@ def summon_full_params(
                 continue  # rank0_only, not rank 0: keep the flat shard
             snapshot = h.views_snapshot()
             params = h.expose_full_params(full)
-            # The flat shard (registered unless use_orig_params) leaves named_parameters().
-            hidden = inst._parameters.pop(FLAT_PARAM, None)
-            summoned.append((inst, h, full, params, snapshot, hidden))
+            # The flat shard (registered unless use_orig_params) leaves named_parameters(),
+            # and shows the unsharded, unpadded values meanwhile, as FSDP1's flat parameter does.
+            hidden = inst._fsdp_wrapped_module._parameters.pop(FLAT_PARAM, None)
+            shard_data = h.sharded_flat.data
+            h.sharded_flat.data = full[: h.numel]
+            summoned.append((inst, h, full, params, snapshot, hidden, shard_data))
         yield
     finally:
-        for inst, h, full, params, snapshot, hidden in reversed(summoned):
+        for inst, h, full, params, snapshot, hidden, shard_data in reversed(summoned):
+            h.sharded_flat.data = shard_data
             h.hide_full_params(params, full, snapshot)  # drops the references to the full copy
             if hidden is not None:
-                inst._parameters[FLAT_PARAM] = hidden
+                inst._fsdp_wrapped_module._parameters[FLAT_PARAM] = hidden
             if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
                 with torch.no_grad():
                     h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
