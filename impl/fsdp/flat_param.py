@@ -132,19 +132,25 @@ class FlatParamHandle:
         self.shared: list[SharedParamInfo] = []
         self.use_orig_params = use_orig_params
         seen: dict[int, int] = {}  # id(parameter) -> index into self.infos
-        seen_attributes: set[tuple[int, str]] = set()  # a module registered twice is one module
+        # A module registered under two names (``self.b = self.a``) is one module: its
+        # parameters are flattened once, and the second name is only an alias (state dicts
+        # list it, as nn.Module.state_dict does).
+        first_ref: dict[tuple[int, str], ParamInfo | SharedParamInfo] = {}
+        self.aliases: list[tuple[str, ParamInfo | SharedParamInfo]] = []
         unique: list[nn.Parameter] = []
         offset = 0
         for fqn, module, name, param in params:
-            if (id(module), name) in seen_attributes:
+            if (id(module), name) in first_ref:
+                self.aliases.append((fqn, first_ref[(id(module), name)]))
                 continue
-            seen_attributes.add((id(module), name))
             if id(param) in seen:
                 self.shared.append(SharedParamInfo(fqn, module, name, seen[id(param)]))
+                first_ref[(id(module), name)] = self.shared[-1]
                 continue
             seen[id(param)] = len(self.infos)
             unique.append(param)
             self.infos.append(ParamInfo(fqn, module, name, param.shape, param.numel(), offset))
+            first_ref[(id(module), name)] = self.infos[-1]
             offset += param.numel()
         requires_grad = {p.requires_grad for p in unique}
         if len(requires_grad) > 1 and use_orig_params:

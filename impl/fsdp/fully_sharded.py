@@ -570,21 +570,22 @@ def _ignored_modules(root: nn.Module, ignored_modules) -> set[nn.Module]:
 
 
 def _managed_params(module: nn.Module, ignored: set[nn.Module], ignored_params: set[int] = frozenset()):
-    """(fqn, owner module, attribute name, parameter) of the parameters this unit flattens.
-    A module registered under two names (``self.b = self.a``) is visited once, under its
-    first name, as ``named_modules()`` does."""
-    names: dict[int, str] = {}
-    for n, m in module.named_modules(remove_duplicate=False):
-        names.setdefault(id(m), n)
-    seen: set[int] = set()
-    for m in traversal.managed_modules(module, ignored):
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        prefix = names.get(id(m), "")
+    """(fqn, owner module, attribute name, parameter) of the parameters this unit flattens,
+    depth first in registration order, stopping at nested instances and ignored modules.
+    A module registered under two names is visited under both (FlatParamHandle keeps the
+    second as an alias)."""
+
+    def walk(prefix: str, m: nn.Module):
+        if m in ignored:
+            return
         for name, p in m._parameters.items():
             if p is not None and id(p) not in ignored_params:
                 yield (f"{prefix}.{name}" if prefix else name), m, name, p
+        for child_name, child in m._modules.items():
+            if child is not None and not traversal.is_fsdp(child):
+                yield from walk(f"{prefix}.{child_name}" if prefix else child_name, child)
+
+    yield from walk("", module)
 
 
 def _default_device(device_id) -> torch.device:

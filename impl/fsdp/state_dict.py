@@ -129,6 +129,8 @@ class _Entries:
                     h = state.unit.handle
                     for ref in [*h.infos, *h.shared]:
                         self.managed.append((_join(_clean(mod_name), ref.fqn), state, ref))
+                    for fqn, ref in h.aliases:  # a module registered under a second name
+                        self.managed.append((_join(_clean(mod_name), fqn), state, ref))
                 continue
             prefix = _clean(mod_name)
             for name, p in mod._parameters.items():
