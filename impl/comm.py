@@ -10,7 +10,7 @@ Every collective the impl engines issue goes through this module, so that
   its own stream).
 
 The interconnect is emulated by the harness for every engine alike, by wrapping the
-torch.distributed functions (zerobench/emulation.py, [Note: emulation]). This module
+torch.distributed functions (zerobench/instruments/emulation.py, [Note: emulation]). This module
 looks those functions up at each call, so the wrappers see impl's collectives too: a
 Handle's wait then also waits out the emulated wire time, inside its
 ``impl::wait_<name>`` span.

@@ -58,9 +58,9 @@ def recompute_cost(workload_path: str, rounds: int = 15) -> dict[str, float]:
 
     import torch
 
-    from zerobench import data
-    from zerobench.models import build_for_cell, loss_fn
-    from zerobench.workload import load_workload
+    from zerobench.spec import data
+    from zerobench.spec.models import build_for_cell, loss_fn
+    from zerobench.spec.workload import load_workload
 
     torch.set_num_threads(1)
     w = load_workload(workload_path)

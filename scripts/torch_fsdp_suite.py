@@ -25,7 +25,7 @@ What it takes, all applied in the test process before the test file is imported
 * ``instantiate_device_type_tests(..., only_for=("cuda", "hpu", "xpu"))`` also
   instantiates for ``cpu`` (tests named ``..._cpu``).
 * Ranks are forked (0.1 s) instead of spawned (3-4 s each on two cores), after
-  ``torch.set_num_threads(1)``, as zerobench.testing does.
+  ``torch.set_num_threads(1)``, as zerobench.harness.testing does.
 * Tests that still say ``"cuda"`` (``torch.device("cuda")`` inputs, ``.cuda()``) get
   CPU tensors: a TorchFunctionMode rewrites a CUDA ``device`` argument to ``cpu`` and makes
   ``Tensor.cuda()`` the identity. ``torch.cuda.synchronize`` becomes a no-op.

@@ -3,7 +3,7 @@ plugins, and the ``world_size`` mark.
 
 ``@pytest.mark.world_size(2, 4)`` runs a test once per world size, as DeepSpeed's
 ``DistributedTest`` does with its ``world_size`` attribute: the test takes a
-``world_size`` argument and hands it to ``zerobench.testing.run_ranks``. The test ids
+``world_size`` argument and hands it to ``zerobench.harness.testing.run_ranks``. The test ids
 read ``ws2``, ``ws4``, so ``pytest -k ws4`` selects the larger worlds.
 """
 

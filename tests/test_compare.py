@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from zerobench.cli import main as cli_main
-from zerobench.compare import (Rule, compare_runs, config_mismatches, exit_code, load_run)
-from zerobench.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRICS
+from zerobench.analysis.compare.gate import (Rule, compare_runs, config_mismatches, exit_code, load_run)
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRICS
 
 MiB = 2**20
 
@@ -297,7 +297,7 @@ def test_markdown_plot_and_csv_written(tmp_path):
 
 
 def test_plot_with_nothing_changed(tmp_path):
-    from zerobench.compare_report import plot_changes
+    from zerobench.analysis.compare.report import plot_changes
 
     base = load_run(run_folder(tmp_path, "base"))
     assert plot_changes(compare_runs(base, base), tmp_path / "none.png").stat().st_size > 0
@@ -379,7 +379,7 @@ def test_committed_baseline_loads_and_passes_against_itself(tmp_path):
 
 
 # --------------------------------------------------------------------------- losses across machines
-# See [Note: losses across machines] in zerobench/compare_rules.py.
+# See [Note: losses across machines] in zerobench/analysis/compare/rules.py.
 
 BASELINE = Path(__file__).parents[1] / "results" / "baselines" / "cpu-quickstart"
 
@@ -459,7 +459,7 @@ def test_fp32_losses_exact_on_same_hardware_bounded_across(tmp_path):
 
 
 def test_hardware_difference_is_reported(tmp_path, capsys):
-    from zerobench.compare import hardware_differences
+    from zerobench.analysis.compare.gate import hardware_differences
 
     assert hardware_differences({}, {}) == []
     assert hardware_differences({"cpu_flags": ["avx2"]}, {"cpu_flags": ["avx2"]}) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zerobench.cli import main as cli_main
-from zerobench.compare import compare_runs, config_mismatches, exit_code, load_run
+from zerobench.analysis.compare.gate import compare_runs, config_mismatches, exit_code, load_run
 
 pytestmark = pytest.mark.slow
 

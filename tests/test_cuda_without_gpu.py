@@ -38,8 +38,8 @@ class _FakeAllocator:
 
 
 def test_allocator_metrics_read_any_device_module():
-    from zerobench.schema import METRIC_BY_NAME
-    from zerobench.worker import allocator_metrics
+    from zerobench.runs.schema import METRIC_BY_NAME
+    from zerobench.rank.worker import allocator_metrics
 
     fake = _FakeAllocator()
     metrics = allocator_metrics(fake, torch.device("cuda", 1))
@@ -51,10 +51,10 @@ def test_allocator_metrics_read_any_device_module():
 
 def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeypatch):
     """The worker's timing pass with torch.cuda faked: the three peaks are recorded."""
-    from zerobench import worker
+    from zerobench.rank import worker
     from zerobench.engines import RankContext
-    from zerobench.matrix import expand
-    from zerobench.workload import parse_workload
+    from zerobench.spec.matrix import expand
+    from zerobench.spec.workload import parse_workload
 
     fake = _FakeAllocator()
     monkeypatch.setattr(torch.cuda, "memory_stats", fake.memory_stats)
@@ -84,8 +84,8 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
 
 
 def test_active_peak_is_compared_like_the_allocated_peak():
-    from zerobench.compare_rules import default_rule, resolve_metric
-    from zerobench.schema import COLUMN_DTYPES, METRIC_BY_NAME
+    from zerobench.analysis.compare.rules import default_rule, resolve_metric
+    from zerobench.runs.schema import COLUMN_DTYPES, METRIC_BY_NAME
 
     active, allocated = METRIC_BY_NAME["cuda_peak_active_bytes"], METRIC_BY_NAME["cuda_peak_allocated_bytes"]
     assert (active.unit, active.kind, active.better) == (allocated.unit, allocated.kind, allocated.better)
@@ -135,7 +135,7 @@ class _FakeTimedCuda:
 
 
 def test_cycles_per_ms_is_a_trimmed_mean_of_ten_samples(monkeypatch):
-    from zerobench import gpu_check
+    from zerobench.whatif import gpu_check
 
     # 1e6 cycles per ms, except a slow first launch and one sample disturbed each way
     ms_per_sample = [40.0, 10.0, 10.0, 9.0, 10.0, 10.0, 10.0, 12.0, 10.0, 10.0]
@@ -152,7 +152,7 @@ def test_cycles_per_ms_is_a_trimmed_mean_of_ten_samples(monkeypatch):
 
 
 def test_gloo_probe_kills_its_ranks_on_a_timeout(monkeypatch):
-    from zerobench import gpu_check
+    from zerobench.whatif import gpu_check
 
     started = []
     real_popen = subprocess.Popen
@@ -228,11 +228,11 @@ def test_gpu_check_names_a_missing_interpreter_and_falls_back_to_python3(tmp_pat
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
 def test_gpu_check_virtual_needs_no_gpu_and_runs_only_the_virtual_steps(tmp_path):
     # The interpreter runs everything but the checks themselves, which it only logs
-    # (what they answer is zerobench.gpu_check's business, tested with it).
+    # (what they answer is zerobench.whatif.gpu_check's business, tested with it).
     calls = tmp_path / "checks.log"
     python = tmp_path / "python-logging-checks"
     python.write_text(f"""#!/bin/sh
-if [ "$1" = -m ] && [ "$2" = zerobench.gpu_check ]; then echo "$*" >> "{calls}"; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = zerobench.whatif.gpu_check ]; then echo "$*" >> "{calls}"; exit 0; fi
 exec "{sys.executable}" "$@"
 """)
     python.chmod(0o755)
@@ -241,7 +241,7 @@ exec "{sys.executable}" "$@"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no CUDA device" not in proc.stdout
     assert not (tmp_path / "--virtual").exists() and not (ROOT / "--virtual").exists()
-    assert calls.read_text().splitlines() == [f"-m zerobench.gpu_check --virtual {name} {out}/{name}.json"
+    assert calls.read_text().splitlines() == [f"-m zerobench.whatif.gpu_check --virtual {name} {out}/{name}.json"
                                               for name in ("overlap", "limiter")]
     summary = (out / "summary.md").read_text()
     steps = [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("| ")][1:]

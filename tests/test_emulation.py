@@ -1,4 +1,4 @@
-"""Interconnect emulation (zerobench/emulation.py): serial links, every engine's calls."""
+"""Interconnect emulation (zerobench/instruments/emulation.py): serial links, every engine's calls."""
 
 import contextlib
 import time
@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zerobench import emulation
-from zerobench.link import Link
-from zerobench.testing import run_ranks
+from zerobench.instruments import emulation
+from zerobench.instruments.link import Link
+from zerobench.harness.testing import run_ranks
 
 LATENCY_US = 60_000.0  # 60 ms per collective: far above gloo's own time on 2 busy cores
 SLOW = Link(1000.0, LATENCY_US)
@@ -147,9 +147,9 @@ def test_cuda_sleep_calibration_matches_events():
 
 
 def test_cells_name_a_preset_or_explicit_numbers():
-    from zerobench.link import PRESETS
-    from zerobench.matrix import expand
-    from zerobench.workload import WorkloadError, parse_workload
+    from zerobench.instruments.link import PRESETS
+    from zerobench.spec.matrix import expand
+    from zerobench.spec.workload import WorkloadError, parse_workload
 
     def cells(matrix):
         return expand(parse_workload({"matrix": matrix}))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.estimate import parse_world_sizes
-from zerobench.estimate.analytic import FIGURE1_PAPER_GB, figure1, model_state_bytes
+from zerobench.whatif.estimate import parse_world_sizes
+from zerobench.engines.stages import FIGURE1_PAPER_GB, figure1, model_state_bytes
 
 
 def test_figure1_within_1_percent():
@@ -55,8 +55,8 @@ def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, arg
 
 
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.estimate import why_not
-    from zerobench.matrix import Cell
+    from zerobench.whatif.estimate import why_not
+    from zerobench.spec.matrix import Cell
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
     assert "not a multiple of the shard group size 3" in why_not(cell, 8, 3)
@@ -68,7 +68,7 @@ def test_estimate_matches_curated_memory_pass(tmp_path):
     """ws2 estimate of two quickstart engines vs the committed baseline run.s real peak (rank 0)."""
     import pandas as pd
 
-    from zerobench.estimate import against_run, estimate
+    from zerobench.whatif.estimate import against_run, estimate
 
     out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path, log=lambda *_: None,
                    only=["ddp-fp32", "impl-fsdp-fp32"])
@@ -110,7 +110,7 @@ def test_fake_tensors_estimate_as_real_tensors_do(tmp_path):
     bookkeeping (the mesh's rank list is real, so not tracked)."""
     import pandas as pd
 
-    from zerobench.estimate import estimate
+    from zerobench.whatif.estimate import estimate
 
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY_GPT)
@@ -142,8 +142,8 @@ def test_gloo_backend_holds_the_reduce_scatter_buffer_from_wait_until_the_work_d
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from zerobench.estimate.rank import _backend_buffers
-    from zerobench.memory import StorageTracker
+    from zerobench.whatif.estimate.rank import _backend_buffers
+    from zerobench.instruments.memory import StorageTracker
 
     dist.init_process_group("fake", world_size=4, rank=0, store=FakeStore())
     try:
@@ -182,7 +182,7 @@ def test_gloo_backend_estimate_matches_the_gloo_memory_pass(tmp_path):
     with --backend gloo it is within 1 % of it."""
     import pandas as pd
 
-    from zerobench.estimate import against_run, estimate
+    from zerobench.whatif.estimate import against_run, estimate
 
     baseline = pd.read_csv("results/baselines/cpu-quickstart/results.csv")
     diffs = {}

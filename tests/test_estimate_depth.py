@@ -1,13 +1,13 @@
-"""Depth extrapolation (zerobench/estimate/depth.py): a deep model's estimate from two
+"""Depth extrapolation (zerobench/whatif/estimate/depth.py): a deep model's estimate from two
 shallow copies equals the full-depth estimate, and ZeRO-1's optimizer state is the
 full-depth partition's."""
 
 import pytest
 
-from zerobench.estimate import depth
-from zerobench.estimate.rank import estimate_one
-from zerobench.matrix import expand
-from zerobench.workload import parse_workload
+from zerobench.whatif.estimate import depth
+from zerobench.whatif.estimate.rank import estimate_one
+from zerobench.spec.matrix import expand
+from zerobench.spec.workload import parse_workload
 
 LAYERS = 5
 WORKLOAD = parse_workload({

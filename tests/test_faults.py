@@ -19,13 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from zerobench import active, launch, preflight
+from zerobench.harness import active
+
+from zerobench.harness import launch
+
+from zerobench.harness import preflight
 from zerobench.cli import main
-from zerobench.matrix import Cell
-from zerobench.reference import ReferenceFailed, reference_losses
-from zerobench.runfolder import RunFolder
-from zerobench.runner import finished, new_run_dir, run_metadata
-from zerobench.workload import parse_workload
+from zerobench.spec.matrix import Cell
+from zerobench.harness.reference import ReferenceFailed, reference_losses
+from zerobench.runs.folder import RunFolder
+from zerobench.harness.runner import finished, new_run_dir, run_metadata
+from zerobench.spec.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = textwrap.dedent("""
@@ -167,7 +171,7 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return cls(2026, 11, 23, 12, 0, 0)
 
-    monkeypatch.setattr("zerobench.runner._dt.datetime", Frozen)
+    monkeypatch.setattr("zerobench.harness.runner._dt.datetime", Frozen)
     workload = parse_workload({"name": "w"})
     first, second = new_run_dir(tmp_path, workload), new_run_dir(tmp_path, workload)
     assert first != second and first.is_dir() and second.is_dir()
@@ -177,7 +181,7 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
 def test_another_active_run_is_seen_and_recorded(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from zerobench import active
+        from zerobench.harness import active
         with active.register(sys.argv[1]):
             print("registered", flush=True)
             time.sleep(60)

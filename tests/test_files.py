@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from zerobench.files import write_atomic, write_json_atomic
+from zerobench.runs.files import write_atomic, write_json_atomic
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):

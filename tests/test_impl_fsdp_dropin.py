@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tests.helpers.fsdp import make_model, train, unit_policy, warm_up_imports
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 from impl.fsdp import ShardingStrategy, TrainingState, traversal
 from impl.fsdp import FullyShardedDataParallel as FSDP

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tests.helpers.fsdp import MLP, warm_up_imports
 from zerobench.engines.base import OptimizerSpec, RankContext
 from zerobench.engines.impl_fsdp import FSDPEngine
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 warm_up_imports()
 

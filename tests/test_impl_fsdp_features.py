@@ -28,11 +28,11 @@ from tests.helpers.fsdp import (
     unit_policy,
     warm_up_imports,
 )
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 from impl import comm
-from zerobench import emulation
-from zerobench.link import Link
+from zerobench.instruments import emulation
+from zerobench.instruments.link import Link
 from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy
 from impl.fsdp import FullyShardedDataParallel as FSDP
 

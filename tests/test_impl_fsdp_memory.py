@@ -1,7 +1,7 @@
 """Per-rank memory of impl.fsdp against a budget computed by hand from the model.
 
 As FSDP2's test_fully_shard_memory.py does: the measured peak (live tensor storages,
-followed by zerobench.memory.StorageTracker, which also follows FSDP's storage
+followed by zerobench.instruments.memory.StorageTracker, which also follows FSDP's storage
 resizes) must stay within
 
     sharded states      16 P / W   (fp32 parameters + gradients + Adam's two moments)
@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from tests.helpers.fsdp import DEFAULTS_1_13, MLP, unit_policy, warm_up_imports
-from zerobench.memory import StorageTracker
-from zerobench.testing import run_ranks
+from zerobench.instruments.memory import StorageTracker
+from zerobench.harness.testing import run_ranks
 
 from impl.fsdp import BackwardPrefetch, ShardingStrategy
 from impl.fsdp import FullyShardedDataParallel as FSDP

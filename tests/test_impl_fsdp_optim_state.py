@@ -22,7 +22,7 @@ from tests.helpers.fsdp import (
     unit_policy,
     warm_up_imports,
 )
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 from impl.fsdp import OptimStateKeyType, ShardingStrategy
 from impl.fsdp import FullyShardedDataParallel as FSDP

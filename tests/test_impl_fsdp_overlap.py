@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 
 from tests.helpers.fsdp import DEFAULTS_1_13, warm_up_imports
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 from impl import comm
-from zerobench import emulation
-from zerobench.link import Link
+from zerobench.instruments import emulation
+from zerobench.instruments.link import Link
 from impl.fsdp import BackwardPrefetch
 from impl.fsdp import FullyShardedDataParallel as FSDP
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.helpers.fsdp import warm_up_imports
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 import impl.fsdp as ifsdp
 

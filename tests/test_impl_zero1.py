@@ -37,7 +37,7 @@ from tests.helpers.zero import (
 )
 
 from impl.zero import ZeroRedundancyOptimizer
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 TOL = 1e-5
 

@@ -22,10 +22,10 @@ from tests.helpers.zero import (
 )
 
 from impl import comm
-from zerobench import emulation
-from zerobench.link import Link
+from zerobench.instruments import emulation
+from zerobench.instruments.link import Link
 from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 TOL = 1e-5
 

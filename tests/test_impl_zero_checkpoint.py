@@ -22,7 +22,7 @@ from tests.helpers.zero import (
 )
 
 from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 TOL = 1e-5
 DATA = batches(5, seed=11)

@@ -18,7 +18,7 @@ from tests.helpers.zero import (
 
 from zerobench.engines.base import OptimizerSpec, RankContext
 from zerobench.engines.impl_zero import Zero1Engine, Zero2Engine
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 SPEC = OptimizerSpec("adam", lr=1e-2, hyper={})
 

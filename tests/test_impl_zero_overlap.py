@@ -30,7 +30,7 @@ with warnings.catch_warnings():
 from impl.zero import ZeroRedundancyOptimizer
 from impl.zero.ddp_hooks import hook_with_zero_step, hook_with_zero_step_interleaved
 from impl.zero.overlap import OverlapStatus
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 TOL = 1e-6
 STEPS = 6

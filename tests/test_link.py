@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerobench.link import PRESETS, Link, SerialLink, bus_factor, resolve_link
+from zerobench.instruments.link import PRESETS, Link, SerialLink, bus_factor, resolve_link
 
 
 def test_bus_factors_follow_nccl_tests():

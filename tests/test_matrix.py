@@ -2,8 +2,8 @@
 
 import pytest
 
-from zerobench.matrix import Cell, engine_axes, expand
-from zerobench.workload import WorkloadError, parse_workload
+from zerobench.spec.matrix import Cell, engine_axes, expand
+from zerobench.spec.workload import WorkloadError, parse_workload
 
 
 def cells(matrix):
@@ -47,7 +47,7 @@ def test_value_one_engine_allows_and_another_does_not_is_a_skipped_cell(monkeypa
     assert [c.id for c in skipped] == ["narrow-ws2-fp32-sharding_strategy=NO_SHARD"]
     assert "sharding_strategy: 'NO_SHARD' is not allowed (allowed: 'FULL_SHARD')" in skipped[0].skip_reason
     # a rank finds its runnable cell even though another engine's value is in the matrix
-    from zerobench.matrix import find_cell
+    from zerobench.spec.matrix import find_cell
 
     workload = parse_workload({"matrix": {"engine": ["torch-fsdp1", "narrow"],
                                           "sharding_strategy": ["FULL_SHARD", "NO_SHARD"]}})
@@ -93,15 +93,15 @@ def test_axis_that_depends_on_another_makes_no_duplicate_cells():
 
     axes = {"limit": Axis(False, choices=(False, True)),
             "depth": Axis(2, type=int, minimum=1, applies_when=("limit", True))}
-    from zerobench.matrix import _pin_inapplicable
+    from zerobench.spec.matrix import _pin_inapplicable
 
     assert _pin_inapplicable(axes, [("limit", False), ("depth", 4)]) == [("limit", False), ("depth", 2)]
     assert _pin_inapplicable(axes, [("limit", True), ("depth", 4)]) == [("limit", True), ("depth", 4)]
 
 
 def test_find_cell_expands_only_its_engine_and_agrees_with_the_full_matrix():
-    from zerobench.matrix import find_cell
-    from zerobench.workload import load_workload
+    from zerobench.spec.matrix import find_cell
+    from zerobench.spec.workload import load_workload
 
     w = load_workload("workloads/fsdp-knobs.toml")
     full = expand(w)

@@ -2,7 +2,7 @@
 
 import torch
 
-from zerobench.memory import StorageTracker
+from zerobench.instruments.memory import StorageTracker
 
 
 def test_exact_bytes_of_allocations_views_and_frees():

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerobench import data
-from zerobench.checkpointing import parse_mode
-from zerobench.matrix import expand
-from zerobench.memory import StorageTracker
-from zerobench.models import build_for_cell, construct, loss_fn, sharding_units
-from zerobench.workload import WorkloadError, parse_workload
+from zerobench.spec import data
+from zerobench.spec.checkpointing import parse_mode
+from zerobench.spec.matrix import expand
+from zerobench.instruments.memory import StorageTracker
+from zerobench.spec.models import build_for_cell, construct, loss_fn, sharding_units
+from zerobench.spec.workload import WorkloadError, parse_workload
 
 MODELS = Path(__file__).parent / "data" / "models"
 TINY_LLAMA = {"kind": "llama", "layers": 4, "d_model": 32, "heads": 4, "kv_heads": 2, "ffn_hidden": 64,
@@ -130,7 +130,7 @@ def test_checkpointing_lowers_the_peak_and_recomputed_tensors_count_as_activatio
 
 
 def test_recomputed_storages_are_marked():
-    from zerobench import checkpointing
+    from zerobench.spec import checkpointing
 
     seen = []
     cfg = llama(layers=1)
@@ -240,7 +240,7 @@ def test_hf_config_path_is_relative_to_the_workload_file(tmp_path):
     (tmp_path / "sub").mkdir()
     shutil.copy(MODELS / "hf-llama-tiny.json", tmp_path / "sub" / "config.json")
     (tmp_path / "w.toml").write_text('[model]\nkind = "hf"\nconfig = "sub/config.json"\n')
-    from zerobench.workload import load_workload
+    from zerobench.spec.workload import load_workload
 
     assert load_workload(tmp_path / "w.toml").model.config == str((tmp_path / "sub" / "config.json").resolve())
 

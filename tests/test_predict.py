@@ -6,11 +6,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from zerobench.estimate import configurations
-from zerobench.link import resolve_link
-from zerobench.matrix import Cell
-from zerobench.predict.rank import _minus, _union, timeline_metrics
-from zerobench.workload import load_workload
+from zerobench.whatif.estimate import configurations
+from zerobench.instruments.link import resolve_link
+from zerobench.spec.matrix import Cell
+from zerobench.whatif.predict.rank import _minus, _union, timeline_metrics
+from zerobench.spec.workload import load_workload
 
 
 def test_exposed_communication_is_what_compute_does_not_cover():
@@ -40,8 +40,8 @@ def _cell(w, cell_id: str, world_size: int) -> Cell:
 def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
     """The caching-allocator model's allocated peak is the estimator's tensor-byte peak,
     rounded to 512-byte blocks: within 1 % (and never below it)."""
-    from zerobench.estimate.rank import estimate_one
-    from zerobench.predict.rank import predict_one
+    from zerobench.whatif.estimate.rank import estimate_one
+    from zerobench.whatif.predict.rank import predict_one
 
     cell = _cell(quickstart, cell_id, world_size)
     estimated = estimate_one(quickstart, cell, 0, True)
@@ -55,7 +55,7 @@ def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
 
 
 def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
-    from zerobench.predict import COLUMNS, predict
+    from zerobench.whatif.predict import COLUMNS, predict
 
     out = predict("workloads/quickstart.toml", [8], link="ib-400g", results_root=tmp_path,
                   only=["impl-fsdp-fp32"], log=lambda *_: None)
@@ -69,7 +69,7 @@ def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
 
 
 def test_predict_names_bad_presets_and_configurations(tmp_path):
-    from zerobench.predict import predict
+    from zerobench.whatif.predict import predict
 
     with pytest.raises(ValueError, match="gpu must be one of h100-sxm, a100-80gb, h200"):
         predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
@@ -83,7 +83,7 @@ def test_predict_names_bad_presets_and_configurations(tmp_path):
 
 def test_predicted_beside_measured(tmp_path):
     """What gpu-check prints on a GPU: each measured cell beside its prediction."""
-    from zerobench.predict.compare import gpu_preset_for, side_by_side, to_markdown
+    from zerobench.whatif.predict.measured import gpu_preset_for, side_by_side, to_markdown
 
     run, pred = tmp_path / "run", tmp_path / "pred"
     run.mkdir(), pred.mkdir()

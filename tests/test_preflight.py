@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from zerobench import preflight
-from zerobench.matrix import expand
-from zerobench.workload import load_workload
+from zerobench.harness import preflight
+from zerobench.spec.matrix import expand
+from zerobench.spec.workload import load_workload
 
 WORKLOAD = textwrap.dedent("""
     name = "pf"

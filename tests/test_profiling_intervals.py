@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from zerobench.profiling import intervals as iv
+from zerobench.analysis.profiling import intervals as iv
 
 
 def test_merge_joins_overlapping_nested_and_touching():

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from zerobench import profiling as zp
-from zerobench.profiling.collectives import bus_factor, busbw_gbps, dtype_bytes, kind_of
+from zerobench.analysis import profiling as zp
+from zerobench.analysis.profiling.collective_table import bus_factor, busbw_gbps, dtype_bytes, kind_of
 
 PID, MAIN, GLOO_A, GLOO_B = 100, 100, 101, 102
 
@@ -141,7 +141,7 @@ def test_impl_labels_in_flight_and_waits():
 def test_emulated_interval_counts_as_comm():
     # With emulation the impl collectives, issued at 0, 2 and 30, each occupy the link
     # for 70 us (latency only), one at a time: [0,70], [70,140], [140,210].
-    from zerobench.link import Link
+    from zerobench.instruments.link import Link
 
     t = trace(impl_events())
     np.testing.assert_allclose(zp.comm_intervals(t, Link(1e9, 70.0)), [[0, 210]], atol=1e-6)
@@ -256,9 +256,9 @@ def emulated_events():
 
 
 def test_serial_modelled_intervals_and_best_achievable_exposed():
-    from zerobench.link import Link
-    from zerobench.profiling.best import best_exposed_by_step, best_exposed_summary, link_from_config
-    from zerobench.profiling.overlap import modelled_intervals
+    from zerobench.instruments.link import Link
+    from zerobench.analysis.profiling.best import best_exposed_by_step, best_exposed_summary, link_from_config
+    from zerobench.analysis.profiling.overlap import modelled_intervals
 
     t = trace(emulated_events())
     link = Link(1e9, 100.0)
@@ -279,7 +279,7 @@ def test_serial_modelled_intervals_and_best_achievable_exposed():
 def test_exposed_vs_best_table_and_plot(tmp_path):
     import pandas as pd
 
-    from zerobench.profiling.best_plot import best_table, plot_exposed_vs_best
+    from zerobench.analysis.profiling.best_plot import best_table, plot_exposed_vs_best
 
     summary = pd.DataFrame({
         "cell_id": ["a", "a", "b", "c"], "rank": [0, 1, 0, 0],

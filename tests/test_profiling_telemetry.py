@@ -4,7 +4,7 @@ import sys
 import time
 import types
 
-from zerobench.profiling import GpuTelemetry
+from zerobench.analysis.profiling import GpuTelemetry
 
 
 def test_without_gpu_summary_is_empty_and_nothing_raises():

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from zerobench.launch import describe_failure
-from zerobench.report import print_summary
-from zerobench.results import write_tables
-from zerobench.runner import _one_line
+from zerobench.harness.launch import describe_failure
+from zerobench.analysis.summary import print_summary
+from zerobench.runs.tables import write_tables
+from zerobench.harness.runner import _one_line
 
 GLOO_ERROR = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
               "Connection closed by peer [127.0.0.1]:29500 [bold] [/] [/red]")

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from zerobench.link import Link
-from zerobench.simulate import Knobs, Schedule, Unit, simulate
+from zerobench.instruments.link import Link
+from zerobench.whatif.simulate import Knobs, Schedule, Unit, simulate
 
 LINK = Link(1.0, 0.0)
 MB8 = 8_000_000
@@ -151,8 +151,8 @@ class Block:
         if name == "torch" or name.startswith("torch."):
             raise ImportError("torch is blocked")
 sys.meta_path.insert(0, Block())
-from zerobench.link import Link
-from zerobench.simulate import Knobs, Schedule, Unit, simulate
+from zerobench.instruments.link import Link
+from zerobench.whatif.simulate import Knobs, Schedule, Unit, simulate
 s = Schedule("impl-fsdp", 2, [Unit("a", 1000, 0.01, 0.02), Unit("b", 1000, 0.01, 0.02)], 0.001, Knobs())
 r = simulate(s, Link(1.0, 1.0))
 assert r.step_s > 0.06
@@ -185,9 +185,9 @@ def _run_folder(tmp_path):
 
 
 def test_extract_units_from_a_trace(tmp_path):
-    from zerobench.profiling.overlap import compute_intervals, step_windows
-    from zerobench.profiling.trace import load_trace
-    from zerobench.simulate.extract import extract_cell, trace_steps
+    from zerobench.analysis.profiling.overlap import compute_intervals, step_windows
+    from zerobench.analysis.profiling.trace import load_trace
+    from zerobench.whatif.simulate.extract import extract_cell, trace_steps
 
     s = extract_cell(_run_folder(tmp_path), CELL)
     assert [u.param_bytes for u in s.units] == [33280] * 3
@@ -198,7 +198,7 @@ def test_extract_units_from_a_trace(tmp_path):
     t = load_trace(os.path.join(DATA, "fsdp2.rank0.json.gz"))
     st = trace_steps(t)[0]
     w = step_windows(t).iloc[0]
-    from zerobench.profiling import intervals as iv
+    from zerobench.analysis.profiling import intervals as iv
 
     comp = iv.clip(compute_intervals(t), w.ts, w.end)
     total = float((comp[:, 1] - comp[:, 0]).sum()) * 1e-6
@@ -212,7 +212,7 @@ def test_extract_units_from_a_trace(tmp_path):
     assert 0 < m["blocked_comm_s"] < m["traced_step_s"]
     # the real transport under any emulation: gloo's own time per collective kind
     assert set(m["transport_s"]) == {"all_gather", "reduce_scatter"} and all(v > 0 for v in m["transport_s"].values())
-    from zerobench.simulate.validate import emulation_margin
+    from zerobench.whatif.simulate.validate import emulation_margin
 
     ag = m["transport_s"]["all_gather"]
     # 33280 B over 2 ranks, bus factor 1/2: a link of 16640 B / ag seconds takes as long as gloo did
@@ -257,7 +257,7 @@ def test_cli_simulate_refuses_bad_world_sizes_and_asks_for_a_link(tmp_path, caps
 def test_cross_validation_predicts_each_cell_from_the_others(tmp_path):
     import pandas as pd
 
-    from zerobench.simulate.validate import cross_validate, validation_summary
+    from zerobench.whatif.simulate.validate import cross_validate, validation_summary
 
     def cell(name, engine="impl-fsdp", fwd=10, **knobs):
         s = sched(3, engine=engine, fwd=fwd, **knobs)
@@ -298,7 +298,7 @@ def test_curated_validation_replays_from_its_schedules(tmp_path):
     reproduce validation.md and cross.md exactly, and the bar holds where it is claimed."""
     import shutil
 
-    from zerobench.simulate.cli import simulate_run
+    from zerobench.whatif.simulate.cli import simulate_run
 
     for name in ("results.csv", "meta.json", "workload.json", "schedules"):
         src = os.path.join(CURATED, name)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from tests.helpers.fsdp import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports
-from zerobench.testing import run_ranks
+from zerobench.harness.testing import run_ranks
 
 from impl.fsdp.rate_limiter import FreeEventQueue, RateLimiter
 from impl.streams import Streams
-from zerobench import devices
+from zerobench.rank import devices
 
 warm_up_imports()
 
@@ -195,7 +195,7 @@ def test_fewer_gpus_than_local_ranks_is_an_error_naming_both(gpus, requested):
     gpus(1)
     with pytest.raises(devices.DeviceError, match=r"4 ranks per node but 1 GPU is visible"):
         devices.choose(requested, 0, 4, env={})
-    from zerobench.worker import pick_device
+    from zerobench.rank.worker import pick_device
 
     with pytest.raises(devices.DeviceError):
         pick_device(requested, 0, 4)
@@ -244,7 +244,7 @@ def test_meta_records_device_environment(gpus, monkeypatch):
 
 
 def test_gpu_check_cells_summary(tmp_path):
-    from zerobench.gpu_check import cells_check
+    from zerobench.whatif.gpu_check import cells_check
 
     run = tmp_path / "runs" / "r1"
     (run / "cells").mkdir(parents=True)

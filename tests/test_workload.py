@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from zerobench.workload import WorkloadError, load_workload, parse_workload
+from zerobench.spec.workload import WorkloadError, load_workload, parse_workload
 
 GOOD = {
     "model": {"kind": "gpt", "layers": 2, "d_model": 64, "heads": 4, "seq_len": 16, "vocab": 128},
@@ -124,7 +124,7 @@ def test_circular_extends_is_an_error(tmp_path):
 def test_every_shipped_workload_loads():
     from pathlib import Path
 
-    from zerobench.matrix import expand
+    from zerobench.spec.matrix import expand
 
     files = sorted((Path(__file__).parent.parent / "workloads").glob("*.toml"))
     assert files

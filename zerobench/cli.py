@@ -14,9 +14,9 @@ def cmd_run(args) -> int:
     --allow-failures), 130 on Ctrl-C (the run folder resumes), 2 on bad input."""
     from rich.text import Text
 
-    from zerobench.plots import plot_run
-    from zerobench.report import print_summary, wide_console
-    from zerobench.runner import Interrupted, cell_counts, run_matrix
+    from zerobench.analysis.plots import plot_run
+    from zerobench.analysis.summary import print_summary, wide_console
+    from zerobench.harness.runner import Interrupted, cell_counts, run_matrix
 
     console = wide_console()
     try:
@@ -35,7 +35,7 @@ def cmd_run(args) -> int:
         for path in plot_run(run_dir):
             console.print(f"plot: {path}")
     if args.profile:
-        from zerobench.profiling.analyze import analyze_run
+        from zerobench.analysis.profiling.analyze import analyze_run
 
         analyze_run(run_dir, plots=not args.no_plots)
         console.print(f"traces: {run_dir / 'traces'} (analysis: {run_dir / 'analysis'}, see docs/profiling.md)")
@@ -53,7 +53,7 @@ def _counts_line(counts: dict[str, int]) -> str:
 
 
 def cmd_plot(args) -> int:
-    from zerobench.plots import plot_run
+    from zerobench.analysis.plots import plot_run
 
     for path in plot_run(args.run):
         print(f"plot: {path}")
@@ -61,14 +61,14 @@ def cmd_plot(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from zerobench.report import list_runs
+    from zerobench.analysis.summary import list_runs
 
     list_runs(args.results)
     return 0
 
 
 def cmd_show(args) -> int:
-    from zerobench.report import print_summary
+    from zerobench.analysis.summary import print_summary
 
     print_summary(args.run)
     return 0
@@ -76,7 +76,7 @@ def cmd_show(args) -> int:
 
 def cmd_engines(args) -> int:
     from zerobench.engines import ENGINES
-    from zerobench.matrix import engine_axes
+    from zerobench.spec.matrix import engine_axes
 
     for name in ENGINES:
         print(name)
@@ -88,8 +88,8 @@ def cmd_engines(args) -> int:
 
 
 def cmd_cells(args) -> int:
-    from zerobench.matrix import expand
-    from zerobench.workload import load_workload
+    from zerobench.spec.matrix import expand
+    from zerobench.spec.workload import load_workload
 
     for cell in expand(load_workload(args.workload)):
         note = f"   # skipped: {cell.skip_reason}" if cell.skip_reason else ""
@@ -147,7 +147,7 @@ def register_cells(sub) -> None:
 
 
 def register_compare(sub) -> None:
-    from zerobench.compare import GATES, __doc__ as compare_doc
+    from zerobench.analysis.compare.gate import GATES, __doc__ as compare_doc
 
     p = sub.add_parser(
         "compare", help="compare a run with a baseline; exit 0 ok, 1 regression, 2 unusable input",
@@ -175,8 +175,8 @@ def register_compare(sub) -> None:
 
 def cmd_compare(args) -> int:
     """Exit code: 0 within bounds, 1 on a gated regression, 2 on unusable input."""
-    from zerobench import compare_report as report
-    from zerobench.compare import (METRICS, RunLoadError, compare_runs, config_mismatches, exit_code,
+    from zerobench.analysis.compare import report
+    from zerobench.analysis.compare.gate import (METRICS, RunLoadError, compare_runs, config_mismatches, exit_code,
                                    hardware_differences, load_run, parse_rules, resolve_metric)
 
     console = report.make_console()
@@ -224,7 +224,7 @@ def register_analyze(sub) -> None:
 def cmd_analyze(args) -> int:
     import pandas as pd
 
-    from zerobench.profiling.analyze import analyze_run
+    from zerobench.analysis.profiling.analyze import analyze_run
 
     try:
         summary = analyze_run(args.run, plots=not args.no_plots)
@@ -242,19 +242,19 @@ def cmd_analyze(args) -> int:
 
 
 def register_simulate(sub) -> None:
-    from zerobench.simulate.cli import register_cli  # pure Python, no torch: see docs/simulate.md
+    from zerobench.whatif.simulate.cli import register_cli  # pure Python, no torch: see docs/simulate.md
 
     register_cli(sub)
 
 
 def register_estimate(sub) -> None:
-    from zerobench.estimate import register_cli
+    from zerobench.whatif.estimate import register_cli
 
     register_cli(sub)
 
 
 def register_predict(sub) -> None:
-    from zerobench.predict import register_cli
+    from zerobench.whatif.predict import register_cli
 
     register_cli(sub)
 
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from zerobench.workload import WorkloadError
+    from zerobench.spec.workload import WorkloadError
 
     try:
         return args.func(args)

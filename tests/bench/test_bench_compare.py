@@ -1,12 +1,12 @@
-"""zerobench.compare on a run the size of a full matrix: 96 cells x 4 ranks x 25 steps."""
+"""zerobench.analysis.compare.gate on a run the size of a full matrix: 96 cells x 4 ranks x 25 steps."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from zerobench.compare import RunTables, _classify_columns, compare_runs
-from zerobench.schema import METRICS
+from zerobench.analysis.compare.gate import RunTables, _classify_columns, compare_runs
+from zerobench.runs.schema import METRICS
 
 
 def _run(path: str, scale: float) -> RunTables:

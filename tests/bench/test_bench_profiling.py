@@ -1,4 +1,4 @@
-"""zerobench.profiling hot paths, on the checked-in traces of tests/data (make_traces.py)."""
+"""zerobench.analysis.profiling hot paths, on the checked-in traces of tests/data (make_traces.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from zerobench.profiling import intervals
-from zerobench.profiling.analyze import analyze_trace
-from zerobench.profiling.trace import load_trace
+from zerobench.analysis.profiling import intervals
+from zerobench.analysis.profiling.analyze import analyze_trace
+from zerobench.analysis.profiling.trace import load_trace
 
 TRACE = Path(__file__).parents[1] / "data" / "fsdp2.rank0.json.gz"
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/data/make_traces.py
 
-Two gloo ranks (``zerobench.testing.run_ranks``, forked, one compute thread each) on
+Two gloo ranks (``zerobench.harness.testing.run_ranks``, forked, one compute thread each) on
 this repository's CPU machine, torch 2.13.0+cpu. Each traced run does one warm-up
 step outside the profiler, then ``STEPS`` steps under
 ``torch.profiler.profile(activities=[CPU], record_shapes=True)``, each step labelled
@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from impl import comm  # noqa: E402
-from zerobench.testing import run_ranks  # noqa: E402
+from zerobench.harness.testing import run_ranks  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCKS = 3

@@ -2,5 +2,5 @@
 
 ``tests.helpers.fsdp`` serves the impl.fsdp tests, ``tests.helpers.zero`` the impl.zero
 tests. Test files import from here, never from one another; ``tests/conftest.py``
-makes the package importable. The rank harness itself is ``zerobench.testing``.
+makes the package importable. The rank harness itself is ``zerobench.harness.testing``.
 """

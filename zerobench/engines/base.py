@@ -118,7 +118,7 @@ class Engine:
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
     #: whether the interconnect can be emulated for it (the matrix then offers it the
     #: emulate_link / emulate_gbps / emulate_latency_us axes). Every engine can: the
-    #: emulation wraps torch.distributed (zerobench/emulation.py, [Note: emulation]).
+    #: emulation wraps torch.distributed (zerobench/instruments/emulation.py, [Note: emulation]).
     supports_emulation: ClassVar[bool] = True
 
     def __init__(self, options: dict[str, Any], ctx: RankContext, dtype: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from zerobench import emulation
+from zerobench.instruments import emulation
 from zerobench.engines.base import AutocastEngine, Axis
 
 

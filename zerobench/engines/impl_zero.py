@@ -3,7 +3,7 @@
 * ``impl-zero1`` mirrors ``torch-zero1``: DDP all-reduces the gradients, and
   ``impl.zero.ZeroRedundancyOptimizer`` shards the optimizer state and broadcasts the
   updated parameters. Only the broadcasts go through ``impl.comm``; DDP's all-reduce
-  is emulated through a comm hook (zerobench/emulation.py).
+  is emulated through a comm hook (zerobench/instruments/emulation.py).
 * ``impl-zero2`` is ``impl.zero.ZeroStage2Optimizer`` on the bare model: gradients are
   reduce-scattered in buckets during backward, each rank keeps and steps its shard,
   parameters are all-gathered after the step. Every collective goes through
@@ -21,7 +21,7 @@ Both report, per rank, ``zero_partition_imbalance_pct``: how far the largest ran
 stepped elements exceed the mean, in percent (0 is perfect; stage 1 never splits a
 parameter, stage 2 always does), and ``zero_rank_numel_count``: the elements this rank
 steps (and holds optimizer state for). Named with unit suffixes so the comparison
-classifies them as metrics (zerobench/compare.py).
+classifies them as metrics (zerobench/analysis/compare/gate.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,340 @@
+"""Running a workload's matrix: one real torch.distributed world per cell, with progress,
+resume, a timeout per cell, and failures recorded instead of stopping the matrix."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from rich.text import Text
+
+from zerobench.harness import active
+
+from zerobench.rank import devices
+from zerobench.runs.files import new_stamped_dir, write_json_atomic
+from zerobench.harness import preflight
+from zerobench.harness.launch import code_root, launch_cell
+from zerobench.spec.matrix import Cell, expand
+from zerobench.harness.reference import ReferenceFailed, loss_deviation, reference_losses
+from zerobench.runs.tables import write_tables
+from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
+from zerobench.spec.workload import Workload, load_workload
+
+FINISHED = ("ok", "skipped")  # statuses --resume does not run again
+
+
+def new_run_dir(root: Path, workload: Workload) -> Path:
+    """Create and return a new run folder ``<root>/<date-time>-<workload>``. The folder is
+    made by ``mkdir``, which fails when it exists, so two runs started in the same second
+    never share one: the second gets ``-2`` (and so on)."""
+    try:
+        return new_stamped_dir(root, workload.name)
+    except OSError as err:  # PermissionError, a file in the way, a read-only filesystem
+        raise RunSetupError(f"--results {root}: cannot create a run folder there: {err.strerror or err}") from None
+
+
+class RunSetupError(ValueError):
+    """The run cannot start (a folder it cannot write, a device this machine lacks);
+    nothing was written."""
+
+
+def prepare_run(workload: Workload, run_dir: Path, cells: list[Cell], device: str,
+                meta: dict | None = None) -> None:
+    """Write the run folder's workload.json and meta.json (what the ranks read)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "workload.json", workload.to_dict())
+    write_json_atomic(run_dir / "meta.json", meta or run_metadata(workload, cells, device))
+
+
+def resumed_metadata(old: dict, workload: Workload, all_cells: list[Cell], cells: list[Cell], device: str) -> dict:
+    """meta.json after a ``--resume``: the original run's, its cell list grown by the
+    cells run now (never shrunk by ``--cell``), and one more entry under ``resumes``
+    saying when, how and with which code it went on."""
+    now = run_metadata(workload, cells, device)
+    meta = dict(old) if old else dict(now)
+    listed = set(meta.get("cells", [])) | {c.id for c in cells}
+    meta["cells"] = [c.id for c in all_cells if c.id in listed]
+    meta["world_sizes"] = sorted({c.world_size for c in all_cells if c.id in listed})
+    meta["resumes"] = [*meta.get("resumes", []), {k: now[k] for k in (
+        "date", "command", "working_directory", "code_root", "git_commit", "git_dirty", "zerobench_version",
+        "torch_version", "hostname", "concurrent_runs")}]
+    return meta
+
+
+def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
+    cuda = devices.device_type(device) == "cuda"
+    model = workload.model
+    return {
+        "workload": workload.name,
+        "workload_file": workload.source,
+        "description": workload.description,
+        "zerobench_version": zerobench_version(),
+        "working_directory": str(Path.cwd()),
+        "code_root": str(code_root()),  # the zerobench and impl every rank runs (see launch.rank_env)
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "backend": devices.backend(device),
+        "world_sizes": sorted({c.world_size for c in cells}),
+        "cpu_model": _cpu_model(),
+        "cpu_count": _cpu_count(),
+        "cpu_flags": cpu_isa_flags(),
+        "gpu_model": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "hostname": platform.node(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "cells": [c.id for c in cells],
+        "concurrent_runs": active.others(),  # other zerobench runs on this machine: contended timings
+        "devices": devices.environment(device),  # versions, CUDA_VISIBLE_DEVICES, NCCL_*, threads
+        "context": {
+            "workload": workload.name,
+            "model": f"{model.kind}(" + ", ".join(f"{k}={v}" for k, v in vars(model).items() if k != "kind") + ")",
+            "batch_size": workload.data.batch_size,
+            "steps": workload.data.steps,
+        },
+    }
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+#: CPU feature flags that change which instructions numeric kernels use (and so how bf16
+#: and sometimes fp32 results round). See [Note: losses across machines] in compare_rules.py.
+_ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bf16", "asimd", "sve", "neon")
+
+
+def cpu_isa_flags() -> list[str]:
+    """The processor's instruction-set flags that matter for numerics, sorted (may be empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].split()
+                return sorted({f for f in flags if f.startswith(_ISA_PREFIXES)})
+    except OSError:
+        pass
+    return []
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+# --------------------------------------------------------------------------------------
+
+
+def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"), resume: Path | None = None,
+               only: list[str] | None = None, profile: bool = False, device: str = "auto",
+               prepare_only: bool = False, console: Console | None = None) -> Path:
+    """Run every cell of the workload (or the ``only`` ones); return the run folder.
+    With ``prepare_only``, write the run folder and list the cells without running them
+    (for launching each cell under torchrun yourself).
+
+    Everything that can be refused is checked before anything is written: a command
+    that fails leaves no new folder, and a failed ``--resume`` leaves meta.json as it was."""
+    console = console or Console()
+    if resume is not None:
+        run_dir = resume
+        if not (run_dir / "workload.json").exists():
+            raise FileNotFoundError(f"--resume {run_dir}: not a zerobench run folder (no workload.json)")
+        from zerobench.rank.worker import load_run
+
+        workload = load_run(run_dir)
+        if not os.access(run_dir, os.W_OK):
+            raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
+    else:
+        workload = load_workload(workload_path)
+    device_type = devices.device_type(device)
+    if device_type == "cuda":
+        try:
+            devices.choose(device, 0, 1)
+        except devices.DeviceError as err:
+            raise RunSetupError(str(err)) from None
+    all_cells = expand(workload, device_type)
+    cells = all_cells
+    if only:
+        known = {c.id for c in cells}
+        unknown = [c for c in only if c not in known]
+        if unknown:
+            raise ValueError(f"--cell: {unknown[0]!r} is not a cell of {workload.name} (cells: {', '.join(sorted(known))})")
+        cells = [c for c in cells if c.id in only]
+    if resume is not None:
+        folder = RunFolder(run_dir)
+        try:
+            old_meta = folder.meta()
+        except DamagedFile as err:
+            console.print(Text(f"warning: {err}; meta.json is written anew"), style="yellow")
+            old_meta = {}
+        todo = [c for c in cells if not finished(folder.read_cell(c.id))]
+        meta = resumed_metadata(old_meta, workload, all_cells, cells, device)
+        prepare_run(workload, run_dir, cells, device, meta)
+    else:
+        todo = list(cells)
+        run_dir = new_run_dir(results_root, workload)
+        meta = run_metadata(workload, cells, device)
+        prepare_run(workload, run_dir, cells, device, meta)
+    if prepare_only:
+        console.print(f"prepared {run_dir} ({len(cells)} cells); run each under torchrun:")
+        for cell in cells:
+            if cell.skip_reason is None:
+                console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
+                              f"--run-dir {run_dir} --cell {cell.id}", soft_wrap=True)
+        return run_dir
+    with active.register(run_dir):
+        _run_cells(workload, run_dir, cells, todo, profile, device, device_type, console)
+    return run_dir
+
+
+def finished(record: dict | None) -> bool:
+    """Whether ``--resume`` leaves this cell record be: ok or skipped, and (when written by
+    ranks under the harness) accepted by a harness that saw the cell through. A rank
+    outliving its harness writes no record (zerobench.rank.worker.watch_harness); should one
+    have slipped through, it lacks the cell_wall_s the harness adds, and is run again."""
+    if record is None or record.get("status") not in FINISHED:
+        return False
+    return not (record.get("harness_pid") is not None and "cell_wall_s" not in record)
+
+
+def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[Cell], profile: bool, device: str,
+               device_type: str, console: Console) -> None:
+    concurrent = active.others()
+    if concurrent:
+        console.print(Text(f"warning: {active.describe(concurrent)}"), style="bold yellow")
+    references: dict[int, list[float]] = {}
+    reference_failures: dict[int, str] = {}
+    console.print(f"[bold]{escape(workload.name)}[/]: {len(cells)} cells ({len(cells) - len(todo)} already done) "
+                  f"-> {escape(str(run_dir))}")
+
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    params = preflight.parameter_count(workload)
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("cells", total=len(todo))
+            for i, cell in enumerate(todo, 1):
+                progress.update(task, description=escape(f"cell {i}/{len(todo)} {cell.id}"))
+                now_concurrent = active.others()
+                if now_concurrent and now_concurrent != concurrent:
+                    console.print(Text(f"warning: {active.describe(now_concurrent)}"), style="bold yellow")
+                concurrent = now_concurrent
+                refused = preflight.refusal(workload, cell, device_type, params) if cell.skip_reason is None else None
+                ws = cell.world_size
+                if (refused is None and cell.skip_reason is None and workload.run.reference
+                        and ws not in references and ws not in reference_failures):
+                    # in this process, so bounded like a cell; a reference that cannot be had
+                    # leaves the cell's deviation unknown, saying why, and the cell runs
+                    reference_failures[ws] = preflight.reference_refusal(workload, ws, params)
+                    if reference_failures[ws] is None:
+                        try:
+                            references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
+                            write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                        except ReferenceFailed as err:
+                            reference_failures[ws] = str(err)
+                if refused is not None:  # never allocate what cannot fit; the matrix goes on
+                    record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),
+                              "ranks": []}
+                    write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
+                else:
+                    record = run_one(run_dir, workload, cell, profile, device, references.get(ws),
+                                     concurrent=concurrent, reference_error=reference_failures.get(ws))
+                console.print(_one_line(record))
+                progress.advance(task)
+                write_tables(run_dir)
+    except KeyboardInterrupt:
+        # launch_cell has killed the ranks of the cell in flight; it left no record, so
+        # --resume runs it again. Finished cells are on disk already.
+        if any((run_dir / "cells").glob("*.json")):
+            write_tables(run_dir)
+        raise Interrupted(run_dir) from None
+    write_tables(run_dir)
+
+
+class Interrupted(Exception):
+    """The user stopped a run (Ctrl-C); ``run_dir`` holds what finished and resumes."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(f"interrupted: {run_dir}")
+        self.run_dir = run_dir
+
+
+def cell_counts(run_dir: Path) -> dict[str, int]:
+    """How many cells of a run folder ended ok, failed and skipped (from cells/*.json; a
+    damaged record counts as failed)."""
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    for record in RunFolder(run_dir).cell_records():
+        counts[record["status"]] = counts.get(record["status"], 0) + 1
+    return counts
+
+
+def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
+            reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None) -> dict:
+    path = run_dir / "cells" / f"{cell.id}.json"
+    path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
+    if cell.skip_reason is not None:
+        record = {"cell_id": cell.id, "status": "skipped", "error": cell.skip_reason, "config": cell.config(),
+                  "ranks": []}
+    else:
+        result = launch_cell(run_dir, cell.id, cell.world_size, workload.run.timeout_s,
+                             threads=workload.run.threads_per_rank, profile=profile, device=device)
+        record = RunFolder(run_dir).read_cell(cell.id) if result.ok else None
+        if record is not None:
+            record["loss_max_abs_diff_ref"] = loss_deviation(record, reference or [], workload.data.warmup_steps)
+            ran = record.get("code_root")
+            if ran != str(code_root()):  # one run, one code tree: see launch.rank_env
+                record.update(status="failed", error=f"the ranks ran the code in {ran}, not the harness's "
+                                                     f"{code_root()}: their results are not this run's")
+        else:
+            error = result.error or "ranks exited without writing results"
+            record = {"cell_id": cell.id, "status": "failed", "error": error, "config": cell.config(), "ranks": []}
+        record["cell_wall_s"] = result.wall_s
+        if reference_error and cell.skip_reason is None:
+            record["reference_error"] = reference_error  # why loss_max_abs_diff_ref is empty
+        if concurrent:
+            record["concurrent_runs"] = list(concurrent)
+    write_json_atomic(path, record)
+    return record
+
+
+def _one_line(record: dict) -> str:
+    cid, status = record["cell_id"], record["status"]
+    # Errors and cell ids are plain text: a gloo error such as "[/__w/.../pair.cc:553]"
+    # is not rich markup. See [Note: plain text] in zerobench/analysis/summary.py.
+    if status == "skipped":
+        return f"[yellow]skip[/] {escape(cid)}: {escape(str(record['error']))}"
+    if status == "failed":
+        first = (record["error"] or "").splitlines()
+        return f"[red]FAIL[/] {escape(cid)}: {escape(' | '.join(first[:1] + first[-1:]))}"
+    m = [r["metrics"] for r in record["ranks"]]
+    step = sorted(x["step_time_median_s"] for x in m)[len(m) // 2] * 1e3
+    peaks = [p for p in (x.get("peak_mem_bytes") for x in m) if p is not None and p == p and p > 0]
+    peak_s = f"peak {max(peaks) / 2**20:.1f} MiB" if peaks else "no memory pass"
+    dev = record.get("loss_max_abs_diff_ref")
+    dev_s = f", loss dev {dev:.1e}" if dev is not None else ""
+    return f"[green]ok[/]   {escape(cid)}: {step:.1f} ms/step, {peak_s}{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"

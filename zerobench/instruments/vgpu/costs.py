@@ -1,0 +1,146 @@
+"""How long an operator runs on the virtual GPU: a roofline over FLOPs and bytes.
+
+[Note: operator cost]
+For an operator that launches a kernel,
+
+    duration = max(flops / (peak_flops(dtype) * matmul_efficiency),
+                   bytes / (hbm_bandwidth * memory_efficiency)) + kernel_floor
+
+FLOPs come from ``torch.utils.flop_counter``'s registry (matmuls, convolutions: the
+operators whose cost is arithmetic). Fused attention is priced apart: its FLOPs (half
+when causal) at the preset's ``attention_efficiency``, because a flash kernel reaches a
+smaller share of the peak than a GEMM. Every other operator is priced by
+its bytes alone: the bytes of its tensor inputs plus those of its outputs (what a
+kernel must read and write at least). The dtype of the peak is that of the first
+floating-point input. This is the roofline of PyTorch's ``RuntimeEstimator`` in its
+"roofline" mode, with stated efficiencies in place of measured ones
+(see [Note: virtual GPU presets]).
+
+Operators that launch no kernel cost only host time: views and other metadata-only
+operators, ``empty``-style allocations, ``record_stream``, the few that only read a
+tensor's metadata, and the dispatcher ops of collectives and of ``record_function``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from zerobench.instruments.vgpu.presets import GpuPreset
+
+aten = torch.ops.aten
+
+# Operators that allocate or alias memory without running a kernel.
+NO_KERNEL = {
+    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default, aten.new_empty.default,
+    aten.new_empty_strided.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default,
+    aten.set_.source_Storage_storage_offset, aten.set_.source_Storage, aten.set_.source_Tensor, aten.set_.default,
+    aten.resize_.default, aten.record_stream.default, aten._local_scalar_dense.default, aten.sym_size.int,
+    aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default, aten.is_same_size.default,
+    aten._has_compatible_shallow_copy_type.default, aten.is_nonzero.default,
+    aten._unsafe_view.default,  # a view that autograd does not track as one
+}
+
+# Namespaces whose operators never run a kernel of their own: ``prim`` (metadata such
+# as a fake tensor's ``prim::device``), ``profiler`` (``record_function``'s markers) and
+# ``c10d`` (a collective's dispatcher op: its time is the communication stream's, set
+# by the link model where the ``torch.distributed`` call is made).
+NO_KERNEL_NAMESPACES = {"prim", "profiler", "c10d"}
+
+# Operators after which the host has the value of a device tensor: it waits for the stream.
+SYNCHRONIZING = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.nonzero.default,
+                 aten.equal.default}
+
+
+def launches_kernel(func) -> bool:
+    return not func.is_view and func not in NO_KERNEL and func.namespace not in NO_KERNEL_NAMESPACES
+
+
+def tensors_in(obj):
+    """The tensors in an operator's arguments or outputs (tensors, lists and tuples of
+    them, dicts of kwargs): a cheaper walk than pytree's on the hot path."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            if isinstance(item, (torch.Tensor, list, tuple)):
+                yield from tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            if isinstance(item, (torch.Tensor, list, tuple)):
+                yield from tensors_in(item)
+
+
+def _tensors(obj) -> list:
+    return list(tensors_in(obj))
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds: a DTensor's local shard, not its global size. (The dispatch
+    mode sees a DTensor operator, e.g. fully_shard's optimizer step on sharded
+    parameters, before DTensor maps it onto the local shard.)"""
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        t = local
+    return t.numel() * t.element_size()
+
+
+def flops(func, args, kwargs, out) -> int:
+    counter = flop_registry.get(func._overloadpacket)
+    if counter is None:
+        return 0
+    try:
+        return int(counter(*args, **kwargs, out_val=out))
+    except Exception:  # noqa: BLE001 - an overload the registry's shape rule does not cover
+        return 0
+
+
+def attention_flops(func, args, kwargs) -> int:
+    """FLOPs of the fused attention kernel this CPU build runs in place of a GPU's
+    (``flop_counter`` has no rule for the CPU variant): the shapes' matmul FLOPs, half of
+    them when causal, as a flash kernel skips the masked half of the score matrix."""
+    if func is aten._scaled_dot_product_flash_attention_for_cpu.default:
+        q, k, v = args[:3]
+        n = sdpa_flop_count(q.shape, k.shape, v.shape)
+        causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
+    else:
+        grad_out, q, k, v = args[:4]
+        n = sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
+        causal = args[7] if len(args) > 7 else kwargs.get("is_causal", False)
+    return n // 2 if causal else n
+
+
+# Fused attention: priced by attention_flops at the preset's attention efficiency.
+ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default,
+             aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+
+
+def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
+    """(seconds, flops, bytes) of one kernel on ``gpu``."""
+    inputs = _tensors((args, kwargs))
+    nbytes = sum(tensor_bytes(t) for t in inputs) + sum(tensor_bytes(t) for t in _tensors(out))
+    dtype = next((t.dtype for t in inputs if t.is_floating_point()), torch.float32)
+    if func in ATTENTION:
+        n_flops = attention_flops(func, args, kwargs)
+        peak = gpu.peak_flops.get(dtype, gpu.peak_flops[torch.float32])
+        compute_s = n_flops / (peak * gpu.attention_efficiency)
+    else:
+        n_flops = flops(func, args, kwargs, out)
+        compute_s = n_flops / gpu.flops_per_s(dtype) if n_flops else 0.0
+    memory_s = nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
+    return max(compute_s, memory_s) + gpu.kernel_floor_s, n_flops, nbytes
+
+
+def host_duration(args, kwargs, out, host) -> float:
+    """An operator the CPU runs on host memory: its bytes in and out at the host preset's
+    memory speed (``host_bytes_per_s``)."""
+    nbytes = sum(tensor_bytes(t) for t in _tensors((args, kwargs))) + sum(tensor_bytes(t) for t in _tensors(out))
+    return nbytes / host.bytes_per_s
+
+
+def copy_duration(nbytes: int, gpu: GpuPreset, host_device: bool) -> float:
+    """A copy of ``nbytes``: over PCIe when one side is host memory, else within HBM
+    (read and write)."""
+    if host_device:
+        return nbytes / (gpu.pcie_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s
+    return 2 * nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s

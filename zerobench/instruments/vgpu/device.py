@@ -1,0 +1,457 @@
+"""The virtual GPU: a CUDA device's streams, events, host clock and caching allocator,
+modelled while the operators run on the CPU.
+
+[Note: virtual device]
+Tensors stay CPU tensors (real ones, or fake ones when only shapes matter): this CPU-only
+build of torch cannot run autograd on tensors whose device says ``cuda``. What makes the
+device virtual is the *device module*: :class:`VirtualGpu` offers the part of
+``torch.cuda``'s API that training engines use (``Stream``, ``Event``,
+``current_stream``, ``stream``, ``synchronize``, ``_sleep``, ``memory_stats`` ...), and
+while it is installed
+
+* impl's engines get it from ``impl.streams.accelerator(cpu)``, so they take the same
+  code path they take on a real GPU with ``torch.cuda`` (three streams, events,
+  ``record_stream``, the event-based rate limiter);
+* ``torch.cpu``'s stream stubs (``Stream``, ``Event``, ``current_stream``, ``stream``,
+  ``synchronize``), through which PyTorch's FSDP1 and fully_shard route every stream
+  call on a CPU device, are replaced by the virtual ones;
+* ``Tensor.record_stream`` and ``UntypedStorage.resize_`` report to the allocator model;
+* a ``TorchDispatchMode`` sees every operator: it charges the host its dispatch cost,
+  enqueues a kernel of the modelled duration (zerobench/instruments/vgpu/costs.py) on the current
+  stream, blocks the host where the host reads a value (``.item()``), and gives every
+  new storage a block of the caching-allocator model (zerobench/instruments/vgpu/allocator.py);
+* collectives called through ``torch.distributed`` still run (gloo, or the fake
+  backend), and are timed on a communication stream of their process group by the link
+  model (zerobench/instruments/link.py), as NCCL runs them: the communication stream first waits for
+  the current stream, the returned work's ``wait()`` makes the current stream wait for
+  the collective's end, and a synchronous call does that at once.
+
+The timeline is computed as the host issues work: [Note: virtual timeline].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from zerobench.instruments.link import Link
+from zerobench.instruments.vgpu import costs
+from zerobench.instruments.vgpu.allocator import CachingAllocator
+from zerobench.instruments.vgpu.presets import GpuPreset, HostPreset, gpu_preset, host_preset
+from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
+
+aten = torch.ops.aten
+_active: list["VirtualGpu"] = []
+
+
+def current() -> "VirtualGpu | None":
+    """The installed virtual GPU, if any."""
+    return _active[-1] if _active else None
+
+
+class VirtualGpu:
+    """One virtual CUDA device. Use as a context manager: see [Note: virtual device].
+
+    ``gpu``/``host``: preset names or presets (zerobench/instruments/vgpu/presets.py). ``link``: the
+    interconnect collectives are timed on (default: none, collectives take only the
+    kernel floor); ``inter_link``: the one of a process group whose ranks span more than
+    one node of ``node_size`` ranks (default: ``link``)."""
+
+    def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
+                 link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
+                 inter_link: Link | None = None, node_size: int = 8):
+        self.preset = gpu_preset(gpu)
+        self.host_preset = host_preset(host)
+        self.link = link
+        self.inter_link = inter_link
+        self.node_size = node_size
+        # The longest the compute stream's queue ran ahead of the host (seconds).
+        self.host_lead_max_s = 0.0
+        self.rank = rank
+        self.device = torch.device("cpu")  # where the tensors are; see the Note
+        self.host = Host()
+        self.trace = Trace(trace)
+        self.allocator = CachingAllocator(self, self.preset.memory_bytes, malloc_synchronizes)
+        self.default = VStream(self, "compute")
+        self._current = self.default
+        self.streams: list[VStream] = [self.default]
+        self._comm_streams: dict = {}
+        # storage -> allocator block, for storages that live on the device
+        self._block_of = WeakIdKeyDictionary()
+        # pinned host storages: never on the device
+        self._host_storages = WeakIdKeyDictionary()
+        self._lock = threading.RLock()
+        self._label: str | None = None  # see label()
+        self._exit_stack: contextlib.ExitStack | None = None
+        self.kernels = 0
+        self.collectives = 0
+
+    # -- the torch.cuda API ----------------------------------------------------------
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device(self) -> int:
+        return 0
+
+    def set_device(self, device) -> None:
+        pass
+
+    def get_device_name(self, device=None) -> str:
+        return f"virtual {self.preset.name}"
+
+    def Stream(self, device=None, priority: int = 0, **kwargs) -> VStream:  # noqa: N802 - torch.cuda's name
+        stream = VStream(self, f"stream{len(self.streams)}", priority)
+        self.streams.append(stream)
+        return stream
+
+    def Event(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,  # noqa: N802
+              **kwargs) -> VEvent:
+        return VEvent(self, enable_timing, blocking, interprocess)
+
+    def current_stream(self, device=None) -> VStream:
+        return self._current
+
+    def default_stream(self, device=None) -> VStream:
+        return self.default
+
+    def set_stream(self, stream: VStream) -> None:
+        self._current = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: VStream | None):
+        if stream is None:
+            yield
+            return
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    def synchronize(self, device=None) -> None:
+        waited_from = self.host.now
+        self.host.block_until(max(s.tail for s in self.streams))
+        if self.host.now > waited_from:
+            self.trace.span("host", "synchronize", waited_from, self.host.now)
+
+    def _sleep(self, cycles: int) -> None:
+        self.host_op(launch=True)
+        self._current.enqueue(int(cycles) / self.preset.sleep_cycles_per_s, "_sleep")
+
+    def memory_stats(self, device=None) -> dict:
+        return self.allocator.memory_stats()
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        self.allocator.reset_peak()
+        self.host_lead_max_s = 0.0
+
+    def memory_allocated(self, device=None) -> int:
+        return self.allocator.stats["allocated"]
+
+    def max_memory_allocated(self, device=None) -> int:
+        return self.allocator.stats["allocated_peak"]
+
+    def memory_reserved(self, device=None) -> int:
+        return self.allocator.stats["reserved"]
+
+    def max_memory_reserved(self, device=None) -> int:
+        return self.allocator.stats["reserved_peak"]
+
+    def empty_cache(self) -> None:
+        self.synchronize()  # cudaFree waits for the device
+        self.allocator.process_events()
+        self.allocator.release_cached()
+
+    # -- the model -------------------------------------------------------------------
+
+    def host_clock(self) -> float:
+        """The host's virtual time in seconds (impl's rate limiter measures stalls with it)."""
+        return self.host.now
+
+    def host_op(self, launch: bool = False) -> None:
+        self.host.advance(self.host_preset.dispatch_s + (self.host_preset.launch_s if launch else 0.0))
+
+    @contextlib.contextmanager
+    def label(self, name: str):
+        """Blocks allocated inside are counted under ``name`` in the allocator's
+        ``active_by_label`` and ``peak_active_by_label`` (what piles up, by role)."""
+        previous, self._label = self._label, name
+        try:
+            yield
+        finally:
+            self._label = previous
+
+    def link_of(self, group) -> Link | None:
+        """``inter_link`` for a group whose ranks span nodes of ``node_size``, else ``link``."""
+        if self.inter_link is None:
+            return self.link
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        return self.link if len({r // self.node_size for r in ranks}) <= 1 else self.inter_link
+
+    def relabel(self, storage, label: str) -> None:
+        holder = self._block_of.get(storage)
+        if holder is not None and holder[0] is not None:
+            self.allocator.relabel(holder[0], label)
+
+    def comm_stream(self, group) -> VStream:
+        key = group if group is not None else "WORLD"
+        stream = self._comm_streams.get(key)
+        if stream is None:
+            stream = VStream(self, f"comm{len(self._comm_streams)}")
+            self.streams.append(stream)
+            self._comm_streams[key] = stream
+        return stream
+
+    def track(self, storage, stream: VStream | None = None) -> None:
+        """Give ``storage`` a block on ``stream`` (the current one) unless it has one."""
+        if storage.device.type not in ("cpu", "meta") or storage in self._host_storages:
+            return  # meta: a fake tensor's storage (shapes only)
+        with self._lock:
+            if storage in self._block_of:
+                return
+            holder = [None]  # the storage's current block; a resize_ replaces it
+            self._block_of[storage] = holder
+            weakref.finalize(storage, self._free, holder)
+            nbytes = storage.nbytes()
+            if nbytes:
+                holder[0] = self.allocator.malloc(nbytes, stream or self._current, self._label)
+            self._count()
+
+    def _free(self, holder: list) -> None:
+        with self._lock:
+            if holder[0] is not None:
+                self.allocator.free(holder[0])
+                holder[0] = None
+            self._count()
+
+    def _count(self) -> None:
+        s = self.allocator.stats
+        self.trace.counter(self.host.now, {"allocated": s["allocated"], "active": s["active"],
+                                           "reserved": s["reserved"]})
+
+    def record_stream(self, tensor: torch.Tensor, stream: VStream) -> None:
+        self.host_op()
+        holder = self._block_of.get(tensor.untyped_storage())
+        if holder is not None and holder[0] is not None:
+            self.allocator.record_stream(holder[0], stream)
+
+    def resize_storage(self, storage, nbytes: int) -> None:
+        """``UntypedStorage.resize_``: the old block is freed, a new one allocated."""
+        if storage.device.type not in ("cpu", "meta") or storage in self._host_storages:
+            return
+        self.track(storage)
+        with self._lock:
+            holder = self._block_of[storage]
+            if holder[0] is not None and holder[0].size >= nbytes and nbytes:
+                return  # unchanged or shrunk in place: the block stays
+            if holder[0] is not None:
+                self.allocator.free(holder[0])
+                holder[0] = None
+            if nbytes > 0:
+                holder[0] = self.allocator.malloc(nbytes, self._current, self._label)
+            self._count()
+
+    # -- installing ------------------------------------------------------------------
+
+    def __enter__(self) -> "VirtualGpu":
+        import impl.streams
+
+        stack = contextlib.ExitStack()
+        gpu = self
+        stack.enter_context(impl.streams.use_accelerator("cpu", self))
+        patches = {
+            (torch.cpu, "Stream"): self.Stream, (torch.cpu, "Event"): self.Event,
+            (torch.cpu, "current_stream"): self.current_stream, (torch.cpu, "stream"): self.stream,
+            (torch.cpu, "synchronize"): self.synchronize,
+            (torch.Tensor, "record_stream"): lambda t, s: gpu.record_stream(t, s),
+        }
+        original_resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, size):
+            result = original_resize(storage, size)
+            gpu.resize_storage(storage, int(size))
+            return result
+
+        patches[(torch.UntypedStorage, "resize_")] = resize_
+        # PyTorch's FSDP1 skips record_stream on a device type other than cuda, mtia, xpu
+        # or privateuse1: the only CPU-only branch of its stream code. On the virtual GPU
+        # the hand-over is what sets its memory profile, so it is made, through
+        # Tensor.record_stream (which a memory tracker may follow too).
+        import torch.distributed.fsdp._flat_param as flat_param_module
+        import torch.distributed.fsdp._runtime_utils as runtime_utils_module
+
+        for module in (flat_param_module, runtime_utils_module):
+            patches[(module, "_no_dispatch_record_stream")] = lambda t, s: t.record_stream(s)
+        for name, (kind, nbytes_of) in _collectives().items():
+            if hasattr(dist, name):
+                patches[(dist, name)] = self._wrap_collective(name, getattr(dist, name), kind, nbytes_of)
+        for (owner, name), value in patches.items():
+            stack.enter_context(_patched(owner, name, value))
+        stack.enter_context(_Mode(self))
+        _active.append(self)
+        stack.callback(_active.pop)
+        self._exit_stack = stack
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack, self._exit_stack = self._exit_stack, None
+        stack.close()
+
+    def _wrap_collective(self, name: str, fn, kind: str, nbytes_of):
+        from zerobench.instruments.emulation import GROUP_POSITION, as_async, call_arg
+        from zerobench.instruments.link import bus_factor
+
+        group_at = GROUP_POSITION[name]
+        gpu = self
+
+        @functools.wraps(fn)
+        def collective(*args, **kwargs):
+            group = call_arg(args, kwargs, group_at, "group")
+            async_op = bool(call_arg(args, kwargs, group_at + 1, "async_op"))
+            size = dist.get_world_size(group)
+            nbytes = nbytes_of(args, kwargs)
+            if not async_op:
+                args, kwargs = as_async(args, kwargs, group_at)
+            work = fn(*args, **kwargs)  # the real (or fake) collective: data stays right
+            gpu.host_op(launch=True)
+            stream = gpu.comm_stream(group)
+            stream.tail = max(stream.tail, gpu._current.tail)  # NCCL: waits for the issuing stream
+            seconds = gpu.preset.kernel_floor_s
+            link = gpu.link_of(group)
+            if link is not None and size > 1:
+                seconds = link.latency_us * 1e-6 + bus_factor(kind, size) * nbytes / (link.bandwidth_gbps * 1e9)
+            # Count what the outputs hold by role: gathered parameters, reduced gradients.
+            role, keyword = {"all_gather": ("unsharded", "output_tensor"),
+                             "reduce_scatter": ("reduced", "output")}.get(kind, (None, None))
+            if role is not None:
+                for storage in _storages(call_arg(args, kwargs, 0, keyword)):
+                    gpu.relabel(storage, role)
+            _, end = stream.enqueue(seconds, f"{kind} {nbytes / 2**20:.2f} MiB")
+            gpu.collectives += 1
+            done = VEvent(gpu)
+            done.time, done.stream = end, stream
+            vwork = VirtualWork(gpu, work, done)
+            if not async_op:
+                vwork.wait()
+                return None
+            return vwork
+
+        return collective
+
+
+class VirtualWork:
+    """A collective in flight on the virtual GPU (NCCL's ``Work`` semantics)."""
+
+    def __init__(self, gpu: VirtualGpu, work, done: VEvent):
+        self._gpu = gpu
+        self._work = work
+        self.done = done
+
+    def wait(self, timeout=None) -> bool:
+        if self._work is not None:
+            self._work.wait()  # the real data movement (gloo) or nothing (fake)
+            self._work = None
+        self._gpu.current_stream().wait_event(self.done)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done.query()
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        self.wait()
+        fut.set_result(None)
+        return fut
+
+
+def _collectives() -> dict:
+    from zerobench.instruments.emulation import _COLLECTIVES
+
+    return _COLLECTIVES
+
+
+@contextlib.contextmanager
+def _patched(owner, name: str, value):
+    missing = object()
+    original = owner.__dict__.get(name, missing) if isinstance(owner, type) else getattr(owner, name, missing)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if original is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+
+
+def _storages(obj):
+    for t in costs.tensors_in(obj):
+        if t.device.type == "cpu":
+            local = getattr(t, "_local_tensor", None)
+            yield (local if local is not None else t).untyped_storage()
+
+
+class _Mode(TorchDispatchMode):
+    """Every operator: host cost, a kernel on the current stream, new storages tracked."""
+
+    def __init__(self, gpu: VirtualGpu):
+        super().__init__()
+        self.gpu = gpu
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        gpu = self.gpu
+        kwargs = kwargs or {}
+        pinned = bool(kwargs.get("pin_memory"))
+        if pinned:  # a host buffer: this CPU-only build cannot pin, and it is not device memory
+            kwargs = {**kwargs, "pin_memory": False}
+        inputs = list(_storages((args, kwargs)))
+        if func is aten.lift_fresh.default:
+            for storage in inputs:
+                gpu._host_storages[storage] = True
+        # An operator on host memory alone (a pinned buffer and what is computed from it,
+        # as CPU offload's optimizer step) runs on the CPU: its outputs are host memory,
+        # and it costs the host its bytes at host memory speed instead of a kernel.
+        # ``torch.tensor(data)`` (``lift_fresh``) without a device is host memory too: an
+        # optimizer's step counters, whose ``.item()`` must not wait for the device.
+        on_host = pinned or (bool(inputs) and all(s in gpu._host_storages for s in inputs))
+        kernel = costs.launches_kernel(func)
+        launch = kernel and not on_host
+        gpu.host_op(launch)
+        start = gpu.host.now
+        for storage in inputs:  # tensors made before the device was installed
+            gpu.track(storage)
+        if func in costs.SYNCHRONIZING and not on_host:
+            gpu._current.synchronize()
+        out = func(*args, **kwargs)
+        if on_host:
+            for storage in _storages(out):
+                gpu._host_storages[storage] = True
+            if kernel:  # the CPU runs it
+                gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
+        if launch:
+            if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
+                host_side = any(s in gpu._host_storages for s in _storages((args, out)))
+                nbytes = costs.tensor_bytes(args[1] if func is aten.copy_.default else args[0])
+                seconds = costs.copy_duration(nbytes, gpu.preset, host_side)
+            else:
+                seconds, _, _ = costs.duration(func, args, kwargs, out, gpu.preset)
+            gpu._current.enqueue(seconds, func.__name__)
+            gpu.kernels += 1
+            lead = gpu.default.tail - gpu.host.now
+            if lead > gpu.host_lead_max_s:
+                gpu.host_lead_max_s = lead
+        for storage in _storages(out):
+            gpu.track(storage)
+        gpu.trace.span("host", func.__name__, start - gpu.host_preset.dispatch_s, gpu.host.now)
+        return out

@@ -1,0 +1,200 @@
+"""The results table: its columns, what each means, and how each should be compared.
+
+One run is one folder ``results/<run-id>/``::
+
+    meta.json        workload, git commit, torch version, backend, machine, date, command line
+    workload.toml    the fully resolved workload the run used
+    cells/<cell>.json   one file per cell: status, config, per-rank metrics, per-step series
+    results.csv      the tidy table: one row per cell x rank (built from cells/)
+    steps.csv        one row per cell x rank x measured step: step time and loss
+    plots/*.png
+
+Every file is written atomically (temporary file + rename), so a killed run leaves
+only whole files behind and ``--resume`` can trust what it finds.
+
+This module is the single place that names the columns; the harness writes them,
+``compare`` gates on them, plots draw them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# Columns that identify a cell and its configuration. Engine-specific axes
+# (sharding_strategy, backward_prefetch, ...) are added as further columns, empty for
+# engines that do not have them.
+ID_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "world_size", "dtype", "rank")
+
+#: Fixed configuration columns that come from the workload, not the matrix.
+CONTEXT_COLUMNS = ("workload", "model", "backend", "device", "batch_size", "steps", "emulation")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    doc: str
+    kind: Literal["time", "deterministic", "context"]
+    """time: noisy, gate on medians with a spread-aware rule; deterministic: the same
+    on every run on the same machine and software (tracker memory, bytes, losses on
+    CPU), gate exactly or within a tight tolerance; context: recorded, never gated."""
+    better: Literal["lower", "higher", "none"] = "lower"
+
+
+#: What every cell of every run has (CUDA columns empty on CPU).
+CORE_METRICS: tuple[Metric, ...] = (
+    # -- time (timing pass; warm-up excluded) --
+    Metric("step_time_median_s", "s", "median step time over the measured steps", "time"),
+    Metric("step_time_p10_s", "s", "10th percentile step time", "time"),
+    Metric("step_time_p90_s", "s", "90th percentile step time", "time"),
+    Metric("step_time_mad_s", "s", "median absolute deviation of the step times", "context", "none"),
+    Metric("throughput_samples_s", "samples/s", "global samples per second (world batch / median step)", "time", "higher"),
+    Metric("throughput_tokens_s", "tokens/s", "global tokens per second (gpt only)", "time", "higher"),
+    # -- losses (timing pass) --
+    Metric("loss_first", "", "loss of the first measured step on this rank", "deterministic", "none"),
+    Metric("loss_last", "", "loss of the last measured step on this rank", "deterministic", "none"),
+    Metric("loss_max_abs_diff_ref", "", "max |mean-over-ranks loss - single-process reference loss| over all steps", "deterministic"),
+    # -- memory (memory pass: tensor-storage tracker, all devices) --
+    Metric("peak_mem_bytes", "B", "peak live tensor bytes during the measured step(s)", "deterministic"),
+    Metric("peak_mem_params_bytes", "B", "parameter bytes live at the peak (sharded where the engine shards)", "deterministic"),
+    Metric("peak_mem_grads_bytes", "B", "gradient bytes live at the peak", "deterministic"),
+    Metric("peak_mem_optim_bytes", "B", "optimizer-state bytes live at the peak", "deterministic"),
+    Metric("peak_mem_other_bytes", "B", "everything else live at the peak: activations, unsharded parameters, comm buffers", "deterministic"),
+    Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
+    Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
+    Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
+    # -- memory (CUDA allocator, timing pass; empty on CPU). See [Note: allocator peaks] --
+    Metric("cuda_peak_allocated_bytes", "B", "caching allocator's peak allocated bytes (torch.cuda.max_memory_allocated) "
+           "over the measured steps: a block stops counting at free()", "deterministic"),
+    Metric("cuda_peak_active_bytes", "B", "caching allocator's peak active bytes (active_bytes.all.peak) over the "
+           "measured steps: a freed block counts until the streams that used it pass the free; what "
+           "limit_all_gathers bounds", "deterministic"),
+    Metric("cuda_peak_reserved_bytes", "B", "torch.cuda.max_memory_reserved over the measured steps (blocks cached "
+           "from cudaMalloc, used or not)", "context"),
+    Metric("cuda_alloc_retries", "", "cudaMalloc retries (num_alloc_retries)", "deterministic"),
+    Metric("cuda_ooms", "", "out-of-memory events (num_ooms)", "deterministic"),
+    Metric("rss_max_bytes", "B", "process max RSS (context only: carries ~220 MiB of torch itself)", "context", "none"),
+    # -- communication (memory pass, per measured step and rank) --
+    Metric("comm_all_gather_bytes", "B", "all-gather bytes per step (size of the gathered output)", "deterministic"),
+    Metric("comm_reduce_scatter_bytes", "B", "reduce-scatter bytes per step (size of the full input)", "deterministic"),
+    Metric("comm_all_reduce_bytes", "B", "all-reduce bytes per step", "deterministic"),
+    Metric("comm_broadcast_bytes", "B", "broadcast bytes per step", "deterministic"),
+    Metric("comm_other_bytes", "B", "bytes of other collectives per step (all_to_all, send/recv, ...)", "deterministic"),
+    Metric("comm_total_bytes", "B", "sum of the comm_*_bytes columns", "deterministic"),
+    Metric("comm_calls", "", "collective calls per step", "deterministic"),
+    # -- set-up --
+    Metric("cell_wall_s", "s", "wall time of the whole cell, process start to exit", "context", "none"),
+)
+
+# [Note: allocator peaks]
+# The CUDA caching allocator keeps three peaks (torch.cuda.memory_stats), recorded as
+# cuda_peak_allocated_bytes, cuda_peak_active_bytes and cuda_peak_reserved_bytes:
+#
+# * allocated drops when Python frees a tensor (free()), at host time.
+# * active also counts a freed block that another stream still uses: a block with a
+#   pending record_stream use (an all-gather output freed on the host while compute
+#   has not reached the free yet) stays active until an event recorded at the free
+#   completes on those streams, and only then goes back to the cache.
+# * reserved is what the allocator holds from cudaMalloc, active or cached.
+#
+# On a GPU the host runs ahead of the device: it frees unit after unit's unsharded
+# parameters long before compute has used them, so allocated stays low while the
+# memory those units occupy is not reusable. limit_all_gathers bounds exactly that
+# figure -- unsharded buffers freed but not yet passed by compute -- so its effect
+# shows in active, not in allocated (scripts/gpu-check's limiter step reads active too).
+
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
+
+
+#: Numbers an engine adds per rank through ``Engine.extra_metrics`` (empty for the others).
+ENGINE_METRICS: tuple[Metric, ...] = (
+    # impl-fsdp's rate limiter (timing pass, summed over the measured steps)
+    Metric("limiter_stall_s", "s", "impl-fsdp: time blocked on all-gathers the limiter held back", "context", "none"),
+    Metric("limiter_stalls", "", "impl-fsdp: all-gathers the limiter held back", "context", "none"),
+    Metric("limiter_overruns", "", "impl-fsdp: all-gathers issued beyond the limiter depth (should be 0)", "context", "none"),
+    Metric("max_inflight_all_gathers", "", "impl-fsdp: most all-gathers issued and not yet consumed at once", "context", "none"),
+    Metric("all_gathers", "", "impl-fsdp: all-gathers issued over the measured steps", "context", "none"),
+    # impl-zero1 / impl-zero2 partitioning
+    Metric("zero_partition_imbalance_pct", "%", "impl-zero: largest rank's share over the mean share, minus 1", "context", "none"),
+    Metric("zero_rank_numel_count", "", "impl-zero: parameter elements this rank owns", "context", "none"),
+)
+
+# -- columns `zerobench analyze` adds after a profiled run. All come from one profiled pass
+# of a few steps, under the profiler's overhead: compare them between cells of one run,
+# not with the timing pass.
+ANALYSIS_METRICS: tuple[Metric, ...] = (
+    Metric("overlap_ratio", "", "traced steps: time computing while communicating / time communicating (HTA)", "time", "higher"),
+    Metric("exposed_comm_s", "s", "per traced step: communication time not covered by compute", "time"),
+    Metric("comm_s", "s", "per traced step: communication time (union of comm intervals)", "time"),
+    Metric("compute_s", "s", "per traced step: compute time (union of compute intervals)", "time"),
+    Metric("idle_s", "s", "per traced step: step - compute - exposed comm (framework overhead, gaps)", "time"),
+    Metric("step_trace_s", "s", "mean traced step time (under the profiler)", "context", "none"),
+    Metric("trace_steps", "", "steps in the trace", "context", "none"),
+    Metric("max_inflight_all_gathers_trace", "", "most all-gathers issued and not yet complete at once", "deterministic", "none"),
+    Metric("limiter_wait_s", "s", "per traced step: main thread in impl::rate_limiter_wait (impl engines)", "time"),
+    Metric("collective_wait_s", "s", "per traced step: main thread in impl::wait_* (impl engines)", "time"),
+    # emulated cells only (zerobench/analysis/profiling/best.py, [Note: best achievable exposed comm])
+    Metric("exposed_all_gather_s", "s", "per traced step: main thread waiting on all-gathers (emulated cells)", "time"),
+    Metric("best_exposed_all_gather_s", "s", "per traced step: all-gather time no one-ahead prefetch could hide", "time"),
+    Metric("exposed_vs_best", "", "exposed_all_gather_s / best_exposed_all_gather_s (1: the best the schedule allows)", "time"),
+)
+
+
+def bandwidth_metrics() -> tuple[Metric, ...]:
+    """Per collective kind: ``<kind>_calls_trace``, ``<kind>_bytes_trace``,
+    ``<kind>_algbw_median_gbps``, ``<kind>_busbw_median_gbps`` (from ``zerobench analyze``)."""
+    out = []
+    for kind in COLLECTIVE_KINDS:
+        out += [
+            Metric(f"{kind}_calls_trace", "", f"{kind} calls per traced step", "deterministic", "none"),
+            Metric(f"{kind}_bytes_trace", "B", f"{kind} bytes per traced step (nccl-tests size)", "deterministic", "none"),
+            Metric(f"{kind}_algbw_median_gbps", "GB/s", f"median {kind} algorithm bandwidth (bytes / duration)", "time", "higher"),
+            Metric(f"{kind}_busbw_median_gbps", "GB/s", f"median {kind} bus bandwidth (nccl-tests factor)", "time", "higher"),
+        ]
+    return tuple(out)
+
+
+#: NVML sampling during the timing pass (GPU only).
+GPU_TELEMETRY_METRICS: tuple[Metric, ...] = (
+    Metric("gpu_util_mean_pct", "%", "NVML utilization, mean over the timed pass", "context", "none"),
+    Metric("gpu_util_max_pct", "%", "NVML utilization, max over the timed pass", "context", "none"),
+    Metric("gpu_mem_used_max_bytes", "B", "NVML memory used (whole device), max over the timed pass", "context", "none"),
+    Metric("gpu_power_mean_w", "W", "NVML board power, mean over the timed pass", "context", "none"),
+    Metric("gpu_power_max_w", "W", "NVML board power, max over the timed pass", "context", "none"),
+    Metric("gpu_telemetry_samples", "", "NVML samples taken", "context", "none"),
+)
+
+#: Every metric column the suite may write: the core ones, the engines' own, those
+#: `zerobench analyze` adds after a profiled run, and GPU telemetry where NVML is present.
+METRICS = CORE_METRICS + ENGINE_METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
+METRIC_BY_NAME = {m.name: m for m in METRICS}
+
+#: What each identifying and context column holds (engine axes are documented by the
+#: engines' ``Axis.doc``: ``zerobench engines``).
+COLUMN_DOCS: dict[str, str] = {
+    "run_id": "the run folder's name",
+    "cell_id": "engine, world size, dtype and the axes that differ from their defaults",
+    "status": "ok, failed or skipped",
+    "error": "why the cell failed or was skipped (empty when ok)",
+    "engine": "engine name (`zerobench engines`)",
+    "world_size": "ranks in the cell",
+    "dtype": "fp32 or bf16",
+    "rank": "the rank this row measures",
+    "workload": "workload name",
+    "model": "model kind and its size fields",
+    "backend": "gloo or nccl",
+    "device": "cpu or cuda",
+    "batch_size": "samples per rank per step",
+    "steps": "measured steps of the timing pass",
+    "emulation": "interconnect emulation, when on",
+}
+
+#: Column -> pandas dtype for the columns whose type the schema fixes (see
+#: zerobench.runs.folder.RunFolder.results): strings stay strings, counts stay integers
+#: even when some rows are empty.
+_STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
+_INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
+                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "cuda_alloc_retries", "cuda_ooms",
+                    "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
+COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}

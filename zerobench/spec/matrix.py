@@ -1,0 +1,192 @@
+"""Expanding a workload's matrix into cells.
+
+Common axes (engine, world_size, dtype) multiply every engine. Engine-specific axes
+(sharding_strategy, backward_prefetch, ...) multiply only the engines that declare
+them, so ``ddp`` is not run once per sharding strategy. An axis value that no engine
+of the matrix allows is an error (a typo); a value that some engines allow and
+others do not gives a *skipped* cell for the others, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerobench.engines import ENGINES, get_engine
+from zerobench.engines.base import Axis
+from zerobench.instruments.link import PRESETS
+from zerobench.spec.workload import Workload, WorkloadError
+
+#: Axes the matrix offers to engines that support interconnect emulation (all of them):
+#: a preset name (docs/link.md) or explicit numbers, which override the preset's.
+EMULATION_AXES = {
+    "emulate_link": Axis("", choices=("", *PRESETS), doc="emulated interconnect preset (docs/link.md; '': off)"),
+    "emulate_gbps": Axis(0.0, type=float, minimum=0.0, doc="emulated bus bandwidth in GB/s (0: off)"),
+    "emulate_latency_us": Axis(0.0, type=float, minimum=0.0, applies_when=("emulate_gbps", lambda gbps: bool(gbps)),
+                               doc="emulated latency per collective in µs (with emulate_gbps > 0)"),
+}
+COMMON_AXES = ("engine", "world_size", "dtype")
+
+
+@dataclass(frozen=True)
+class CheckpointingAxis(Axis):
+    """``activation_checkpointing``: "none", "full", "every:K" or "ops" (zerobench/spec/checkpointing.py)."""
+
+    def allowed(self) -> str:
+        return "'none', 'full', 'every:K' (K >= 1), 'ops'"
+
+    def check(self, name: str, value: Any) -> Any:
+        from zerobench.spec.checkpointing import parse_mode
+
+        parse_mode(value)  # ValueError naming the axis and what it allows
+        return value
+
+
+#: Axes every engine has: activation checkpointing, applied to the model before the
+#: engine wraps it, the same way for all of them.
+MODEL_AXES = {
+    "activation_checkpointing": CheckpointingAxis(
+        "none", doc="none | full (every block) | every:K (every K-th block) | ops (every other matmul's and "
+                    "attention's outputs kept, the rest recomputed); non-reentrant, applied before wrapping"),
+}
+
+
+def engine_axes(engine: str) -> dict[str, Axis]:
+    cls = get_engine(engine)
+    axes = dict(cls.options)
+    axes.update(MODEL_AXES)
+    if cls.supports_emulation:
+        axes.update(EMULATION_AXES)
+    return axes
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of the matrix: run as one torch.distributed world."""
+
+    engine: str
+    world_size: int
+    dtype: str
+    options: tuple[tuple[str, Any], ...] = ()
+    """Every axis of the engine with its value, in the engine's declared order."""
+    skip_reason: str | None = field(default=None, compare=False)
+
+    @property
+    def opts(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    @property
+    def id(self) -> str:
+        """Stable across runs: engine, world size, dtype, then the axes that differ
+        from the engine's defaults (so adding an axis to an engine keeps old ids)."""
+        defaults = engine_axes(self.engine)
+        parts = [self.engine, f"ws{self.world_size}", self.dtype]
+        for name, value in self.options:
+            if name in defaults and value != defaults[name].default:
+                parts.append(f"{name}={_fmt(value)}")
+        return "-".join(parts)
+
+    def config(self) -> dict[str, Any]:
+        return {"engine": self.engine, "world_size": self.world_size, "dtype": self.dtype, **self.opts}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _pin_inapplicable(axes: dict[str, Axis], values: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Set axes whose ``applies_when`` condition does not hold to their defaults."""
+    chosen = dict(values)
+    out = []
+    for name, value in values:
+        if not axes[name].applies(chosen):
+            value = axes[name].default
+        out.append((name, value))
+    return out
+
+
+def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
+    """The cells of the workload's matrix, in a stable order, unsupported ones marked."""
+    matrix = workload.matrix
+    for engine in matrix["engine"]:
+        if engine not in ENGINES:
+            raise WorkloadError(f"matrix.engine: {engine!r} is not allowed (allowed: {', '.join(map(repr, ENGINES))})")
+    axes_by_engine = {e: engine_axes(e) for e in matrix["engine"]}
+
+    # Every extra axis must belong to some engine of the matrix, and each of its values
+    # must be allowed by at least one of those engines.
+    for axis, values in matrix.items():
+        if axis in COMMON_AXES:
+            continue
+        owners = [e for e, axes in axes_by_engine.items() if axis in axes]
+        if not owners:
+            by_engine = "; ".join(f"{e}: {', '.join(a) or '-'}" for e, a in axes_by_engine.items())
+            raise WorkloadError(f"matrix.{axis}: no engine of matrix.engine has this axis (axes by engine: {by_engine})")
+        for value in values:
+            errors = []
+            for e in owners:
+                try:
+                    axes_by_engine[e][axis].check(f"matrix.{axis}", value)
+                except ValueError as err:
+                    errors.append(str(err))
+            if len(errors) == len(owners):
+                raise WorkloadError(errors[0])
+
+    cells: list[Cell] = []
+    seen: set[Cell] = set()
+    for engine in matrix["engine"]:
+        cls = get_engine(engine)
+        axes = axes_by_engine[engine]
+        names = list(axes)
+        choices = [matrix.get(n, [axes[n].default]) for n in names]
+        for ws, dtype in itertools.product(matrix["world_size"], matrix["dtype"]):
+            for combo in itertools.product(*choices):
+                reason = None
+                values = []
+                for n, v in zip(names, combo):
+                    try:
+                        values.append((n, axes[n].check(n, v)))
+                    except ValueError as err:
+                        reason = f"{engine}: {err}"
+                        values.append((n, v))
+                values = _pin_inapplicable(axes, values)
+                cell = Cell(engine, ws, dtype, tuple(values))
+                if reason is None:
+                    reason = cls.unsupported(cell.opts, dtype, ws, device_type)
+                if cell in seen:
+                    continue
+                seen.add(cell)
+                cells.append(Cell(engine, ws, dtype, tuple(values), skip_reason=reason))
+    return cells
+
+
+def find_cell(workload: Workload, cell_id: str, device_type: str = "cpu") -> Cell | None:
+    """The cell ``cell_id`` of the workload, expanding only its own engine's part of the
+    matrix: a rank imports one engine adapter, not every engine the matrix names."""
+    engines = [e for e in workload.matrix["engine"] if cell_id.startswith(f"{e}-ws")]
+    if not engines:
+        return None
+    engine = max(engines, key=len)
+    axes = engine_axes(engine)
+    matrix = {k: v for k, v in workload.matrix.items() if k in COMMON_AXES}
+    for name, values in workload.matrix.items():
+        if name in axes:  # values this engine refuses only ever make skipped cells
+            allowed = [v for v in values if _allows(axes[name], name, v)]
+            matrix[name] = allowed or [axes[name].default]
+    matrix["engine"] = [engine]
+    own = dataclasses.replace(workload, matrix=matrix)
+    return next((c for c in expand(own, device_type) if c.id == cell_id), None)
+
+
+def _allows(axis: Axis, name: str, value: Any) -> bool:
+    try:
+        axis.check(name, value)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,444 @@
+"""The GPU-only checks of ``scripts/gpu-check`` (also used by ``pytest -m cuda``).
+
+``python -m zerobench.whatif.gpu_check probe-gloo OUT.json``: which collectives the engines use
+work under gloo with CUDA tensors (two ranks on one GPU).
+``python -m zerobench.whatif.gpu_check overlap OUT.json``: how much of the all-gather time
+impl.fsdp's prefetch hides. ``python -m zerobench.whatif.gpu_check limiter OUT.json``: the peak
+memory of a forward with and without ``limit_all_gathers``. Each writes its figures and
+``"pass": true/false`` and exits 0 on pass, 1 on fail.
+
+[Note: GPU checks]
+Both impl checks run at world size 1 with NCCL and HYBRID_SHARD over a shard group of
+one rank: every unit then goes through the real unshard path (all-gather on the unshard
+stream, free after use, limiter) with a local copy as its "all-gather". The copy is
+slowed down by ``torch.cuda._sleep`` enqueued on the stream it runs on (the way
+PyTorch's FSDP overlap tests slow a collective), and each unit's compute is a
+``_sleep`` on the compute stream, in forward and backward, so both durations are known
+and the CPU thread runs far ahead of the GPU.
+
+* overlap: exposed all-gather time = step time with the delay - step time without it.
+  Hidden fraction = 1 - exposed(prefetch) / exposed(no prefetch). Passes at >= 0.9
+  when a unit's compute (2x) is longer than its all-gather.
+* limiter: forward under no_grad, units of ``UNIT_MB`` each, compute long enough for the
+  CPU to enqueue every unit before the GPU finishes the first. Freed unsharded buffers
+  stay allocated until compute passes the free (record_stream), so without the limiter
+  the peak active memory grows with the number of units; with it, it stays within
+  ``depth + 2`` units (``depth`` freed ahead, the unit computing, the one being gathered).
+  Measured as the caching allocator's peak *active* bytes above the baseline, because
+  blocks waiting for their stream events count as active, not allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+UNITS = 12  # limiter check
+UNIT_MB = 64
+OVERLAP_UNITS = 24  # overlap check: only the first gather of forward and of backward cannot be hidden
+
+
+class Target:
+    """Where a check runs: a real GPU (``torch.cuda``, ``cuda:0``, NCCL) or the virtual one
+    (zerobench.instruments.vgpu: its device module, CPU tensors, gloo). The checks below are written
+    once against this, so ``--virtual`` runs the same check code as a GPU does."""
+
+    def __init__(self, virtual: bool = False, **vgpu_options):
+        self.virtual = virtual
+        if virtual:
+            from zerobench.instruments.vgpu import VirtualGpu
+
+            self.gpu = VirtualGpu(**vgpu_options)
+            self.module = self.gpu
+            self.device = torch.device("cpu")
+            self.device_id = None
+        else:
+            self.gpu = None
+            self.module = torch.cuda
+            self.device = torch.device("cuda", 0)
+            self.device_id = torch.device("cuda", 0)
+
+    def __enter__(self) -> "Target":
+        self.groups = None
+        self._owns_group = not dist.is_initialized()
+        _init_single(self)
+        if self.gpu is not None:
+            self.gpu.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.gpu is not None:
+            self.gpu.__exit__(*exc)
+            if self._owns_group:  # a virtual check leaves no process group behind
+                dist.destroy_process_group()
+
+
+def _init_single(target: "Target | None" = None) -> None:
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        from zerobench.harness.launch import free_port
+
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        if target is not None and target.virtual:
+            dist.init_process_group("gloo", rank=0, world_size=1)
+            return
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+
+
+def cycles_per_ms(module=torch.cuda, samples: int = 10, trim: int = 2, cycles: int = 10_000_000) -> float:
+    """How many ``_sleep`` cycles take a millisecond on this GPU (``module``: torch.cuda,
+    or the virtual GPU standing in for it).
+
+    The mean of ``samples`` timed sleeps of ``cycles`` each, leaving out the ``trim``
+    fastest and ``trim`` slowest: the first launch pays for initialisation and another
+    process may share the GPU, and one sample would carry either into every duration
+    the checks derive from it. (PyTorch's tests calibrate the same way:
+    ``get_cycles_per_ms`` in torch/testing/_internal/common_utils.py.)"""
+    if samples <= 2 * trim:
+        raise ValueError(f"cycles_per_ms: samples ({samples}) must be more than 2 * trim ({trim})")
+    module.synchronize()
+    rates = []
+    for _ in range(samples):
+        start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
+        start.record()
+        module._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / start.elapsed_time(end))
+    kept = sorted(rates)[trim:samples - trim]
+    return sum(kept) / len(kept)
+
+
+class _Sleep(torch.autograd.Function):
+    """Identity whose forward and backward each keep the device busy for ``cycles``."""
+
+    @staticmethod
+    def forward(ctx, x, cycles, module):
+        ctx.cycles, ctx.module = cycles, module
+        module._sleep(cycles)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.module._sleep(ctx.cycles)
+        return grad.clone(), None, None
+
+
+class _Unit(nn.Module):
+    def __init__(self, width: int, cycles: int, module):
+        super().__init__()
+        self.lin = nn.Linear(width, width, bias=False)
+        self.cycles = cycles
+        self.module = module
+
+    def forward(self, x):
+        return _Sleep.apply(self.lin(x), self.cycles, self.module)
+
+
+class _Model(nn.Module):
+    def __init__(self, units: int, width: int, cycles: int, module):
+        super().__init__()
+        self.units = nn.ModuleList(_Unit(width, cycles, module) for _ in range(units))
+
+    def forward(self, x):
+        for u in self.units:
+            x = u(x)
+        return x
+
+
+def _wrap(model: nn.Module, target: Target, **kwargs):
+    from impl.fsdp import FullyShardedDataParallel as FSDP
+    from impl.fsdp import ShardingStrategy
+
+    if getattr(target, "groups", None) is None:  # shard group of 1: see [Note: GPU checks]
+        target.groups = (dist.group.WORLD, dist.new_group([0]))
+    wrap = dict(process_group=target.groups, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                device_id=target.device_id, **kwargs)
+    for i, u in enumerate(model.units):
+        model.units[i] = FSDP(u, **wrap)
+    return FSDP(model, **wrap)
+
+
+class _DelayedGathers:
+    """Enqueue ``cycles`` of sleep on the stream each all-gather runs on."""
+
+    def __init__(self, cycles: int, module):
+        self.cycles = cycles
+        self.module = module
+        self.count = 0
+
+    def __enter__(self):
+        from impl.fsdp import collectives
+
+        self._real = collectives.all_gather_flat
+
+        def slow(output, input, group, group_size):
+            self.count += 1
+            if self.cycles:
+                self.module._sleep(self.cycles)
+            return self._real(output, input, group, group_size)
+
+        collectives.all_gather_flat = slow
+        return self
+
+    def __exit__(self, *exc):
+        from impl.fsdp import collectives
+
+        collectives.all_gather_flat = self._real
+
+
+def _step_ms(target: Target, prefetch: bool, gather_cycles: int, compute_cycles: int, units: int,
+             steps: int = 3) -> tuple[float, int]:
+    from impl.fsdp import BackwardPrefetch
+
+    m = target.module
+    torch.manual_seed(0)
+    model = _wrap(_Model(units, 256, compute_cycles, m).to(target.device), target, forward_prefetch=prefetch,
+                  backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
+    x = torch.randn(8, 256, device=target.device)
+    model(x).sum().backward()  # warm-up (and the first-iteration order record)
+    times = []
+    with _DelayedGathers(gather_cycles, m) as delayed:
+        for _ in range(steps):
+            m.synchronize()
+            start, end = m.Event(enable_timing=True), m.Event(enable_timing=True)
+            start.record()
+            model(x).sum().backward()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return min(times), delayed.count // steps
+
+
+def overlap_check(target: Target | None = None, gather_ms: float = 2.0, compute_ms: float = 4.0,
+                  units: int = OVERLAP_UNITS, steps: int = 3) -> dict:
+    """How much of the all-gather time is hidden under compute. See [Note: GPU checks].
+
+    The reference is the all-gather time itself (PyTorch's test_fsdp_overlap compares
+    compute alone plus communication alone with both together): hidden fraction =
+    (step without delay + all-gather time - step with delay) / all-gather time. Without
+    prefetch the host, running ahead of the device, already issues each all-gather early,
+    so comparing against the no-prefetch run would measure nothing."""
+    target = target or Target()
+    with target:
+        m = target.module
+        cpm = cycles_per_ms(m)
+        g, c = int(gather_ms * cpm), int(compute_ms * cpm)
+        out = {"cycles_per_ms": cpm, "units": units, "gather_ms": gather_ms, "compute_ms": compute_ms,
+               "virtual": target.virtual}
+        for name, prefetch in (("prefetch", True), ("no_prefetch", False)):
+            base, _ = _step_ms(target, prefetch, 0, c, units, steps)
+            delayed, gathers = _step_ms(target, prefetch, g, c, units, steps)
+            all_gather_ms = gathers * gather_ms
+            exposed = max(delayed - base, 0.0)
+            out[name] = {"step_ms_without_delay": base, "step_ms_with_delay": delayed, "gathers_per_step": gathers,
+                         "all_gather_ms": all_gather_ms, "exposed_ms": exposed,
+                         "hidden_fraction": 1 - exposed / all_gather_ms if all_gather_ms > 0 else 0.0}
+    out["hidden_fraction"] = out["prefetch"]["hidden_fraction"]
+    out["pass"] = out["hidden_fraction"] >= 0.9
+    return out
+
+
+WARMUP_LIMIT = 8  # warm-up forwards of the limiter check, at most
+
+
+def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, units: int, unit_mb: float,
+                  empty_cache: bool = False) -> dict:
+    m = target.module
+    width = int((unit_mb * 2**20 / 4) ** 0.5)
+    torch.manual_seed(0)
+    model = _wrap(_Model(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
+                  limiter_depth=depth)
+    x = torch.randn(4, width, device=target.device)
+    with torch.no_grad():
+        # Warm-up, until the cache stops growing: it leaves the blocks the measured forward
+        # reuses in the cache. One is not enough where cudaMalloc synchronises: each new
+        # segment stops the host's run-ahead, so a forward caches only as many blocks as
+        # it got ahead by, and the next forward gets further.
+        reserved = -1
+        for _ in range(WARMUP_LIMIT):
+            model(x)
+            m.synchronize()
+            if m.memory_stats()["reserved_bytes.all.current"] == reserved:
+                break
+            reserved = m.memory_stats()["reserved_bytes.all.current"]
+        # No empty_cache() here (``empty_cache`` is for the test that shows why): cudaFree
+        # and the cudaMallocs it makes necessary can synchronise the host, and the
+        # measured forward needs the host free to run ahead.
+        if empty_cache:
+            m.empty_cache()
+        m.reset_peak_memory_stats()
+        base = m.memory_stats()["active_bytes.all.current"]
+        start = target.gpu.host_clock() if target.virtual else time.perf_counter()
+        model(x)
+        enqueue_s = (target.gpu.host_clock() if target.virtual else time.perf_counter()) - start
+        m.synchronize()
+    stats = m.memory_stats()
+    metrics = model.limiter_metrics()
+    unit_bytes = width * width * 4
+    del model
+    m.empty_cache()
+    return {"peak_active_above_base_units": (stats["active_bytes.all.peak"] - base) / unit_bytes,
+            "peak_allocated_above_base_units": (stats["allocated_bytes.all.peak"] - base) / unit_bytes,
+            "peak_reserved_bytes": stats["reserved_bytes.all.peak"], "unit_bytes": unit_bytes,
+            "cpu_enqueue_ms": enqueue_s * 1e3, "limiter_stalls": metrics["limiter_stalls"]}
+
+
+def limiter_check(target: Target | None = None, depth: int = 2, compute_ms: float = 20.0, units: int = UNITS,
+                  unit_mb: float = UNIT_MB, empty_cache: bool = False) -> dict:
+    target = target or Target()
+    with target:
+        c = int(compute_ms * cycles_per_ms(target.module))
+        on, off = (_forward_peak(target, limit, depth, c, units, unit_mb, empty_cache) for limit in (True, False))
+    bound = depth + 2
+    out = {"units": units, "unit_mb": unit_mb, "depth": depth, "bound_units": bound, "with_limiter": on,
+           "without_limiter": off, "virtual": target.virtual}
+    out["pass"] = (on["peak_active_above_base_units"] <= bound + 0.25
+                   and off["peak_active_above_base_units"] >= on["peak_active_above_base_units"] + 1.0)
+    return out
+
+
+# -- gloo with CUDA tensors -------------------------------------------------------------
+
+# The collectives the engines issue (impl via impl.comm; DDP, ZeRO-1 and FSDP1/2 inside torch).
+PROBES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast", "all_gather",
+          "reduce_scatter", "barrier")
+
+
+def _probe_rank(rank: int, world: int, port: int, out: str) -> None:
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dev = torch.device("cuda", 0)
+    results = {}
+    for name in PROBES:
+        try:
+            x = torch.full((4,), float(rank + 1), device=dev)
+            if name == "all_gather_into_tensor":
+                o = torch.empty(4 * world, device=dev)
+                dist.all_gather_into_tensor(o, x)
+                ok = o.view(world, 4)[:, 0].tolist() == [float(r + 1) for r in range(world)]
+            elif name == "reduce_scatter_tensor":
+                o = torch.empty(2, device=dev)
+                dist.reduce_scatter_tensor(o, x)
+                ok = o.tolist() == [float(sum(range(1, world + 1)))] * 2
+            elif name == "all_reduce":
+                dist.all_reduce(x)
+                ok = x[0].item() == sum(range(1, world + 1))
+            elif name == "broadcast":
+                dist.broadcast(x, src=0)
+                ok = x[0].item() == 1.0
+            elif name == "all_gather":
+                outs = [torch.empty(4, device=dev) for _ in range(world)]
+                dist.all_gather(outs, x)
+                ok = [t[0].item() for t in outs] == [float(r + 1) for r in range(world)]
+            elif name == "reduce_scatter":
+                o = torch.empty(2, device=dev)
+                dist.reduce_scatter(o, list(x.chunk(world)))
+                ok = o[0].item() == sum(range(1, world + 1))
+            else:
+                dist.barrier()
+                ok = True
+            torch.cuda.synchronize()
+            results[name] = "ok" if ok else "wrong result"
+        except Exception as e:  # noqa: BLE001 - the answer is what failed and how
+            results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if rank == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
+    """Run the probe's ranks; any rank still running after ``timeout_s`` (one stuck in a
+    collective its peer never joined, say) is killed, with the others, before this returns."""
+    import subprocess
+
+    from zerobench.harness.launch import free_port
+
+    port = free_port()
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-gloo-probe-{os.getpid()}.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "zerobench.whatif.gpu_check", "_probe-rank", str(r), str(world),
+                               str(port), str(out)]) for r in range(world)]
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        for p in procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+    finally:
+        for p in procs:  # on a timeout, or when this process is interrupted
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    results = json.loads(out.read_text()) if out.exists() else {}
+    out.unlink(missing_ok=True)
+    result = {"torch": torch.__version__, "world_size": world, "exit_codes": codes, "collectives": results,
+              "all_ok": bool(results) and all(v == "ok" for v in results.values()),
+              "pass": not timed_out and codes == [0] * world}
+    if timed_out:
+        result["error"] = f"timed out after {timeout_s:g} s; ranks still running were killed"
+    return result
+
+
+def cells_check(runs_root: str) -> dict:
+    """The status of every cell of the one run folder under ``runs_root``."""
+    runs = sorted(p for p in Path(runs_root).iterdir() if (p / "workload.json").exists())
+    if len(runs) != 1:
+        return {"pass": False, "error": f"expected one run folder under {runs_root}, found {len(runs)}"}
+    cells = {}
+    for f in sorted((runs[0] / "cells").glob("*.json")):
+        rec = json.loads(f.read_text())
+        cells[rec.get("cell_id", f.stem)] = {"status": rec.get("status"), "error": (rec.get("error") or "")[:300],
+                                              "backend": rec.get("backend"), "device": rec.get("device")}
+    statuses = [c["status"] for c in cells.values()]
+    return {"run": str(runs[0]), "cells": cells, "ok": statuses.count("ok"),
+            "skipped": statuses.count("skipped"), "failed": len(statuses) - statuses.count("ok") - statuses.count("skipped"),
+            "pass": bool(statuses) and all(s in ("ok", "skipped") for s in statuses) and "ok" in statuses}
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "_probe-rank":
+        _probe_rank(int(argv[1]), int(argv[2]), int(argv[3]), argv[4])
+        return 0
+    if argv and argv[0] == "cells" and len(argv) == 3:
+        result = cells_check(argv[1])
+        from zerobench.runs.files import write_json_atomic
+
+        write_json_atomic(Path(argv[2]), result)
+        print(json.dumps({k: v for k, v in result.items() if k != "cells"}))
+        return 0 if result["pass"] else 1
+    virtual = bool(argv) and argv[0] == "--virtual"
+    if virtual:
+        argv = argv[1:]
+    checks = {"probe-gloo": probe_gloo, "overlap": overlap_check, "limiter": limiter_check}
+    if len(argv) != 2 or argv[0] not in checks or (virtual and argv[0] == "probe-gloo"):
+        print("usage: python -m zerobench.whatif.gpu_check [--virtual] {overlap,limiter} OUT.json\n"
+              "       python -m zerobench.whatif.gpu_check probe-gloo OUT.json", file=sys.stderr)
+        return 2
+    if not virtual and not torch.cuda.is_available():
+        print("zerobench.whatif.gpu_check: no CUDA device (--virtual runs the overlap and limiter checks on the "
+              "virtual GPU)", file=sys.stderr)
+        return 2
+    result = checks[argv[0]](Target(virtual=True)) if virtual else checks[argv[0]]()
+    from zerobench.runs.files import write_json_atomic
+
+    write_json_atomic(Path(argv[1]), result)
+    print(json.dumps(result, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if result["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,190 @@
+"""One rank of one engine cell on the virtual GPU, at any world size, in this process.
+
+The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/engines),
+against a fake process group of the cell's world size, with fake tensors (shapes only)
+and the virtual GPU installed (zerobench/vgpu, [Note: virtual device]): warm-up steps,
+then one measured step whose timeline and memory are read off the virtual device.
+Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, one process per
+engine configuration, so that process-group state never leaks between cells.
+
+[Note: predicted columns]
+* ``step_time_s``: host time from the start of the measured step to the device being
+  done with it (the host synchronises at both ends, as the harness's timing pass does);
+* ``compute_s``: busy time of the compute stream in the step;
+* ``exposed_comm_s``: time in which a collective runs and the compute stream is idle;
+  ``overlap_ratio`` = 1 - exposed / total collective time;
+* ``peak_{allocated,active,reserved}_bytes``: the caching-allocator model's peaks;
+* ``max_unsharded_units``: peak active bytes of all-gather outputs over the largest
+  all-gather output (units of gathered parameters alive at once, freed-but-pending
+  ones included);
+* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerobench.runs.files import write_json_atomic
+from zerobench.instruments.link import Link
+from zerobench.spec.matrix import Cell
+from zerobench.spec.workload import parse_workload
+
+#: engine options that would install the harness's own link emulation: the virtual GPU
+#: times collectives itself.
+EMULATION_OPTIONS = ("emulate_link", "emulate_gbps", "emulate_latency_us")
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of union ``a`` not covered by union ``b`` (both sorted, disjoint)."""
+    total, j = 0.0, 0
+    for start, end in a:
+        cursor = start
+        while j < len(b) and b[j][1] <= cursor:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                total += b[k][0] - cursor
+            cursor = max(cursor, b[k][1])
+            k += 1
+        if cursor < end:
+            total += end - cursor
+    return total
+
+
+def timeline_metrics(spans, start: float, end: float) -> dict:
+    """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]."""
+    compute, comm = [], []
+    for lane, _name, a, b, _args in spans:
+        if b <= start or a >= end:
+            continue
+        (compute if lane == "compute" else comm if lane.startswith("comm") else []).append((max(a, start), min(b, end)))
+    compute, comm = _union(compute), _union(comm)
+    comm_s = _length(comm)
+    exposed = _minus(comm, compute)
+    return {"compute_s": _length(compute), "comm_s": comm_s, "exposed_comm_s": exposed,
+            "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else 1.0}
+
+
+def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link | None, node_size: int,
+                trace_path: Path | None = None) -> dict:
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
+
+    from zerobench.engines import OptimizerSpec, RankContext, get_engine
+    from zerobench.whatif.estimate.rank import _batch, _fake_pg_ddp_hook, _fake_tensor_mode, _single_rank_ddp
+    from zerobench.spec.models import build_for_cell, loss_fn
+    from zerobench.instruments.vgpu import VirtualGpu
+
+    world = cell.world_size
+    started = time.perf_counter()
+    dist.init_process_group("fake", world_size=world, rank=0, store=FakeStore())
+    try:
+        ctx = RankContext(0, world, 0, torch.device("cpu"), "fake")
+        spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
+        loss = loss_fn(w.model)
+        vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size)
+        with _fake_tensor_mode(), _single_rank_ddp(), vgpu:
+            engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
+            model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
+            engine.wrap(model, units)
+            _fake_pg_ddp_hook(engine.module)
+            engine.build_optimizer(spec)
+            for step in range(max(w.run.memory_warmup_steps, 1)):
+                engine.train_step(*_batch(w, world, 0, step, True), loss)
+            inputs, targets = _batch(w, world, 0, w.run.memory_warmup_steps, True)
+            vgpu.synchronize()
+            vgpu.reset_peak_memory_stats()
+            vgpu.trace.clear()
+            t0 = vgpu.host.now
+            engine.train_step(inputs, targets, loss)
+            vgpu.synchronize()
+            t1 = vgpu.host.now
+            stats = vgpu.memory_stats()
+            extra = engine.extra_metrics() if hasattr(engine, "extra_metrics") else {}
+        if trace_path is not None:
+            trace_path.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(trace_path, "wt") as f:
+                json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
+        step_s = t1 - t0
+        from zerobench.spec.models import samples_to_tokens
+
+        tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
+        largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
+        return {
+            "status": "ok", "reason": None,
+            "step_time_s": step_s,
+            **timeline_metrics(vgpu.trace.spans, t0, t1),
+            "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
+            "peak_active_bytes": stats["active_bytes.all.peak"],
+            "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+            "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
+                                    if largest else 0.0),
+            "host_lead_max_s": vgpu.host_lead_max_s,
+            "host_blocked_s": vgpu.host.blocked_s,
+            "tokens_per_s": tokens / step_s if step_s > 0 else None,
+            "limiter_stalls": extra.get("limiter_stalls"),
+            "num_ooms": stats["num_ooms"],
+            "predict_wall_s": time.perf_counter() - started,
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.rank")
+    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--cell-config", type=Path, required=True, help="JSON: engine, dtype, options")
+    parser.add_argument("--world-sizes", required=True)
+    parser.add_argument("--gpu", required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--link", required=True, help="JSON of the intra-node link")
+    parser.add_argument("--inter-link", default=None, help="JSON of the inter-node link")
+    parser.add_argument("--node-size", type=int, default=8)
+    parser.add_argument("--traces", type=Path, default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    w = parse_workload(json.loads(args.workload.read_text()), source=str(args.workload))
+    conf = json.loads(args.cell_config.read_text())
+    link = Link(**json.loads(args.link))
+    inter = Link(**json.loads(args.inter_link)) if args.inter_link else None
+    rows = []
+    for ws in [int(x) for x in args.world_sizes.split(",")]:
+        cell = Cell(conf["engine"], ws, conf["dtype"], tuple(tuple(kv) for kv in conf["options"]))
+        trace = args.traces / f"{cell.id}.trace.json.gz" if args.traces else None
+        try:
+            row = predict_one(w, cell, args.gpu, args.host, link, inter, args.node_size, trace)
+        except Exception as err:  # one cell never stops the others
+            traceback.print_exc()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            status = "oom" if isinstance(err, torch.OutOfMemoryError) else "skipped"
+            row = {"status": status, "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
+        rows.append({"world_size": ws, **row})
+        write_json_atomic(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
