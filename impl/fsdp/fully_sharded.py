@@ -278,6 +278,14 @@ class FullyShardedDataParallel(nn.Module):
         me = self._fsdp_state
         instances = traversal.fsdp_modules(self)
         states = [inst._fsdp_state for inst in instances]
+        for other in states:
+            unit = other.unit
+            if unit is not None and other.cpu_offload.offload_params and unit.handle.sharded_flat.device.type != "cpu":
+                raise RuntimeError(  # the module was moved after construction (as PyTorch's FSDP1 checks)
+                    "An FSDP-managed module with parameter CPU offloading enabled has parameters on "
+                    f"{unit.handle.sharded_flat.device}. Make sure to not move the module from CPU when offloading "
+                    "parameters."
+                )
         for other in states[1:]:
             if other.root_state is not None and other.is_root:
                 raise RuntimeError("an FSDP instance that already ran as a root cannot be nested under another root")

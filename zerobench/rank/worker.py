@@ -125,7 +125,8 @@ class CellRunner:
         self.ctx = ctx
         self.engine_cls = get_engine(cell.engine)
         self.loss = loss_fn(workload.model)
-        self.spec = OptimizerSpec(workload.optimizer.kind, workload.optimizer.lr, workload.optimizer.hyper())
+        self.spec = OptimizerSpec(workload.optimizer.kind, workload.optimizer.lr, workload.optimizer.hyper(),
+                                  workload.optimizer.no_decay)
 
     def build(self):
         engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
