@@ -334,7 +334,7 @@ def errors_body(rank, world_size):
         FSDP(nn.Linear(3, 3, device="meta"), param_init_fn=5)
     with pytest.raises(ValueError, match="only valid with HYBRID_SHARD"):
         FSDP(nn.Linear(3, 3), process_group=(dist.group.WORLD, dist.group.WORLD))
-    with pytest.raises(ValueError, match="HYBRID_SHARD expects process_group"):
+    with pytest.raises(ValueError, match="Expected process_group to be passed in as either None or Tuple"):
         FSDP(nn.Linear(3, 3), sharding_strategy=HYBRID, process_group=dist.group.WORLD)
     tied = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
     tied[1].weight = tied[0].weight

@@ -41,9 +41,11 @@ def libraries() -> dict[str, SimpleNamespace]:
 
     return {
         "torch": SimpleNamespace(name="torch", FullyShardedDataParallel=tfsdp.FullyShardedDataParallel,
-                                 StateDictType=tfsdp.StateDictType, ModuleWrapPolicy=twrap.ModuleWrapPolicy),
+                                 StateDictType=tfsdp.StateDictType, ModuleWrapPolicy=twrap.ModuleWrapPolicy,
+                                 ShardingStrategy=tfsdp.ShardingStrategy),
         "impl": SimpleNamespace(name="impl", FullyShardedDataParallel=ifsdp.FullyShardedDataParallel,
-                                StateDictType=ifsdp.StateDictType, ModuleWrapPolicy=ifsdp.ModuleWrapPolicy),
+                                StateDictType=ifsdp.StateDictType, ModuleWrapPolicy=ifsdp.ModuleWrapPolicy,
+                                ShardingStrategy=ifsdp.ShardingStrategy),
     }
 
 
@@ -339,6 +341,11 @@ def errors_and_alias_body(rank, world_size):
             build(lib, model, ignored_modules=[model[0]], ignored_states=[model[1].weight])
         except Exception as e:  # noqa: BLE001
             errors.append((type(e).__name__, str(e)))
+        for strategy in (lib.ShardingStrategy.HYBRID_SHARD, lib.ShardingStrategy._HYBRID_SHARD_ZERO2):
+            try:  # manual wrapping without groups
+                build(lib, nn.Linear(2, 2), sharding_strategy=strategy)
+            except Exception as e:  # noqa: BLE001
+                errors.append((type(e).__name__, str(e).replace(lib.name, "")))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             build(lib, nn.Sequential(nn.Linear(2, 2)), ignored_modules=None)
@@ -363,7 +370,7 @@ def errors_and_alias_body(rank, world_size):
 def test_errors_warnings_and_ignored_tensor_aliasing_match_torch(world_size):
     result = run_ranks(errors_and_alias_body, world_size)[0]
     (t_errors, t_warn, t_alias), (i_errors, i_warn, i_alias) = result["torch"], result["impl"]
-    assert [e[0] for e in i_errors] == [e[0] for e in t_errors] == ["ValueError", "ValueError"]
+    assert [e[0] for e in i_errors] == [e[0] for e in t_errors] == ["ValueError"] * 4
     assert [e[1] for e in i_errors] == [e[1] for e in t_errors]
     prefix = "Trying to ignore the top-level module passed into the FSDP constructor itself"
     assert t_warn[0].startswith(prefix) and i_warn[0].startswith(prefix)

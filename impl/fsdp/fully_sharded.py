@@ -114,6 +114,17 @@ class FullyShardedDataParallel(nn.Module):
                 "Cannot pass both process_group and device_mesh at the same time. Please just pass only one of them."
             )
 
+        # The process group(s), resolved before wrapping so that auto-wrapped children share them.
+        hybrid = sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+        child_process_group = process_group
+        if device_mesh is not None:
+            process_group = process_groups.groups_of_mesh(device_mesh, hybrid)
+        elif hybrid and process_group is None:
+            if auto_wrap_policy is None:  # as PyTorch 2.x: instances wrapped one by one may not agree on groups
+                raise ValueError(f"Manual wrapping with {sharding_strategy} requires explicit specification of "
+                                 "process group or device_mesh.")
+            process_group = child_process_group = process_groups.hybrid_groups(None)
+
         # Steps in the order docs/behaviour.md §F2 lists them.
         # 1. ignored modules (and parameters), expanded over subtrees and nested instances' sets.
         ignored_modules, ignored_param_list = _ignored_states(ignored_modules, ignored_states)
@@ -130,7 +141,7 @@ class FullyShardedDataParallel(nn.Module):
                     "`auto_wrap_policy`"
                 )
             child_kwargs = dict(
-                process_group=process_group,
+                process_group=child_process_group,
                 sharding_strategy=sharding_strategy,
                 cpu_offload=cpu_offload,
                 backward_prefetch=backward_prefetch,
@@ -173,9 +184,6 @@ class FullyShardedDataParallel(nn.Module):
 
         # 7. groups and the effective strategy.
         strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
-        hybrid = strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
-        if device_mesh is not None:
-            process_group = process_groups.groups_of_mesh(device_mesh, hybrid)
         if hybrid:
             shard_group, replicate_group = process_groups.hybrid_groups(process_group)
             if dist.get_world_size(replicate_group) == 1:
@@ -195,6 +203,7 @@ class FullyShardedDataParallel(nn.Module):
         self.rank = dist.get_rank(shard_group)
         self.world_size = dist.get_world_size(shard_group)
         self._device_mesh = device_mesh  # PyTorch 2.x's attribute; SHARDED state dicts use it
+        self._inter_node_pg = replicate_group  # PyTorch 2.x's name for HYBRID_SHARD's replicate group
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
             _broadcast_module_states(module, ignored, managed)

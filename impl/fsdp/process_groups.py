@@ -30,9 +30,10 @@ def hybrid_groups(process_group) -> tuple:
     """(shard_group, replicate_group) from a given pair, or built over the default group."""
     if process_group is not None:
         if not (isinstance(process_group, tuple) and len(process_group) == 2):
-            raise ValueError(
-                "HYBRID_SHARD expects process_group to be None or a (shard_group, replicate_group) tuple, "
-                f"got {type(process_group).__name__}"
+            raise ValueError(  # PyTorch 2.x's words, then ours
+                "Expected process_group to be passed in as either None or Tuple[dist.ProcessGroup, "
+                f"dist.ProcessGroup] but got {type(process_group)}: HYBRID_SHARD expects process_group to be None "
+                "or a (shard_group, replicate_group) tuple"
             )
         shard, replicate = process_group
         if dist.get_world_size(shard) * dist.get_world_size(replicate) != dist.get_world_size():
