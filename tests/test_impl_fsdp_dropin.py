@@ -100,7 +100,7 @@ def summon_names_body(rank, world_size):
                     got = named(model)
             assert any("offload_to_cpu" in str(w.message) for w in caught)
             assert [n for n, _ in got] == [n for n, _ in want]
-            with pytest.raises(ValueError, match="writeback=True and rank0_only=True is not supported"):
+            with pytest.raises(NotImplementedError, match="writeback=True and rank0_only=True is not supported"):
                 with FSDP.summon_full_params(model, writeback=True, rank0_only=True):
                     pass
 

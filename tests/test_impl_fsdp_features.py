@@ -236,7 +236,7 @@ def summon_body(rank, world_size):
             assert torch.all(get_by_name(model, "head.bias") == -1.0) or strategy is NO_SHARD
         with FSDP.summon_full_params(model, writeback=False, rank0_only=True, offload_to_cpu=True):
             pass
-        with pytest.raises(ValueError, match="writeback=True and rank0_only=True is not supported"):
+        with pytest.raises(NotImplementedError, match="writeback=True and rank0_only=True is not supported"):
             with FSDP.summon_full_params(model, writeback=True, rank0_only=True):
                 pass
         train(model, "mlp", rank, world_size, steps=1)  # still trains afterwards
@@ -352,7 +352,7 @@ def errors_body(rank, world_size):
     inner = SummonsInForward()
     root = FSDP(inner)
     inner.root = root
-    with pytest.raises(ValueError, match="expected to be in states"):
+    with pytest.raises(AssertionError, match="Cannot manually unshard parameters during forward/backward"):  # 2.x
         root(torch.randn(2, 4))
     return True
 

@@ -524,8 +524,9 @@ class FullyShardedDataParallel(nn.Module):
         writeback: bool = True,
         rank0_only: bool = False,
         offload_to_cpu: bool = False,
+        with_grads: bool = False,
     ):
-        return utils.summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu)
+        return utils.summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu, with_grads)
 
 
 # -- construction helpers ----------------------------------------------------------------

@@ -94,7 +94,12 @@ def clip_grad_norm_(root, max_norm: float, norm_type: float = 2.0) -> torch.Tens
 
 @contextlib.contextmanager
 def summon_full_params(
-    module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False, offload_to_cpu: bool = False
+    module: nn.Module,
+    recurse: bool = True,
+    writeback: bool = True,
+    rank0_only: bool = False,
+    offload_to_cpu: bool = False,
+    with_grads: bool = False,
 ):
     """Expose the full, full-precision original parameters of every FSDP instance in
     ``module`` (or only ``module`` itself if not ``recurse``), as PyTorch 1.13 does.
@@ -108,10 +113,15 @@ def summon_full_params(
 
     On exit, with ``writeback``, each rank copies its own slice of any edits back into its
     shard (NO_SHARD edits persist regardless: the full parameter is the shard). Not
-    allowed during forward or backward, nor nested in another summon of the same units.
+    allowed during forward or backward (AssertionError, as PyTorch 2.x), nor nested in
+    another summon of the same units.
+
+    ``with_grads`` (PyTorch 2.x, use_orig_params only): each original parameter's
+    ``.grad`` is its full gradient too (None where no rank has one), written back like
+    the parameters.
     """
     if writeback and rank0_only:
-        raise ValueError(
+        raise NotImplementedError(  # PyTorch 2.x's type (1.13 raised ValueError)
             "writeback=True and rank0_only=True is not supported, as model parameter shapes will be different "
             "across ranks, and writing to them can lead to inconsistencies across ranks when the context is exited."
         )
@@ -126,8 +136,15 @@ def summon_full_params(
     else:
         instances = [module] if state_of(module) is not None else []
     states = [state_of(inst) for inst in instances]
+    busy = (TrainingState.FORWARD, TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST)
+    if any(state.training_state in busy for state in fsdp_states(module)):
+        raise AssertionError("Cannot manually unshard parameters during forward/backward")
     for state in states:
         check_state(state, TrainingState.IDLE)
+    if with_grads and (offload_to_cpu or not all(state.use_orig_params for state in states if state.unit is not None)):
+        raise NotImplementedError(
+            "summon_full_params(with_grads=True) is only supported with use_orig_params=True and offload_to_cpu=False"
+        )
     exposes = not rank0_only or dist.get_rank() == 0
     summoned = []  # (instance, its handle, full copy, exposed parameters, attribute snapshot)
     try:
@@ -146,6 +163,7 @@ def summon_full_params(
                     full = full.cpu()
             else:
                 full = shard  # NO_SHARD (or a one-rank shard group): the shard is the full parameter
+            full_grad = _gather_grad(unit, sharded) if with_grads else None  # every rank takes part
             if not exposes:
                 continue  # rank0_only, not rank 0: keep the flat shard
             snapshot = h.views_snapshot()
@@ -155,12 +173,24 @@ def summon_full_params(
             hidden = inst._fsdp_wrapped_module._parameters.pop(FLAT_PARAM, None)
             shard_data = h.sharded_flat.data
             h.sharded_flat.data = full[: h.numel]
-            summoned.append((inst, h, full, params, snapshot, hidden, shard_data))
+            if full_grad is not None:
+                for param, info in zip(params, h.infos):
+                    param.grad = full_grad[info.offset : info.offset + info.numel].view(info.shape)
+            summoned.append((inst, h, full, params, snapshot, hidden, shard_data, full_grad))
         yield
     finally:
-        for inst, h, full, params, snapshot, hidden, shard_data in reversed(summoned):
+        for inst, h, full, params, snapshot, hidden, shard_data, full_grad in reversed(summoned):
             h.sharded_flat.data = shard_data
+            if with_grads:
+                for param in params:
+                    param.grad = None  # the sharded gradient views return below
+                if writeback and full_grad is not None and h.sharded_flat.grad is not None and (
+                        full_grad.data_ptr() != h.sharded_flat.grad.data_ptr()):
+                    with torch.no_grad():
+                        h.sharded_flat.grad.copy_(h.shard_slice(full_grad))
             h.hide_full_params(params, full, snapshot)  # drops the references to the full copy
+            if with_grads and h.orig is not None:
+                h.orig.use_sharded_grad_views()
             if hidden is not None:
                 inst._fsdp_wrapped_module._parameters[FLAT_PARAM] = hidden
             if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
@@ -168,3 +198,20 @@ def summon_full_params(
                     h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
         for state in states:
             state.training_state = TrainingState.IDLE
+
+
+def _gather_grad(unit, sharded: bool) -> torch.Tensor | None:
+    """The unit's full, padded gradient (None when no rank of the group has one): its
+    shard's gradient all-gathered over the shard group (missing shards count as zeros)."""
+    h = unit.handle
+    grad = h.sharded_flat.grad
+    if not sharded:
+        return None if grad is None else grad.detach()
+    has = torch.tensor([0 if grad is None else 1], device=h.device)
+    comm.all_reduce(has, op=dist.ReduceOp.MAX, group=unit.shard_group, async_op=False)
+    if not has.item():
+        return None
+    local = grad.detach().to(h.device) if grad is not None else torch.zeros(h.shard_numel, dtype=h.dtype, device=h.device)
+    full = torch.empty(h.padded_numel, dtype=local.dtype, device=h.device)
+    comm.all_gather(full, local, group=unit.shard_group, async_op=False)
+    return full
