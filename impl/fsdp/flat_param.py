@@ -288,6 +288,15 @@ class FlatParamHandle:
                 self._hooked.add(id(param))
 
     @property
+    def flat_param(self) -> nn.Parameter:
+        """``sharded_flat`` under the name PyTorch 2.x's ``FlatParamHandle`` gives it."""
+        return self.sharded_flat
+
+    @property
+    def uses_sharded_strategy(self) -> bool:
+        return self.shard_world > 1
+
+    @property
     def requires_grad_count(self) -> int:
         """Unsharded parameters that get a gradient in backward (frozen ones do not)."""
         return sum(p.requires_grad for p in self.unsharded_params)

@@ -374,6 +374,13 @@ class FullyShardedDataParallel(nn.Module):
         return self._fsdp_state.root_state
 
     @property
+    def _handle(self):
+        """This instance's FlatParamHandle (its ``flat_param`` is the shard), or None:
+        the attribute PyTorch 2.x's FSDP1 has, which much user and test code reads."""
+        unit = self._fsdp_state.unit
+        return unit.handle if unit is not None else None
+
+    @property
     def _unit(self) -> FlatParamUnit | None:
         """This instance's flat parameter and its collectives; None if it manages none."""
         return self._fsdp_state.unit

@@ -161,6 +161,8 @@ def summon_full_params(
                 comm.all_gather(full, shard, group=unit.shard_group, async_op=False)
                 if offload_to_cpu:
                     full = full.cpu()
+            elif state.cpu_offload.offload_params and shard.data_ptr() == h.sharded_flat.data_ptr():
+                full = shard.clone()  # offloaded: a device copy, kept only with writeback (even on a CPU device)
             else:
                 full = shard  # NO_SHARD (or a one-rank shard group): the shard is the full parameter
             full_grad = _gather_grad(unit, sharded) if with_grads else None  # every rank takes part
@@ -169,10 +171,11 @@ def summon_full_params(
             snapshot = h.views_snapshot()
             params = h.expose_full_params(full)
             # The flat shard (registered unless use_orig_params) leaves named_parameters(),
-            # and shows the unsharded, unpadded values meanwhile, as FSDP1's flat parameter does.
+            # and shows the unsharded values meanwhile, as FSDP1's flat parameter does
+            # (without the padding, except under use_orig_params).
             hidden = inst._fsdp_wrapped_module._parameters.pop(FLAT_PARAM, None)
             shard_data = h.sharded_flat.data
-            h.sharded_flat.data = full[: h.numel]
+            h.sharded_flat.data = full[: h.padded_numel] if h.orig is not None else full[: h.numel]
             if full_grad is not None:
                 for param, info in zip(params, h.infos):
                     param.grad = full_grad[info.offset : info.offset + info.numel].view(info.shape)
