@@ -53,7 +53,7 @@ def _param_map(model: nn.Module) -> dict[int, tuple[Any, list[str]]]:
                 )
             if state.unit is not None:
                 h = state.unit.handle
-                out[id(h.sharded_flat)] = (state.unit, [_join(_clean(mod_name), i.fqn) for i in h.infos])
+                out[id(h.sharded_flat)] = (state.unit, [_clean(_join(mod_name, i.fqn)) for i in h.infos])
             continue
         for name, p in mod._parameters.items():
             if p is not None and id(p) not in out:

@@ -107,8 +107,15 @@ def state_dict_type(module: nn.Module, type: StateDictType, config=None, optim_c
 # -- naming ---------------------------------------------------------------------------
 
 
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+"""What FSDP and torch's checkpoint_wrapper add to names; state-dict keys leave both out,
+as PyTorch's ``clean_tensor_name`` does."""
+
+
 def _clean(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "").strip(".")
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix + ".", "").replace(prefix, "")
+    return name.strip(".")
 
 
 def _join(prefix: str, name: str) -> str:
@@ -128,9 +135,9 @@ class _Entries:
                 if state.unit is not None:
                     h = state.unit.handle
                     for ref in [*h.infos, *h.shared]:
-                        self.managed.append((_join(_clean(mod_name), ref.fqn), state, ref))
+                        self.managed.append((_clean(_join(mod_name, ref.fqn)), state, ref))
                     for fqn, ref in h.aliases:  # a module registered under a second name
-                        self.managed.append((_join(_clean(mod_name), fqn), state, ref))
+                        self.managed.append((_clean(_join(mod_name, fqn)), state, ref))
                 continue
             prefix = _clean(mod_name)
             for name, p in mod._parameters.items():
