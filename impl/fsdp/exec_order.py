@@ -17,11 +17,11 @@ their collectives silently when the sizes happen to agree (its own test relies o
 that), and hang until the backend's timeout when they do not.
 Here every training-mode pre-forward of a sharded unit warns as FSDP1 does (once,
 always, not only under DETAIL) when this rank's order departs from the first
-iteration's, and all-reduces ``(shard numel, unit index)`` over the unit's group before
-the unit's own all-gather (max and max of the negation: equal when every rank agrees).
+iteration's, and all-reduces the shard size it is about to all-gather over the unit's
+group, before that all-gather (max and max of the negation: equal when every rank agrees).
 Ranks at different units whose all-gathers have the same size carry on, as FSDP1
 does; ranks whose all-gathers would not match all raise the same RuntimeError instead
-of hanging. The price is one 32-byte all-reduce per unit and forward.
+of hanging. The price is one 16-byte all-reduce per unit and forward.
 """
 
 from __future__ import annotations
