@@ -133,6 +133,12 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
     unit = state.unit
     if unit is None:
         return args, kwargs
+    if unit.handle.sharded_flat.dtype != unit.handle.dtype:  # e.g. model.half() after wrapping
+        raise TypeError(
+            f"impl.fsdp: a flat parameter built as {unit.handle.dtype} is now {unit.handle.sharded_flat.dtype} "
+            "(the module was cast after wrapping, e.g. with .half()); impl does not re-cast its unsharded buffers: "
+            "cast the module before wrapping it, or use MixedPrecision(param_dtype=...)"
+        )
     with record_function("impl::fsdp::pre_forward"):
         shared.exec_order.record_pre_forward(state, unit, check=training)
         unit.unshard(prefetch=False, ticketed=frees_after_forward(state))
