@@ -336,6 +336,9 @@ def errors_body(rank, world_size):
         FSDP(nn.Linear(3, 3), process_group=(dist.group.WORLD, dist.group.WORLD))
     with pytest.raises(ValueError, match="Expected process_group to be passed in as either None or Tuple"):
         FSDP(nn.Linear(3, 3), sharding_strategy=HYBRID, process_group=dist.group.WORLD)
+    halved = FSDP(nn.Linear(3, 3)).half()  # cast after wrapping: refused with the way out
+    with pytest.raises(TypeError, match="cast the module before wrapping it, or use MixedPrecision"):
+        halved(torch.randn(2, 3).half())
     tied = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
     tied[1].weight = tied[0].weight
     with pytest.raises(ValueError, match="shared .tied. parameters must be wrapped in the same unit"):
