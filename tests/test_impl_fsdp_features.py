@@ -336,6 +336,12 @@ def errors_body(rank, world_size):
         FSDP(nn.Linear(3, 3), process_group=(dist.group.WORLD, dist.group.WORLD))
     with pytest.raises(ValueError, match="Expected process_group to be passed in as either None or Tuple"):
         FSDP(nn.Linear(3, 3), sharding_strategy=HYBRID, process_group=dist.group.WORLD)
+    with pytest.raises(ValueError, match="use_orig_params must be True or False"):
+        FSDP(nn.Linear(3, 3), use_orig_params="yes")
+    with pytest.raises(ValueError, match="device_mesh must be a torch.distributed.device_mesh.DeviceMesh"):
+        FSDP(nn.Linear(3, 3), device_mesh=dist.group.WORLD)
+    with pytest.raises(TypeError, match="ignored_states must be an iterable"):
+        FSDP(nn.Linear(3, 3), ignored_states=5)
     halved = FSDP(nn.Linear(3, 3)).half()  # cast after wrapping: refused with the way out
     with pytest.raises(TypeError, match="cast the module before wrapping it, or use MixedPrecision"):
         halved(torch.randn(2, 3).half())

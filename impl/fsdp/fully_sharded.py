@@ -109,6 +109,8 @@ class FullyShardedDataParallel(nn.Module):
             raise ValueError(f"sharding_strategy must be a ShardingStrategy or None, got {sharding_strategy!r}")
         if not isinstance(use_orig_params, bool):
             raise ValueError(f"use_orig_params must be True or False, got {use_orig_params!r}")
+        if device_mesh is not None and not isinstance(device_mesh, DeviceMesh):
+            raise ValueError(f"device_mesh must be a torch.distributed.device_mesh.DeviceMesh or None, got {device_mesh!r}")
         if process_group is not None and device_mesh is not None:
             raise ValueError(
                 "Cannot pass both process_group and device_mesh at the same time. Please just pass only one of them."
@@ -557,7 +559,12 @@ def _ignored_states(ignored_modules, ignored_states) -> tuple[list | None, list[
                 raise ValueError(f"ignored_modules expects nn.Module list elements but got types {kinds}")
             return given, []
         return ignored_modules, []
-    states = list(ignored_states)
+    try:
+        states = list(ignored_states)
+    except TypeError:
+        raise TypeError(
+            f"ignored_states must be an iterable of nn.Parameter or of nn.Module, got {type(ignored_states)}"
+        ) from None
     if all(isinstance(x, nn.Parameter) for x in states):
         return None, states
     if all(isinstance(x, nn.Module) for x in states):
