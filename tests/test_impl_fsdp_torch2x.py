@@ -376,3 +376,45 @@ def test_errors_warnings_and_ignored_tensor_aliasing_match_torch(world_size):
     assert t_warn[0].startswith(prefix) and i_warn[0].startswith(prefix)
     assert t_alias == {"ignored weight": True, "buffer": True}
     assert i_alias == t_alias
+
+
+# -- device_mesh ----------------------------------------------------------------------
+
+
+def device_mesh_body(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    out = {}
+    for name, lib in libraries().items():
+        for strategy, shape in (("FULL_SHARD", (world_size,)), ("HYBRID_SHARD", (1, world_size)),
+                                ("_HYBRID_SHARD_ZERO2", (1, world_size))):
+            torch.manual_seed(0)
+            mesh = init_device_mesh("cpu", shape)
+            model = build(lib, Net(), device_mesh=mesh, sharding_strategy=lib.ShardingStrategy[strategy],
+                          auto_wrap_policy=lib.ModuleWrapPolicy({Block}))
+            optim = torch.optim.SGD(model.parameters(), lr=0.1)
+            torch.manual_seed(1 + rank)
+            losses = []
+            for _ in range(2):
+                loss = model(torch.randn(4, 5)).pow(2).mean()
+                loss.backward()
+                optim.step()
+                optim.zero_grad()
+                losses.append(loss.item())
+            inter = getattr(model, "_inter_node_pg", None)
+            out[(name, strategy)] = (losses, dist.get_world_size(model.process_group),
+                                     None if inter is None else dist.get_world_size(inter))
+    return out
+
+
+@pytest.mark.world_size(2)
+def test_device_mesh_groups_and_losses_match_torch(world_size):
+    """A 1-D mesh for FULL_SHARD, a 2-D (replicate, shard) mesh for the hybrid strategies:
+    the same process-group sizes and the same losses in both libraries."""
+    result = run_ranks(device_mesh_body, world_size)[0]
+    for strategy in ("FULL_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        t, i = result[("torch", strategy)], result[("impl", strategy)]
+        assert i[1] == t[1] == world_size, strategy
+        if strategy != "FULL_SHARD":
+            assert i[2] == t[2] == 1, strategy
+        assert i[0] == pytest.approx(t[0], abs=LOSS_TOL), strategy

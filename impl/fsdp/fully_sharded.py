@@ -188,6 +188,7 @@ class FullyShardedDataParallel(nn.Module):
         strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
         if hybrid:
             shard_group, replicate_group = process_groups.hybrid_groups(process_group)
+            self._inter_node_pg = replicate_group  # PyTorch 2.x's name for the replicate group (even of one rank)
             if dist.get_world_size(replicate_group) == 1:
                 replicate_group = None
             world = dist.get_world_size(shard_group) * (dist.get_world_size(replicate_group) if replicate_group else 1)
@@ -195,7 +196,7 @@ class FullyShardedDataParallel(nn.Module):
             if isinstance(process_group, tuple):
                 raise ValueError(f"a (shard_group, replicate_group) pair is only valid with HYBRID_SHARD, not {strategy.name}")
             shard_group = process_group if process_group is not None else dist.group.WORLD
-            replicate_group = None
+            replicate_group = self._inter_node_pg = None
             world = dist.get_world_size(shard_group)
             if world == 1:
                 strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
@@ -204,8 +205,7 @@ class FullyShardedDataParallel(nn.Module):
         self.process_group = shard_group
         self.rank = dist.get_rank(shard_group)
         self.world_size = dist.get_world_size(shard_group)
-        self._device_mesh = device_mesh  # PyTorch 2.x's attribute; SHARDED state dicts use it
-        self._inter_node_pg = replicate_group  # PyTorch 2.x's name for HYBRID_SHARD's replicate group
+        self._device_mesh = device_mesh  # PyTorch 2.x's attribute
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
             _broadcast_module_states(module, ignored, managed)
