@@ -51,7 +51,7 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from zerobench.analysis.compare.rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
+from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
                                      default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
@@ -61,7 +61,6 @@ __all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "defa
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
 Gate = Literal["all", "deterministic", "none"]
-GATES: tuple[str, ...] = ("all", "deterministic", "none")
 VERDICTS = ("ok", "regression", "improved", "missing", "new")
 
 #: The metric name used for rows about a whole cell (its presence and status).
@@ -111,8 +110,9 @@ def load_run(path: str | Path) -> RunTables:
     missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
     if missing:
         raise RunLoadError(f"{results_csv}: missing column(s) {', '.join(missing)}")
-    results["status"] = results["status"].fillna("").astype(str)
-    results["error"] = results["error"].fillna("").astype(str) if "error" in results else ""
+    # an all-empty column reads as float64 ([Note: types in results.csv]): text first, then fill
+    results["status"] = results["status"].astype(object).fillna("").astype(str)
+    results["error"] = results["error"].astype(object).fillna("").astype(str) if "error" in results else ""
     results["cell_id"] = results["cell_id"].astype(str)
     results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
     for c in results.columns:  # the judging works on floats (NaN for missing), not nullable integers

@@ -19,6 +19,8 @@ DEFAULT_TIME_REL = 0.10
 DEFAULT_TIME_K = 3.0
 DEFAULT_DET_REL = 1e-6
 DEFAULT_LOSS_ABS = 1e-6
+#: Which default rules gate (``--gate``): here, with no pandas, so ``--help`` lists them cheaply.
+GATES: tuple[str, ...] = ("all", "deterministic", "none")
 
 
 def metric_info(name: str) -> tuple[str, str, str]:
