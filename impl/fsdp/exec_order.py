@@ -9,19 +9,23 @@ all-gather the same unit: a rank that all-gathers in another order would otherwi
 pair its collectives with the wrong ones on the other ranks and hang or corrupt data.
 
 [Note: order check after the first iteration]
-PyTorch's FSDP1 compares later iterations with the first only under
-``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and only locally: it warns "Forward order differs
-from that of the first iteration on rank R. Collectives are unchecked and may give
-incorrect results or hang" and carries on. Ranks that took different paths then pair
-their collectives silently when the sizes happen to agree (its own test relies on
-that), and hang until the backend's timeout when they do not.
-Here every training-mode pre-forward of a sharded unit warns as FSDP1 does (once,
-always, not only under DETAIL) when this rank's order departs from the first
-iteration's, and all-reduces the shard size it is about to all-gather over the unit's
-group, before that all-gather (max and max of the negation: equal when every rank agrees).
-Ranks at different units whose all-gathers have the same size carry on, as FSDP1
-does; ranks whose all-gathers would not match all raise the same RuntimeError instead
-of hanging. The price is one 16-byte all-reduce per unit and forward.
+PyTorch's FSDP1 compares later iterations with the first only when asked to, with
+``TORCH_DISTRIBUTED_DEBUG`` (INFO or DETAIL in 1.13, DETAIL in 2.x), and only locally:
+it warns "Forward order differs from that of the first iteration on rank R.
+Collectives are unchecked and may give incorrect results or hang" and carries on.
+Ranks that took different paths then pair their collectives silently when the sizes
+happen to agree (its own test relies on that), and hang until the backend's timeout
+when they do not.
+Here too the later iterations are checked only under INFO or DETAIL (read when the
+root is first run), so a default run issues no collective FSDP1 would not: the check
+costs a host synchronisation per unit, which stops the host running ahead of the GPU.
+When checking, a training-mode pre-forward of a sharded unit warns as FSDP1 does (once)
+when this rank's order departs from the first iteration's, and all-reduces the shard
+size it is about to all-gather over the unit's group, before that all-gather (max and
+max of the negation: equal when every rank agrees). Ranks at different units whose
+all-gathers have the same size carry on, as FSDP1 does; ranks whose all-gathers would
+not match all raise the same RuntimeError instead of hanging. The price is one 16-byte
+all-reduce per unit and forward, and only when asked for.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class ExecutionOrder:
         # See [Note: order check after the first iteration].
         self._position = 0
         self._warned = False
+        self._checking_later = dist.is_available() and dist.get_debug_level() in (
+            dist.DebugLevel.INFO, dist.DebugLevel.DETAIL)
         # This iteration's post-forward order; backward runs (roughly) in its reverse.
         self._post_forward: list = []
         self._post_forward_index: dict[int, int] = {}
@@ -57,8 +63,9 @@ class ExecutionOrder:
 
     def record_pre_forward(self, instance, unit, check: bool) -> None:
         """Record ``instance`` on the first iteration; with ``check`` (the module is in
-        training mode), first check that every rank is at the same unit, on every
-        iteration (See [Note: order check after the first iteration])."""
+        training mode), first check that every rank is at the same unit: always on the
+        first iteration, later ones under ``TORCH_DISTRIBUTED_DEBUG`` INFO or DETAIL
+        (See [Note: order check after the first iteration])."""
         checked = check and unit.sharded and unit.handle.shard_world > 1
         if self.is_first_iteration:
             if id(instance) in self._forward_index:
@@ -69,7 +76,7 @@ class ExecutionOrder:
             self.forward_order.append(instance)
             return
         position, self._position = self._position, self._position + 1
-        if not checked:
+        if not checked or not self._checking_later:
             return
         expected = self.forward_order[position] if position < len(self.forward_order) else None
         if expected is not instance and not self._warned:
