@@ -38,14 +38,34 @@ event recorded on each of those streams; at each new allocation, stand-ins whose
 have all completed are dropped. Its peak is then the allocator's *active* peak (up to
 the allocator's rounding), not its *allocated* one. On plain CPU nothing is deferred.
 
-Storages can die on other threads: a gloo ``Work`` drops its tensors on gloo's worker
-thread when the collective completes. So the bookkeeping takes a lock, and the peak
-of engines with asynchronous collectives depends on scheduling (seen here: FSDP peaks
-vary by about one unit's buffer between runs; steady-state bytes do not).
+[Note: frees on other threads]
+Storages can die on other threads: gloo runs each collective on a worker thread, and
+that thread keeps its reference to the collective's ``Work`` (and so to the tensors the
+work holds) for a moment after ``wait()`` has returned on the main thread. When the main
+thread drops its own last reference within that moment, the storage dies on the worker
+thread, later than the program freed it; every allocation the main thread makes in
+between counts it still. So the bookkeeping takes a lock, and a peak taken while such a
+free was late is too high by that storage, and lands at a different moment of the step
+with a different composition. That is why two runs of the same FSDP cell used to differ
+by one unit's buffer in ``peak_mem_bytes`` and by one activation (32 KiB on the quick
+matrix) in ``peak_mem_activations_bytes``: in tests here one step in three to eight had a
+late free, more under load.
+
+A late free can only raise the count, and only while the storage is late. So a peak is
+exact -- the peak of the program's own order of allocations and frees -- unless a
+storage that died on another thread was live at the moment of the peak and the program
+may already have dropped it then: no operator used it at or after the peak (one that
+did shows that the program still held it). :attr:`StorageTracker.peak_exact` says which; the memory
+pass (:func:`measure_exact_step`) repeats the measured step until every rank's peak is
+exact, with Python's cyclic garbage collector held off during the step (a collection's
+frees would fall where the allocation counts, which late frees change, put them).
+Measured on the quick matrix under load: every exact step of a cell gave the same peak
+and composition, every engine, fp32 and bf16.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
@@ -122,8 +142,18 @@ class StorageTracker(TorchDispatchMode):
         # uid -> role decided by identity with the engine's tensors
         self._roles: dict[int, str] = {}
         self._original_resize = None
-        # storages die on gloo's worker threads too (see the module docstring)
+        # storages die on gloo's worker threads too: see [Note: frees on other threads]
         self._lock = threading.RLock()
+        # the thread that runs the step (set on entry), and the storages that died on
+        # another thread since reset_peak
+        self._owner: int | None = None
+        self._late: set[int] = set()
+        # operators dispatched so far, the last one each storage took part in, and the one
+        # during which the peak was reached: a storage used at or after the peak was the
+        # program's at the peak, however late it died
+        self._ops = 0
+        self._last_use: dict[int, int] = {}
+        self._peak_op = 0
 
     # -- tracking -----------------------------------------------------------------
 
@@ -136,12 +166,14 @@ class StorageTracker(TorchDispatchMode):
     def _track_locked(self, storage) -> int:
         uid = self._uid_of.get(storage)
         if uid is not None:
+            self._last_use[uid] = self._ops
             return uid
         uid = next(self._uids)
         nbytes = storage.nbytes()
         self._uid_of[storage] = uid
         self._live[uid] = (weakref.ref(storage, lambda _ref, uid=uid: self._on_free(uid)), nbytes)
         self._born_in[uid] = "recompute" if recomputing() else self._phase
+        self._last_use[uid] = self._ops
         if self.module is not None:
             self._allocated_on[uid] = self.module.current_stream()
             self._release_passed()
@@ -152,6 +184,8 @@ class StorageTracker(TorchDispatchMode):
         with self._lock:
             entry = self._live.pop(uid, None)
             if entry is not None:
+                if threading.get_ident() != self._owner:
+                    self._late.add(uid)  # See [Note: frees on other threads]
                 self._allocated_on.pop(uid, None)
                 self._change(uid, self._keep_in_use(uid, entry[1]) - entry[1])
 
@@ -163,6 +197,7 @@ class StorageTracker(TorchDispatchMode):
                 return
             ref, old = self._live[uid]
             self._live[uid] = (ref, new_nbytes)
+            self._last_use[uid] = self._ops
             if new_nbytes < old:
                 self._change(uid, new_nbytes - old + self._keep_in_use(uid, old - new_nbytes))
             else:
@@ -218,11 +253,13 @@ class StorageTracker(TorchDispatchMode):
             self._events.append((time.perf_counter() - self._t0, uid, delta))
         if self.current_bytes > self.peak_bytes:
             self.peak_bytes = self.current_bytes
+            self._peak_op = self._ops
             self._at_peak = {u: n for u, (_, n) in self._live.items()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self._ops += 1
         kind = collective_kind(func)
         if kind is not None:
             self.comm.record(kind, collective_bytes(kind, args))
@@ -251,6 +288,7 @@ class StorageTracker(TorchDispatchMode):
             return result
 
         torch.UntypedStorage.resize_ = resize_
+        self._owner = threading.get_ident()
         # Tensor.record_stream: the class's own (a device module's patch) or inherited
         self._own_record_stream = torch.Tensor.__dict__.get("record_stream")
         if self.module is not None:
@@ -293,7 +331,17 @@ class StorageTracker(TorchDispatchMode):
         self._start_bytes = dict(self._at_peak)
         self._events = []
         self._t0 = time.perf_counter()
+        self._late = set()
+        self._peak_op = self._ops
         self.comm.reset()
+
+    @property
+    def peak_exact(self) -> bool:
+        """Whether the peak since :meth:`reset_peak` is the program's own: no storage live at
+        the peak, and not used by an operator at or after it, died on another thread. See
+        [Note: frees on other threads]."""
+        with self._lock:
+            return all(self._last_use.get(uid, -1) >= self._peak_op for uid in self._late & self._at_peak.keys())
 
     def classify(self, params=(), grads=(), optim=()) -> None:
         """Decide roles (see [Note: telling storages apart]); call with live tensors."""
@@ -343,6 +391,38 @@ class StorageTracker(TorchDispatchMode):
         df = pd.DataFrame(rows, columns=["t_s", *CATEGORIES])
         df["total_bytes"] = df[list(CATEGORIES)].sum(axis=1)
         return df
+
+
+def measure_exact_step(tracker: StorageTracker, prepare, step, all_exact=None, attempts: int = 8) -> int:
+    """Run ``step(*prepare(i))`` (i = 0, 1, ...) as the tracker's measured interval until its
+    peak is exact; return how many steps that took. See [Note: frees on other threads].
+
+    ``prepare`` runs before the interval (a batch, a barrier); each attempt then restarts
+    the peak (:meth:`StorageTracker.reset_peak`) and runs ``step`` with the cyclic garbage
+    collector held off. ``all_exact(flag)`` turns this rank's verdict into
+    the verdict of every rank (an all-reduce: ranks must run the same number of steps);
+    it is called with the tracker's dispatch mode off, so its collective is neither
+    counted nor tracked. After ``attempts`` steps without an exact peak the last one
+    stands, and the return value is ``attempts + 1``.
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    for attempt in range(attempts):
+        args = prepare(attempt)
+        gc.collect()
+        gc.disable()
+        try:
+            tracker.reset_peak()
+            step(*args)
+        finally:
+            gc.enable()
+        exact = tracker.peak_exact
+        if all_exact is not None:
+            with _disable_current_modes():
+                exact = all_exact(exact)
+        if exact:
+            return attempt + 1
+    return attempts + 1
 
 
 class CommCounter:

@@ -48,7 +48,7 @@ from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.runs.files import write_atomic, write_json_atomic
 from zerobench.harness.launch import HARNESS_ENV, code_root
 from zerobench.spec.matrix import Cell, expand, find_cell
-from zerobench.instruments.memory import StorageTracker
+from zerobench.instruments.memory import StorageTracker, measure_exact_step
 from zerobench.spec.models import build_for_cell, loss_fn, samples_to_tokens
 from zerobench.runs.folder import RunFolder, read_json
 from zerobench.spec.workload import Workload, parse_workload
@@ -207,20 +207,28 @@ class CellRunner:
         tracker = StorageTracker(self.ctx.device.type)
         with tracker:
             engine = self.build()
-            for step in range(self.w.run.memory_warmup_steps):
+            warmup = self.w.run.memory_warmup_steps
+            for step in range(warmup):
                 engine.train_step(*self.batch(step), self.loss)
-            inputs, targets = self.batch(self.w.run.memory_warmup_steps)
 
             def on_phase(name, engine=engine):
                 tracker.set_phase(name)
                 if name == "optimizer":  # gradients are complete and not yet zeroed
                     tracker.note_roles("grads", engine.gradient_tensors())
 
+            def prepare(attempt: int):
+                tracker.set_phase("before")
+                batch = self.batch(warmup + attempt)
+                dist.barrier()
+                return batch
+
+            def measured_step(inputs, targets) -> None:
+                engine.train_step(inputs, targets, self.loss)
+                tracker.set_phase("after")
+
             engine.on_phase = on_phase
-            dist.barrier()
-            tracker.reset_peak()
-            engine.train_step(inputs, targets, self.loss)
-            tracker.set_phase("after")
+            # the step again until every rank's peak is exact: [Note: frees on other threads]
+            steps = measure_exact_step(tracker, prepare, measured_step, _all_ranks)
             tracker.classify(params=engine.parameter_tensors(), optim=engine.optimizer_state_tensors())
             dist.barrier()
             steady = _settled_bytes(tracker)
@@ -235,6 +243,7 @@ class CellRunner:
             "peak_mem_unsharded_bytes": breakdown["unsharded"],
             "peak_mem_activations_bytes": breakdown["activations"],
             "steady_mem_bytes": steady,
+            "memory_steps": steps,
         }
         comm = tracker.comm
         for kind in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other"):
@@ -247,6 +256,13 @@ class CellRunner:
         del engine
         gc.collect()
         return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+
+
+def _all_ranks(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (a MIN all-reduce over the world)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
 
 #: Column -> the caching allocator's statistic (``torch.cuda.memory_stats`` names) it records.

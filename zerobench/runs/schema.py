@@ -64,6 +64,9 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
     Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
+    Metric("memory_steps", "", "steps the memory pass measured until every rank's peak was exact (9: none was, "
+           "the peak is an upper bound; [Note: frees on other threads] in zerobench/instruments/memory.py)",
+           "context", "none"),
     # -- memory (CUDA allocator, timing pass; empty on CPU). See [Note: allocator peaks] --
     Metric("cuda_peak_allocated_bytes", "B", "caching allocator's peak allocated bytes (torch.cuda.max_memory_allocated) "
            "over the measured steps: a block stops counting at free()", "deterministic"),
@@ -194,7 +197,7 @@ COLUMN_DOCS: dict[str, str] = {
 #: zerobench.runs.folder.RunFolder.results): strings stay strings, counts stay integers
 #: even when some rows are empty.
 _STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
-_INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
+_INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "memory_steps", "limiter_stalls", "limiter_overruns",
                     "max_inflight_all_gathers", "all_gathers", "comm_calls", "cuda_alloc_retries", "cuda_ooms",
                     "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
 COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}
