@@ -165,9 +165,16 @@ def register_compare(sub) -> None:
                    help="judge and show METRIC but do not gate on it by default (name, prefix or glob; "
                         "repeatable; a --fail-on rule still gates it), e.g. --report-only 'peak_mem_*' "
                         "--fail-on peak_mem:+5%% gates peak_mem_bytes alone")
+    p.add_argument("--cells", action="append", default=[], metavar="ID",
+                   help="compare only these cells (an id or a glob, comma-separated or repeated), in both runs: "
+                        "the baseline's other cells are not missing")
     p.add_argument("--per-rank", action="store_true", help="compare rank by rank instead of per cell")
-    p.add_argument("--all", action="store_true", dest="show_all", help="show every compared row, not only changes")
+    p.add_argument("--all", action="store_true", dest="show_all",
+                   help="show every compared row (default: on a pass, at most one line per cell)")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown report (for a CI summary)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the outcome and every compared row as JSON")
+    p.add_argument("--junit-xml", type=Path, metavar="PATH",
+                   help="write JUnit XML, one test case per cell and metric (GitLab and GitHub test reports)")
     p.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of the changes")
     p.add_argument("--csv", type=Path, metavar="PATH", help="write the comparison table as CSV")
     p.set_defaults(func=cmd_compare)
@@ -175,35 +182,51 @@ def register_compare(sub) -> None:
 
 def cmd_compare(args) -> int:
     """Exit code: 0 within bounds, 1 on a gated regression, 2 on unusable input."""
-    from zerobench.analysis.compare import report
+    import pandas as pd
+
+    from zerobench.analysis.compare import ci_report, report
     from zerobench.analysis.compare.gate import (METRICS, RunLoadError, compare_runs, config_mismatches, exit_code,
-                                   hardware_differences, load_run, parse_rules, resolve_metric)
+                                                 hardware_differences, load_run, parse_rules, resolve_metric,
+                                                 select_cells)
 
     console = report.make_console()
     try:
         baseline, new = load_run(args.baseline), load_run(args.run)
+        if args.cells:
+            baseline, new = select_cells(baseline, args.cells), select_cells(new, args.cells)
         names = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns,
                                     *(m.name for m in METRICS)]))
         rules = parse_rules(args.fail_on, names)
         report_only = [m for text in args.report_only for m in resolve_metric(text, names, rule=text)]
     except (RunLoadError, ValueError) as e:
         console.print(f"compare: {e}", style="bold red", markup=False)  # paths and errors may hold [brackets]
+        # A CI system still gets its reports: one errored test case naming the problem.
+        info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate, exit_code=2)
+        for path, write in ((args.json, ci_report.write_json), (args.junit_xml, ci_report.write_junit)):
+            if path:
+                write(path, pd.DataFrame(), pd.DataFrame(), info, error=str(e))
         return 2
     comparison = compare_runs(baseline, new, rules, gate=args.gate, per_rank=args.per_rank, report_only=report_only)
     mismatches = config_mismatches(baseline, new)
     code = exit_code(comparison, mismatches)
     info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate,
-                             rules=[r.text for r in rules] + [f"report-only {t}" for t in args.report_only],
+                             rules=[r.text for r in rules] + [f"report-only {t}" for t in args.report_only]
+                             + ([f"cells {', '.join(args.cells)}"] if args.cells else []),
                              exit_code=code, hardware=hardware_differences(baseline.meta, new.meta))
     report.print_report(console, comparison, mismatches, info, show_all=args.show_all)
+    if args.json:
+        ci_report.write_json(args.json, comparison, mismatches, info)
+    if args.junit_xml:
+        ci_report.write_junit(args.junit_xml, comparison, mismatches, info)
     if args.markdown:
         report.write_markdown(args.markdown, comparison, mismatches, info)
     if args.plot:
         report.plot_changes(comparison, args.plot, title=f"{args.run.name} vs {args.baseline.name} -- "
                                                         + report.summary_line(comparison, info))
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        comparison.to_csv(args.csv, index=False)
+        from zerobench.runs.files import write_csv_atomic
+
+        write_csv_atomic(args.csv, comparison)
     return code
 
 

@@ -43,6 +43,8 @@ that a change on any one rank shows. ``per_rank=True`` compares rank by rank ins
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import json
 import math
 from dataclasses import dataclass, field
@@ -56,7 +58,7 @@ from zerobench.analysis.compare.rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS,
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
-__all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "default_rule", "cell_table",
+__all__ = ["RunLoadError", "RunTables", "load_run", "select_cells", "Rule", "parse_rules", "default_rule", "cell_table",
            "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
@@ -159,6 +161,24 @@ def _classify_columns(results: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str
 
 
 _EXTRA_METRIC_SUFFIXES = ("_s", "_bytes", "_pct", "_calls", "_count")
+
+
+def select_cells(run: RunTables, patterns: Sequence[str]) -> RunTables:
+    """The run with only the cells whose id matches one of ``patterns`` (an id or a glob;
+    comma-separated lists allowed). Raises ValueError naming a pattern that matches none
+    of the run's cells, and the cell ids there are. Used on the baseline and the new run
+    alike (``--cells``): the baseline's other cells are then not missing."""
+    wanted = [p.strip() for text in patterns for p in str(text).split(",") if p.strip()]
+    ids = sorted(set(run.results["cell_id"]))
+    keep: set[str] = set()
+    for pattern in wanted:
+        hits = fnmatch.filter(ids, pattern)
+        if not hits:
+            raise ValueError(f"--cells: {pattern!r} matches no cell of {run.path} (cells: {', '.join(ids)})")
+        keep.update(hits)
+    results = run.results[run.results["cell_id"].isin(keep)].reset_index(drop=True)
+    steps = None if run.steps is None else run.steps[run.steps["cell_id"].isin(keep)].reset_index(drop=True)
+    return dataclasses.replace(run, results=results, steps=steps)
 
 
 # --------------------------------------------------------------------------- comparing
