@@ -126,11 +126,12 @@ def test_a_late_free_that_the_peak_did_not_include_leaves_it_exact():
     assert tracker.peak_bytes == 4000 and tracker.peak_exact
 
 
-def test_measure_exact_step_repeats_until_every_rank_agrees_and_counts_no_collective_of_its_own():
+def test_measure_exact_step_repeats_until_every_rank_agrees_and_tracks_nothing_of_its_own():
     tracker = StorageTracker("cpu")
-    verdicts, calls = [], []
+    verdicts, kept = [], []
 
     def step(attempt):
+        tracker.reset_peak()
         held = [torch.empty(1000)]                       # 4000 B
         if attempt == 0:                                 # freed late, after a 40 B allocation: peak 4040, inexact
             small = torch.empty(10)
@@ -139,16 +140,16 @@ def test_measure_exact_step_repeats_until_every_rank_agrees_and_counts_no_collec
             held.clear()
             small = torch.empty(10)
         del small
+        return attempt
 
     def all_exact(flag):
         verdicts.append(flag)
-        agreed = flag and len(verdicts) > 2              # "another rank" is inexact on attempt 2
-        calls.append(torch.ones(1).sum())                # outside the mode: neither tracked nor counted
-        return agreed
+        kept.append(torch.ones(1).sum())                 # outside the mode: not tracked
+        return flag and len(verdicts) > 2                # "another rank" is inexact on attempt 2
 
     with tracker:
-        steps = measure_exact_step(tracker, lambda attempt: (attempt,), step, all_exact)
-    assert steps == 3 and verdicts == [False, True, True]
+        last, steps = measure_exact_step(tracker, step, all_exact)
+    assert (last, steps) == (2, 3) and verdicts == [False, True, True]
     assert tracker.peak_bytes == 4000 and tracker.peak_exact
     assert tracker.current_bytes == 0                    # all_exact's tensors were never tracked
     assert gc.isenabled()
@@ -157,12 +158,13 @@ def test_measure_exact_step_repeats_until_every_rank_agrees_and_counts_no_collec
 def test_measure_exact_step_gives_up_after_its_attempts():
     tracker = StorageTracker("cpu")
 
-    def step():
+    def step(attempt):
+        tracker.reset_peak()
         held = [torch.empty(1000)]
         small = torch.empty(10)
         _free_on_another_thread(held)
         del small
 
     with tracker:
-        steps = measure_exact_step(tracker, lambda attempt: (), step, attempts=3)
+        _, steps = measure_exact_step(tracker, step, attempts=3)
     assert steps == 4 and not tracker.peak_exact

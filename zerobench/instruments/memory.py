@@ -79,7 +79,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from impl.streams import accelerator
 from zerobench.spec.checkpointing import recomputing
-from zerobench.instruments.collectives import collective_kind, collective_bytes
+from zerobench.instruments import collectives
+from zerobench.instruments.collectives import CommCounter, Layer
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
 
@@ -93,7 +94,7 @@ def _storages(tensors):
                 yield t.untyped_storage()
 
 
-class StorageTracker(TorchDispatchMode):
+class StorageTracker(TorchDispatchMode, Layer):
     """Follow live tensor storages on one device type; report the peak and its parts.
 
     Usage::
@@ -260,23 +261,25 @@ class StorageTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self._ops += 1
-        kind = collective_kind(func)
-        if kind is not None:
-            self.comm.record(kind, collective_bytes(kind, args))
         flat_in, _ = tree_flatten((args, kwargs))
         for storage in _storages(flat_in):  # inputs allocated before tracking began
             self._track(storage)
         flat_out, _ = tree_flatten(out)
         for storage in _storages(flat_out):
             self._track(storage)
-        if kind == "all_gather":
-            # all-gather outputs are passed in as arguments (the "out" buffers)
-            target = args[0]
-            for storage in _storages(tree_flatten(target)[0]):
-                uid = self._uid_of.get(storage)
+        return out
+
+    def issue(self, call, issue):
+        """A collective ([Note: one interception]): counted, and an all-gather's output
+        storages marked as unsharded parameters."""
+        self.comm.record(call.kind, call.nbytes)
+        work = issue()
+        if call.kind == "all_gather":
+            for storage in _storages(call.outputs()):
+                uid = self._track(storage)
                 if uid is not None:
                     self._gathered.add(uid)
-        return out
+        return work
 
     def __enter__(self):
         self._original_resize = torch.UntypedStorage.resize_
@@ -289,6 +292,7 @@ class StorageTracker(TorchDispatchMode):
 
         torch.UntypedStorage.resize_ = resize_
         self._owner = threading.get_ident()
+        collectives.push(self)
         # Tensor.record_stream: the class's own (a device module's patch) or inherited
         self._own_record_stream = torch.Tensor.__dict__.get("record_stream")
         if self.module is not None:
@@ -303,6 +307,7 @@ class StorageTracker(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        collectives.pop(self)
         torch.UntypedStorage.resize_ = self._original_resize
         if self.module is not None:
             if self._own_record_stream is None:
@@ -393,27 +398,25 @@ class StorageTracker(TorchDispatchMode):
         return df
 
 
-def measure_exact_step(tracker: StorageTracker, prepare, step, all_exact=None, attempts: int = 8) -> int:
-    """Run ``step(*prepare(i))`` (i = 0, 1, ...) as the tracker's measured interval until its
-    peak is exact; return how many steps that took. See [Note: frees on other threads].
+def measure_exact_step(tracker: StorageTracker, step, all_exact=None, attempts: int = 8) -> tuple[object, int]:
+    """Run ``step(i)`` (i = 0, 1, ...), one measured step that restarts the tracker's peak
+    itself, until the peak is exact; return the last step's result and how many steps that
+    took. See [Note: frees on other threads].
 
-    ``prepare`` runs before the interval (a batch, a barrier); each attempt then restarts
-    the peak (:meth:`StorageTracker.reset_peak`) and runs ``step`` with the cyclic garbage
-    collector held off. ``all_exact(flag)`` turns this rank's verdict into
-    the verdict of every rank (an all-reduce: ranks must run the same number of steps);
-    it is called with the tracker's dispatch mode off, so its collective is neither
-    counted nor tracked. After ``attempts`` steps without an exact peak the last one
-    stands, and the return value is ``attempts + 1``.
+    Each attempt runs with the cyclic garbage collector held off. ``all_exact(flag)`` turns
+    this rank's verdict into the verdict of every rank (ranks must run the same number of
+    steps); it is called with the tracker's dispatch mode off, so its tensors are not
+    tracked. After ``attempts`` steps without an exact peak the last one stands, and the
+    count returned is ``attempts + 1``.
     """
     from torch.utils._python_dispatch import _disable_current_modes
 
+    result = None
     for attempt in range(attempts):
-        args = prepare(attempt)
         gc.collect()
         gc.disable()
         try:
-            tracker.reset_peak()
-            step(*args)
+            result = step(attempt)
         finally:
             gc.enable()
         exact = tracker.peak_exact
@@ -421,20 +424,5 @@ def measure_exact_step(tracker: StorageTracker, prepare, step, all_exact=None, a
             with _disable_current_modes():
                 exact = all_exact(exact)
         if exact:
-            return attempt + 1
-    return attempts + 1
-
-
-class CommCounter:
-    """Bytes and calls of each kind of collective since the last ``reset``."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.bytes = defaultdict(int)
-        self.calls = defaultdict(int)
-
-    def record(self, kind: str, nbytes: int) -> None:
-        self.bytes[kind] += nbytes
-        self.calls[kind] += 1
+            return result, attempt + 1
+    return result, attempts + 1
