@@ -140,7 +140,7 @@ def test_measure_exact_step_repeats_until_every_rank_agrees_and_tracks_nothing_o
             held.clear()
             small = torch.empty(10)
         del small
-        return attempt
+        return torch.empty(250)                          # 1000 B, kept by the caller: not into the next attempt
 
     def all_exact(flag):
         verdicts.append(flag)
@@ -149,9 +149,9 @@ def test_measure_exact_step_repeats_until_every_rank_agrees_and_tracks_nothing_o
 
     with tracker:
         last, steps = measure_exact_step(tracker, step, all_exact)
-    assert (last, steps) == (2, 3) and verdicts == [False, True, True]
+    assert steps == 3 and verdicts == [False, True, True] and last.numel() == 250
     assert tracker.peak_bytes == 4000 and tracker.peak_exact
-    assert tracker.current_bytes == 0                    # all_exact's tensors were never tracked
+    assert tracker.current_bytes == 1000                 # the last result; all_exact's tensors were never tracked
     assert gc.isenabled()
 
 

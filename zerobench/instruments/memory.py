@@ -413,6 +413,7 @@ def measure_exact_step(tracker: StorageTracker, step, all_exact=None, attempts: 
 
     result = None
     for attempt in range(attempts):
+        result = None  # nothing of the last attempt (its loss, its graph) lives into this one
         gc.collect()
         gc.disable()
         try:
