@@ -24,8 +24,8 @@ from zerobench.runs.schema import METRICS
     ("comm_total_bytes:+0", ("comm_total_bytes",), 0.0, 0.0, None),
     ("comm_total:0", ("comm_total_bytes",), 0.0, 0.0, None),
     ("loss_last:+1e-6", ("loss_last",), 0.0, 1e-6, None),
-    ("step_time:+15%", ("step_time_median_s",), 0.15, 0.0, 3.0),   # time stays spread-aware
-    ("step_time:+15%,k=5", ("step_time_median_s",), 0.15, 0.0, 5.0),
+    ("step_time:+15%", ("step_time_s",), 0.15, 0.0, 3.0),   # time stays spread-aware
+    ("step_time:+15%,k=5", ("step_time_s",), 0.15, 0.0, 5.0),
     ("step_time_p90:+20%, k=0", ("step_time_p90_s",), 0.20, 0.0, 0.0),
     ("throughput_samples:+5%", ("throughput_samples_s",), 0.05, 0.0, 3.0),
 ])
@@ -79,7 +79,7 @@ def test_identical_runs_pass(tmp_path, capsys):
     assert "PASS" in capsys.readouterr().out
     comparison = compare_runs(load_run(base), load_run(new), gate="all")
     assert set(comparison["verdict"]) == {"ok"}
-    assert "cuda_peak_allocated_bytes" not in set(comparison["metric"])  # empty in both: not a row
+    assert "peak_allocated_bytes" not in set(comparison["metric"])  # empty in both: not a row
 
 
 def test_time_rule_is_spread_aware(tmp_path):
@@ -87,14 +87,14 @@ def test_time_rule_is_spread_aware(tmp_path):
     base = load_run(run_folder(tmp_path, "base", step_median=0.100, step_mad=0.010))
     rules = [Rule.parse("step_time:+15%")]
     within_mad = compare_runs(base, load_run(run_folder(tmp_path, "a", step_median=0.120)), rules)
-    r = _row(within_mad, "step_time_median_s")
+    r = _row(within_mad, "step_time_s")
     assert r["verdict"] == "ok" and r["gated"] and r["limit"] == pytest.approx(0.030)
     beyond = compare_runs(base, load_run(run_folder(tmp_path, "b", step_median=0.140)), rules)
-    assert _row(beyond, "step_time_median_s")["verdict"] == "regression"
+    assert _row(beyond, "step_time_s")["verdict"] == "regression"
     assert exit_code(beyond) == 1 and exit_code(within_mad) == 0
     # k=0: the tolerance alone decides, so +20% now fails
     exact = compare_runs(base, load_run(run_folder(tmp_path, "c", step_median=0.120)), [Rule.parse("step_time:+15%,k=0")])
-    assert _row(exact, "step_time_median_s")["verdict"] == "regression"
+    assert _row(exact, "step_time_s")["verdict"] == "regression"
 
 
 def test_time_rule_tight_spread_falls_back_to_tolerance(tmp_path):
@@ -102,16 +102,16 @@ def test_time_rule_tight_spread_falls_back_to_tolerance(tmp_path):
     base = load_run(run_folder(tmp_path, "base", step_median=0.100, step_mad=0.0001))
     rules = [Rule.parse("step_time:+15%,k=3")]
     assert _row(compare_runs(base, load_run(run_folder(tmp_path, "a", step_median=0.112)), rules),
-                "step_time_median_s")["verdict"] == "ok"
+                "step_time_s")["verdict"] == "ok"
     assert _row(compare_runs(base, load_run(run_folder(tmp_path, "b", step_median=0.120)), rules),
-                "step_time_median_s")["verdict"] == "regression"
+                "step_time_s")["verdict"] == "regression"
 
 
 def test_mad_falls_back_to_results_column_without_steps_csv(tmp_path):
     results, _ = make_run(step_mad=0.010)
     base = load_run(write_run(tmp_path / "base", results))  # no steps.csv
     new = load_run(run_folder(tmp_path, "new", step_median=0.120))
-    r = _row(compare_runs(base, new, [Rule.parse("step_time:+15%")]), "step_time_median_s")
+    r = _row(compare_runs(base, new, [Rule.parse("step_time:+15%")]), "step_time_s")
     assert r["verdict"] == "ok" and r["spread"] == pytest.approx(0.030)
 
 

@@ -71,7 +71,7 @@ def test_time_worse_but_not_gated_passes_with_a_note(tmp_path):
     slow = run_folder(tmp_path, "slow", step_median=0.150, step_mad=0.001)
     xml_path = tmp_path / "c.xml"
     assert cli(base, slow, "--junit-xml", xml_path) == 0
-    case = _cases(xml_path)[("ddp-ws2-fp32", "step_time_median_s")]
+    case = _cases(xml_path)[("ddp-ws2-fp32", "step_time_s")]
     assert case.find("failure") is None and "not gated" in case.find("system-out").text
 
 
@@ -133,7 +133,7 @@ def test_a_pass_prints_at_most_one_line_per_cell(tmp_path, capsys):
     assert lines[-1].startswith("PASS")
     body = lines[1:-1]
     assert len(body) == len(cells) and all(line.strip().split(":")[0] in cells for line in body)
-    assert all("step_time_median_s +50.00%" in line and "worse (not gated)" in line for line in body)
+    assert all("step_time_s +50.00%" in line and "worse (not gated)" in line for line in body)
     capsys.readouterr()
     assert cli(base, new, "--all") == 0                             # the whole table on request
     assert len(capsys.readouterr().out.splitlines()) > 3 * len(cells)

@@ -45,12 +45,12 @@ def make_run(step_median: float = 0.100, step_mad: float = 0.010, peak_mem: floa
             row.update({c: "" for c in CONTEXT_COLUMNS})
             row.update(workload="quickstart", model="mlp", backend="gloo", device="cpu", batch_size=8, steps=20)
             if st == "ok":
-                row.update(step_time_median_s=step_median, step_time_p10_s=step_median - step_mad,
+                row.update(step_time_s=step_median, step_time_p10_s=step_median - step_mad,
                            step_time_p90_s=step_median + step_mad, step_time_mad_s=step_mad,
                            throughput_samples_s=8 * world_size / step_median, loss_first=3.0 + rank,
                            loss_last=loss_last + rank, peak_mem_bytes=peak_mem + rank * 1024,
                            comm_total_bytes=comm, comm_calls=12, rss_max_bytes=300 * MiB + rank,
-                           cuda_peak_allocated_bytes=None, limiter_stall_s=0.001)
+                           peak_allocated_bytes=None, limiter_stall_s=0.001)
                 for i, d in enumerate([-2, -1, 0, 1, 2] * 4):
                     steps.append({"cell_id": cell, "rank": rank, "step": i,
                                   "step_time_s": step_median + d * step_mad, "loss": 3.0})
