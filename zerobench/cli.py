@@ -174,8 +174,9 @@ def register_compare(sub) -> None:
         "compare", help="compare a run with a baseline; exit 0 ok, 1 regression, 2 unusable input",
         description=compare_doc.split("\n\n")[0] + " Exit codes: 0 within bounds, 1 regression, 2 unusable input.",
     )
-    p.add_argument("baseline", type=Path, help="baseline run folder (e.g. results/baselines/cpu-quick)")
-    p.add_argument("run", type=Path, help="new run folder")
+    p.add_argument("baseline", type=Path,
+                   help="baseline folder: a run (results/baselines/cpu-quickstart), a predict or an estimate folder")
+    p.add_argument("run", type=Path, help="new folder of the same kind")
     p.add_argument("--fail-on", action="append", default=[], metavar="RULE",
                    help="gate METRIC with a tolerance: NAME:+TOL[%%][,k=K], e.g. peak_mem:+2%%, "
                         "comm_total_bytes:+0, step_time:+15%%,k=3 (repeatable; always gates)")
@@ -208,16 +209,17 @@ def cmd_compare(args) -> int:
     from zerobench.analysis.compare import ci_report, report
     from zerobench.analysis.compare.gate import (METRICS, RunLoadError, compare_runs, config_mismatches, exit_code,
                                                  hardware_differences, load_run, parse_rules, resolve_metric,
-                                                 select_cells)
+                                                 same_tool, select_cells)
 
     console = report.make_console()
     try:
         baseline, new = load_run(args.baseline), load_run(args.run)
+        tool = same_tool(baseline, new)
         if args.cells:
             baseline, new = select_cells(baseline, args.cells), select_cells(new, args.cells)
         names = list(dict.fromkeys([*baseline.metric_columns, *new.metric_columns,
                                     *(m.name for m in METRICS)]))
-        rules = parse_rules(args.fail_on, names)
+        rules = parse_rules(args.fail_on, names, tool)
         report_only = [m for text in args.report_only for m in resolve_metric(text, names, rule=text)]
     except (RunLoadError, ValueError) as e:
         console.print(f"compare: {e}", style="bold red", markup=False)  # paths and errors may hold [brackets]
@@ -233,7 +235,8 @@ def cmd_compare(args) -> int:
     info = report.ReportInfo(baseline=str(args.baseline), new=str(args.run), gate=args.gate,
                              rules=[r.text for r in rules] + [f"report-only {t}" for t in args.report_only]
                              + ([f"cells {', '.join(args.cells)}"] if args.cells else []),
-                             exit_code=code, hardware=hardware_differences(baseline.meta, new.meta))
+                             exit_code=code,
+                             hardware=hardware_differences(baseline.meta, new.meta) if tool == "run" else [])
     report.print_report(console, comparison, mismatches, info, show_all=args.show_all)
     if args.json:
         ci_report.write_json(args.json, comparison, mismatches, info)

@@ -133,6 +133,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     cells = select_configurations(w, only)
     out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
+    versions = write_meta(out_dir, w, cells)
     rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
@@ -168,7 +169,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                     res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind)}
             rows.append({
                 "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi,
+                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions,
                 "zero_stage": stage, "shard_ranks": shard,
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
@@ -197,6 +198,18 @@ def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, ba
         row = depth.extrapolate(a, b, low, high, w.model.layers)
         out[ws] = depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
     return out
+
+
+def write_meta(out_dir: Path, w, cells) -> dict[str, str]:
+    """Write a what-if folder's meta.json (the run's fields: versions, machine, command,
+    date); return the versions that are part of each row's identity (``zerobench
+    compare``: [Note: comparing what-if folders] in zerobench/analysis/compare/whatif.py)."""
+    from zerobench.harness.runner import run_metadata
+    from zerobench.runs.files import write_json_atomic
+
+    meta = run_metadata(w, cells, "cpu")
+    write_json_atomic(out_dir / "meta.json", meta)
+    return {"torch_version": meta["torch_version"], "zerobench_version": meta["zerobench_version"]}
 
 
 def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str], env: dict) -> tuple[list, str | None]:

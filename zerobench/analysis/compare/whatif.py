@@ -1,0 +1,86 @@
+"""Read a ``zerobench predict`` or ``zerobench estimate`` folder as the gate's table.
+
+[Note: comparing what-if folders]
+``zerobench compare BASE NEW`` takes two predict folders (``predict.csv``) or two estimate
+folders (``estimate.csv``) as it takes two run folders, with the same options and exit
+codes. What differs:
+
+* A row is a configuration at a world size: its cell id is ``<config>-ws<N>``, as a run's.
+  Its identity also takes in the presets it was predicted on (``gpu``, ``host``, ``link``,
+  ``inter_link``, ``node_size``; an estimate's ``rank``, ``backend`` and ``fake_tensors``),
+  the model's size (``params_total``) and the torch and zerobench versions (columns of the
+  row; from meta.json for folders written before they were). A row whose id matches and
+  whose identity does not is unusable input (exit 2), as a run cell whose axes differ.
+* Every figure is deterministic: the virtual GPU's timeline and the fake world's memory are
+  pure functions of the program and the presets (zerobench/runs/schema.py,
+  WHATIF_METRICS). So each gates, exactly, whatever kind the same name has in a run
+  (``step_time_s`` is a noisy median there, ``peak_reserved_bytes`` and ``limiter_stalls``
+  context); only the tool's own wall time (``predict_wall_s``, ``estimate_wall_s``) is
+  reported, not judged. A figure whose direction a run does not say (a count) is worse
+  when it grows.
+* A status ``oom`` (predict: the model does not fit the GPU preset) is a failure: a
+  configuration that fitted in the baseline and does not now is a regression.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench.runs.schema import COLUMN_ALIASES
+
+#: tool -> the table its folder holds
+TABLES = {"predict": "predict.csv", "estimate": "estimate.csv"}
+
+#: meta.json fields that are part of a row's identity (columns of newer folders)
+VERSION_COLUMNS = ("torch_version", "zerobench_version")
+
+#: columns that say what a row is without being its configuration
+_NOT_CONFIG = ("config", "reason", "depth_from")
+
+_STATUS = {"ok": "ok", "skipped": "skipped", "oom": "failed"}
+
+
+def whatif_tool(path: str | Path) -> str | None:
+    """``predict`` or ``estimate`` when ``path`` is such a folder (or its table), else None."""
+    path = Path(path)
+    for tool, table in TABLES.items():
+        if path.name == table and path.is_file() or (path / table).is_file():
+            return tool
+    return None
+
+
+def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame, dict]:
+    """(folder, the table in the gate's layout, meta.json) of a what-if folder: the gate's
+    id columns (``cell_id``, ``rank``, ``status``, ``error``) added, version columns filled
+    from meta.json where the table has none. Raises ValueError naming the file."""
+    path = Path(path)
+    root = path.parent if path.is_file() else path
+    table = root / TABLES[tool]
+    try:
+        frame = pd.read_csv(table)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+        raise ValueError(f"{table}: unreadable: {e}") from e
+    frame = frame.rename(columns={old: new for old, new in COLUMN_ALIASES.items()
+                                  if old in frame.columns and new not in frame.columns})
+    missing = [c for c in ("config", "world_size", "status") if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{table}: missing column(s) {', '.join(missing)} (is this a {tool} folder?)")
+    meta = {}
+    if (root / "meta.json").is_file():
+        try:
+            meta = json.loads((root / "meta.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{root / 'meta.json'}: unreadable: {e}") from e
+    for column in VERSION_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = meta.get(column, "")
+    world = pd.to_numeric(frame["world_size"], errors="coerce").astype("Int64")
+    frame.insert(0, "cell_id", frame["config"].astype(str) + "-ws" + world.astype(str))
+    if "rank" not in frame.columns:
+        frame["rank"] = 0
+    frame["error"] = frame["reason"].astype("string").fillna("").astype(str) if "reason" in frame.columns else ""
+    frame["status"] = frame["status"].map(lambda s: _STATUS.get(str(s), "failed"))
+    return root, frame.drop(columns=[c for c in _NOT_CONFIG if c in frame.columns]), meta
