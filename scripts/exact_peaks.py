@@ -19,25 +19,19 @@ import fnmatch
 import gc
 import sys
 
-import torch
 import torch.distributed as dist
 
 
 def _measure(rank: int, world_size: int, workload_path: str, cell_ids: list[str], steps: int) -> dict:
     from zerobench.rank.session import Session
-    from zerobench.rank.worlds import World
+    from zerobench.rank.worlds import JoinedWorld
     from zerobench.spec.matrix import expand
     from zerobench.spec.workload import load_workload
-
-    class RanksWorld(World):  # the process group run_ranks made
-        def __init__(self):
-            self.rank, self.size, self.local_rank = rank, world_size, rank
-            self.device, self.backend = torch.device("cpu"), "gloo"
 
     w = load_workload(workload_path)
     out = {}
     for cell in (c for c in expand(w) if c.id in cell_ids):
-        session = Session(w, cell, RanksWorld())
+        session = Session(w, cell, JoinedWorld())  # the process group run_ranks made
         rows = []
         with session.tracker() as tracker:
             engine = session.build()

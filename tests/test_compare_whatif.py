@@ -55,13 +55,13 @@ def test_unchanged_predictions_pass_and_every_figure_gates_exactly(tmp_path):
     assert cli(base, same) == 0
     rows = _rows(base, same)
     figures = rows[rows["metric"] != "status"].set_index(["cell_id", "metric"])
-    assert set(figures.index.get_level_values("cell_id")) == {"impl-fsdp-bf16-ws8", "torch-fsdp2-bf16-ws8"}
+    assert set(figures.index.get_level_values("cell_id")) == {"impl-fsdp-ws8-bf16", "torch-fsdp2-ws8-bf16"}
     for metric in ("step_time_s", "exposed_comm_s", "overlap_ratio", "peak_allocated_bytes", "peak_active_bytes",
                    "peak_reserved_bytes", "max_unsharded_units", "host_lead_max_s", "comm_total_bytes", "comm_calls",
                    "limiter_stalls"):
-        row = figures.loc[("impl-fsdp-bf16-ws8", metric)]
+        row = figures.loc[("impl-fsdp-ws8-bf16", metric)]
         assert row["kind"] == "deterministic" and row["gated"] and row["rule"] == "default exact", metric
-    assert not figures.loc[("impl-fsdp-bf16-ws8", "predict_wall_s")]["gated"]   # reported only
+    assert not figures.loc[("impl-fsdp-ws8-bf16", "predict_wall_s")]["gated"]   # reported only
 
 
 @pytest.mark.parametrize("metric, value, code", [
@@ -88,7 +88,7 @@ def test_a_configuration_that_no_longer_fits_is_a_regression(tmp_path):
     new = predict_folder(tmp_path, "oom", status={"torch-fsdp2-bf16": "oom"},
                          reason={"torch-fsdp2-bf16": "cannot run on the virtual GPU: OutOfMemoryError"})
     rows = _rows(base, new)
-    status = rows[(rows["metric"] == "status") & (rows["cell_id"] == "torch-fsdp2-bf16-ws8")].iloc[0]
+    status = rows[(rows["metric"] == "status") & (rows["cell_id"] == "torch-fsdp2-ws8-bf16")].iloc[0]
     assert status["verdict"] == "regression" and "OutOfMemoryError" in status["note"]
     assert cli(base, new) == 1
 

@@ -5,7 +5,8 @@
 folders (``estimate.csv``) as it takes two run folders, with the same options and exit
 codes. What differs:
 
-* A row is a configuration at a world size: its cell id is ``<config>-ws<N>``, as a run's.
+* A row is a configuration at a world size: its cell id is the one a run gives it
+  (``impl-fsdp-ws8-bf16``, ``zerobench cells``).
   Its identity also takes in the presets it was predicted on (``gpu``, ``host``, ``link``,
   ``inter_link``, ``node_size``; an estimate's ``rank``, ``backend`` and ``fake_tensors``),
   the model's size (``params_total``) and the torch and zerobench versions (columns of the
@@ -77,10 +78,20 @@ def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame, dict]:
     for column in VERSION_COLUMNS:
         if column not in frame.columns:
             frame[column] = meta.get(column, "")
-    world = pd.to_numeric(frame["world_size"], errors="coerce").astype("Int64")
-    frame.insert(0, "cell_id", frame["config"].astype(str) + "-ws" + world.astype(str))
+    frame.insert(0, "cell_id", [_cell_id(str(c), e, w) for c, e, w in
+                                zip(frame["config"], frame.get("engine", frame["config"]), frame["world_size"])])
     if "rank" not in frame.columns:
         frame["rank"] = 0
     frame["error"] = frame["reason"].astype("string").fillna("").astype(str) if "reason" in frame.columns else ""
     frame["status"] = frame["status"].map(lambda s: _STATUS.get(str(s), "failed"))
     return root, frame.drop(columns=[c for c in _NOT_CONFIG if c in frame.columns]), meta
+
+
+def _cell_id(config: str, engine: str, world_size) -> str:
+    """The run's cell id of a configuration at a world size (``zerobench cells``):
+    ``impl-fsdp-bf16`` at 8 ranks is ``impl-fsdp-ws8-bf16``."""
+    ws = f"ws{int(world_size)}" if pd.notna(world_size) else "ws?"
+    engine = str(engine)
+    if config.startswith(engine + "-"):
+        return f"{engine}-{ws}{config[len(engine):]}"
+    return f"{config}-{ws}"
