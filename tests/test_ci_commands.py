@@ -25,6 +25,8 @@ GATE = ROOT / ".ci" / "gate"
 DOCS = (ROOT / "README.md", ROOT / "docs" / "ci.md")
 GITHUB = ROOT / "examples" / "ci" / "github-actions.yml"
 GITLAB = ROOT / "examples" / "ci" / "gitlab-ci.yml"
+REGENERATE_PREDICT = ROOT / "scripts" / "regenerate-predict-baseline"
+GATES = ("cpu-run-gate", "predict-gate")
 
 
 def commands(text: str) -> list[str]:
@@ -60,7 +62,7 @@ def _contains_run(haystack: list[str], needle: list[str]) -> bool:
 
 def test_the_gate_file_has_its_blocks_and_ci_runs_it():
     blocks = gate_blocks()
-    assert set(blocks) == {"cpu-run-gate"}
+    assert set(blocks) == set(GATES)
     assert all(blocks.values())
     assert GATE.stat().st_mode & 0o111, ".ci/gate must be executable"
     assert ".ci/gate" in commands((ROOT / ".ci" / "run").read_text())
@@ -79,7 +81,7 @@ def test_every_zerobench_command_of_the_gate_parses():
     seen = 0
     for block in gate_blocks().values():
         for command in block:
-            argv = shlex.split(command.replace('"$RUN"', "results/ci/run/x"))
+            argv = shlex.split(re.sub(r'"\$\w+"', "results/ci/x", command))
             if argv[0] != "zerobench":
                 continue
             parser.parse_args(argv[1:])  # SystemExit (exit 2) on an unknown option
@@ -96,17 +98,18 @@ def _option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-@pytest.mark.parametrize("name", ["cpu-run-gate"])
+@pytest.mark.parametrize("name", GATES)
 def test_the_gates_comparison_runs_as_written(name, tmp_path):
     """The block's compare command, run by bash in a scratch folder that has the
-    repository's baselines, with RUN set to the baseline itself: it must pass and write
-    its reports where the workflows look for them."""
+    repository's baselines, with its folder variable set to the baseline itself: it must
+    pass and write its reports where the workflows look for them."""
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "baselines").symlink_to(ROOT / "results" / "baselines")
     argv = _compare_command(gate_blocks()[name])
     baseline = argv[2]
     (command,) = [c for c in gate_blocks()[name] if c.startswith("zerobench compare ")]
-    proc = subprocess.run(["bash", "-c", f'RUN={shlex.quote(baseline)}; {command}'], cwd=tmp_path,
+    (variable,) = re.findall(r'"\$(\w+)"', command)
+    proc = subprocess.run(["bash", "-c", f'{variable}={shlex.quote(baseline)}; {command}'], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1].startswith("PASS")
@@ -127,7 +130,7 @@ def _gitlab_jobs() -> dict[str, dict]:
     return {name: job for name, job in config.items() if isinstance(job, dict) and "script" in job}
 
 
-@pytest.mark.parametrize("name", ["cpu-run-gate"])
+@pytest.mark.parametrize("name", GATES)
 def test_the_github_workflow_runs_the_gate_and_publishes_its_reports(name):
     block = gate_blocks()[name]
     argv = _compare_command(block)
@@ -140,7 +143,7 @@ def test_the_github_workflow_runs_the_gate_and_publishes_its_reports(name):
     assert any(s["with"]["report_paths"] == _option(argv, "--junit-xml") and s.get("if") for s in junit)
 
 
-@pytest.mark.parametrize("name", ["cpu-run-gate"])
+@pytest.mark.parametrize("name", GATES)
 def test_the_gitlab_job_runs_the_gate_and_publishes_its_reports(name):
     block = gate_blocks()[name]
     argv = _compare_command(block)
@@ -152,3 +155,16 @@ def test_the_gitlab_job_runs_the_gate_and_publishes_its_reports(name):
     assert job["artifacts"]["when"] == "always"
     assert _option(argv, "--markdown") in job["artifacts"]["paths"]
     assert any(_option(argv, "--markdown") in line for line in job["after_script"])
+
+
+def test_the_predict_baseline_is_regenerated_with_the_gates_own_prediction():
+    (predict,) = [c for c in gate_blocks()["predict-gate"] if c.startswith("zerobench predict ")]
+    regenerate = [c for c in commands(REGENERATE_PREDICT.read_text()) if c.startswith("zerobench predict ")]
+    assert len(regenerate) == 1
+    def same(command: str) -> str:  # where it writes differs
+        return re.sub(r"--results \S+", "--results R", command)
+
+    assert same(regenerate[0]) == same(predict)
+    argv = _compare_command(gate_blocks()["predict-gate"])
+    assert f"results/baselines/{Path(argv[2]).name}/" in REGENERATE_PREDICT.read_text()
+    assert REGENERATE_PREDICT.stat().st_mode & 0o111

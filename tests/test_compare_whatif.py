@@ -60,12 +60,13 @@ def test_unchanged_predictions_pass_and_every_figure_gates_exactly(tmp_path):
                    "peak_reserved_bytes", "max_unsharded_units", "host_lead_max_s", "comm_total_bytes", "comm_calls",
                    "limiter_stalls"):
         row = figures.loc[("impl-fsdp-ws8-bf16", metric)]
-        assert row["kind"] == "deterministic" and row["gated"] and row["rule"] == "default exact", metric
+        assert row["kind"] == "deterministic" and row["gated"] and row["rule"] == "default exact (1e-9)", metric
     assert not figures.loc[("impl-fsdp-ws8-bf16", "predict_wall_s")]["gated"]   # reported only
 
 
 @pytest.mark.parametrize("metric, value, code", [
     ("step_time_s", {"impl-fsdp-bf16": 0.0105 + 1e-9}, 1),          # one nanosecond slower
+    ("step_time_s", {"impl-fsdp-bf16": 0.0105 * (1 + 1e-13)}, 0),   # the same times summed in another order
     ("step_time_s", {"impl-fsdp-bf16": 0.0104}, 0),                 # faster: improved
     ("host_lead_max_s", {"torch-fsdp2-bf16": 2.0e-3}, 1),           # less run-ahead (higher is better)
     ("overlap_ratio", 0.94, 1),

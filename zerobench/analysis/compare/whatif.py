@@ -14,7 +14,10 @@ codes. What differs:
   whose identity does not is unusable input (exit 2), as a run cell whose axes differ.
 * Every figure is deterministic: the virtual GPU's timeline and the fake world's memory are
   pure functions of the program and the presets (zerobench/runs/schema.py,
-  WHATIF_METRICS). So each gates, exactly, whatever kind the same name has in a run
+  WHATIF_METRICS): unchanged code predicts identical figures, bit for bit (docs/ci.md,
+  "Determinism"). So each gates exactly -- within 1e-9 of the baseline, the rounding a
+  changed program makes when it only sums the same times in another order (seen: 1e-13
+  of compute_s) -- whatever kind the same name has in a run
   (``step_time_s`` is a noisy median there, ``peak_reserved_bytes`` and ``limiter_stalls``
   context); only the tool's own wall time (``predict_wall_s``, ``estimate_wall_s``) is
   reported, not judged. A figure whose direction a run does not say (a count) is worse
