@@ -90,7 +90,7 @@ class Session:
         self.engine_cls = get_engine(cell.engine)
         self.loss = loss_fn(workload.model)
         o = workload.optimizer
-        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper())
+        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
 
     # -- building ---------------------------------------------------------------------
 
