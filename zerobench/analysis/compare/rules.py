@@ -102,7 +102,8 @@ class Rule:
         if k is not None:
             not_time = [n for n in names if not is_timelike(n, tool)]
             if not_time:
-                raise ValueError(f"rule {text!r}: k= applies to time metrics only (of runs: a prediction has no spread), not {', '.join(not_time)}")
+                raise ValueError(f"rule {text!r}: k= applies to time metrics only (of runs: a prediction has no "
+                                 f"spread), not {', '.join(not_time)}")
         elif any(metric_info(n, tool)[0] == "time" for n in names):
             k = DEFAULT_TIME_K  # time stays spread-aware unless the rule says k=0
         rel, abs_ = (value / 100, 0.0) if m["pct"] else (0.0, value)
