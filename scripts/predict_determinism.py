@@ -97,8 +97,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="zerobench-determinism-") as tmp:
         tmp = Path(tmp)
         predictions = [(f"run {i + 1}", _cli_prediction(tmp / f"run{i}", {})) for i in range(args.runs)]
-        predictions += [(f"ATEN_CPU_CAPABILITY={cap}", _cli_prediction(tmp / f"cap-{cap}", {"ATEN_CPU_CAPABILITY": cap}))
-                        for cap in _capabilities()]
+        predictions += [(f"ATEN_CPU_CAPABILITY={cap}",
+                         _cli_prediction(tmp / f"cap-{cap}", {"ATEN_CPU_CAPABILITY": cap})) for cap in _capabilities()]
         predictions += [(f"in process, {n} torch threads", _in_process_prediction(tmp / f"threads{n}", n))
                         for n in map(int, args.threads.split(","))]
         first_name, first = predictions[0]

@@ -59,8 +59,8 @@ from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
-__all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells", "Rule", "parse_rules", "default_rule", "cell_table",
-           "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
+__all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells", "Rule", "parse_rules", "default_rule",
+           "cell_table", "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
 Gate = Literal["all", "deterministic", "none"]
