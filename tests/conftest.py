@@ -66,7 +66,7 @@ def pytest_generate_tests(metafunc):
 #     other children included (CPU time, not wall time: a loaded machine slows a test
 #     down, it does not make it use more CPU);
 #   * the fast suite finishes in about 4 minutes on 2 quiet cores, the whole suite in
-#     about 10 (README.md: "Run the tests").
+#     about 10 (README.md: "Tests and CI").
 # Every run reports the fast tests over their budget at the end; with
 # ZEROBENCH_TEST_BUDGETS=strict (.ci/run sets it) the run fails on them: such a test
 # belongs under @pytest.mark.slow.

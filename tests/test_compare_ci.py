@@ -93,7 +93,8 @@ def test_an_unreadable_folder_still_gives_the_ci_its_reports(tmp_path, capsys):
     assert "does-not-exist" in case.find("error").get("message")
     report = json.loads(json_path.read_text())
     assert report["exit_code"] == 2 and "does-not-exist" in report["error"]
-    assert "does-not-exist" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "does-not-exist" in said.out + said.err
 
 
 # --------------------------------------------------------------------------- --cells
@@ -159,4 +160,4 @@ def test_python_m_zerobench_compare_is_the_same_command(tmp_path, folder, code):
     proc = subprocess.run([sys.executable, "-m", "zerobench", "compare", str(base), str(tmp_path / folder)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == code, proc.stdout + proc.stderr
-    assert ("PASS" if code == 0 else str(tmp_path / folder)) in proc.stdout
+    assert ("PASS" if code == 0 else str(tmp_path / folder)) in proc.stdout + proc.stderr

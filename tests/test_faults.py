@@ -87,7 +87,25 @@ def test_a_rank_other_than_0_dying_is_blamed(tmp_path, monkeypatch):
     result = launch.launch_cell(tmp_path, "c", 2, timeout_s=30)
     assert not result.ok and result.exit_codes == [-9, 7]
     assert result.error.startswith("rank 1 exited with code 7 first:\nrank 1 gives up"), result.error
-    assert "then rank 0 was killed by signal 9" in result.error
+    assert "then rank 0 was stopped by the harness (SIGKILL) after rank 1 failed" in result.error
+
+
+def test_a_rank_killed_from_outside_is_told_from_one_the_harness_stopped(tmp_path, monkeypatch):
+    """kill -9 of rank 1: rank 1 was killed by signal 9; rank 0, still waiting, was stopped by
+    the harness (it once read "killed by signal 9" as well, as if both had been)."""
+    monkeypatch.setattr(launch, "FAILURE_GRACE_S", 1.0)
+    _fake_ranks(monkeypatch, """
+        import os, signal, time
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    """)
+    result = launch.launch_cell(tmp_path, "c", 2, timeout_s=30)
+    assert result.exit_codes == [-9, -9]
+    first, then = result.error.splitlines()
+    assert first == "rank 1 was killed by signal 9 (SIGKILL) first:"
+    assert then == "then rank 0 was stopped by the harness (SIGKILL) after rank 1 failed"
 
 
 def test_a_stopped_rank_is_named_at_the_timeout(tmp_path, monkeypatch):

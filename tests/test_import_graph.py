@@ -100,6 +100,8 @@ FLOORS = {
     "harness": {"rank", "runs", "spec", "engines", "instruments"},
     "analysis": {"runs", "spec", "engines", "instruments"},
     "whatif": {"analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+    # the command line: one module per subcommand, each calling whichever floor it needs
+    "commands": {"whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
 }
 #: Modules anyone may import: the column vocabulary and atomic writes (no imports of their own).
 LEAVES = {"zerobench.runs.schema", "zerobench.runs.files"}

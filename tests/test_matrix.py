@@ -68,8 +68,22 @@ def test_a_float_axis_must_be_finite(value):
 
 
 def test_axis_of_no_engine_is_an_error():
-    with pytest.raises(WorkloadError, match=r"matrix.sharding_strategy: no engine of matrix.engine has this axis"):
-        cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"]})
+    with pytest.raises(WorkloadError, match=r"matrix.sharding_stratgy: no engine has this axis \(allowed: engine, "
+                                            r"world_size, dtype, .*sharding_strategy"):
+        cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"], "sharding_stratgy": ["FULL_SHARD"]})
+
+
+def test_narrowing_the_engines_drops_their_axes_with_a_note():
+    """quickstart extended with fewer engines keeps the others' axes: dropped, not refused."""
+    from zerobench.spec.matrix import matrix_notes
+
+    workload = parse_workload({"matrix": {"engine": ["ddp", "impl-fsdp"], "sharding_strategy": ["FULL_SHARD"],
+                                          "reshard_after_forward": [True, False]}})
+    assert [c.id for c in expand(workload)] == ["ddp-ws2-fp32", "impl-fsdp-ws2-fp32"]
+    assert matrix_notes(workload) == ["matrix.reshard_after_forward dropped: no engine of matrix.engine "
+                                      "(ddp, impl-fsdp) has it (it is torch-fsdp2's)"]
+    assert matrix_notes(parse_workload({"matrix": {"engine": ["torch-fsdp2"],
+                                                   "reshard_after_forward": [True]}})) == []
 
 
 def test_unknown_engine_is_an_error():

@@ -298,7 +298,7 @@ def test_curated_validation_replays_from_its_schedules(tmp_path):
     reproduce validation.md and cross.md exactly, and the bar holds where it is claimed."""
     import shutil
 
-    from zerobench.whatif.simulate.cli import simulate_run
+    from zerobench.whatif.simulate.run import simulate_run
 
     for name in ("results.csv", "meta.json", "workload.json", "schedules"):
         src = os.path.join(CURATED, name)

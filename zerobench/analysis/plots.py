@@ -1,14 +1,26 @@
-"""Plots of a run (PNG, matplotlib), each with the reference engine beside the others.
+"""Plots of a run (PNG, matplotlib), each with the reference engine (DDP) beside the others
+and a title saying what was measured where ([Note: plot titles] in figures.py).
 
+* ``pareto.png``: peak memory against median step time, one point per configuration,
+  DDP as the reference, the Pareto front marked (zerobench/analysis/pareto.py): the plot
+  to read first;
 * ``step_time.png``: median step time per cell, each rank's median as a dot with its
   p10-p90 range, one panel per (world size, dtype), the reference as a dashed line;
 * ``peak_memory.png``: the peak's composition (parameters, gradients, optimizer state,
   unsharded parameters, activations, other) on the rank with the highest peak, every
   rank's peak as a dot, the reference as a dashed line;
-* ``losses.png``: the mean loss over ranks per step, beside the single-process reference;
-* ``memory_timeline.png``: live tensor bytes over the measured step, by category (rank 0);
+* ``losses.png``: the single-process reference loss per step, and each cell's distance
+  from it (the curves themselves lie on top of each other);
+* ``memory_timeline.png``: live tensor bytes on rank 0 over the measured step of the
+  memory pass, every cell of a (world size, dtype) in one panel, time as a fraction of
+  the step;
 * ``knobs.png`` (when the run varies them): step time, peak memory and all-gathers in
   flight against backward/forward prefetch and the rate limiter.
+
+Every function reads the results table through :func:`~zerobench.analysis.figures.numeric`
+and :func:`~zerobench.analysis.figures.flag`, so a missing value (a failed cell, an
+axis another engine lacks) is a gap in a plot on every pandas the project allows, never
+a ``TypeError`` from ``pd.NA``.
 """
 
 from __future__ import annotations
@@ -18,9 +30,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.analysis.figures import plt, save_figure
-from zerobench.runs.tables import REFERENCE_ENGINE, cell_records, load_results, reference_cells
-from zerobench.runs.folder import RunFolder
+from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, Setting, figure_title, flag, numeric, plt,
+                                        save_figure, short_label)
+from zerobench.runs.folder import DamagedFile, RunFolder
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME
+from zerobench.runs.tables import cell_records, load_results, reference_cells
+
+STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
@@ -31,9 +47,48 @@ CATEGORY_COLUMNS = {
 }
 
 
-def _engine_colors(engines) -> dict[str, str]:
-    palette = plt.get_cmap("tab10").colors
-    return {e: palette[i % len(palette)] for i, e in enumerate(sorted(set(engines)))}
+# -- what was measured where ------------------------------------------------------------
+
+
+def run_setting(run_dir: Path, results: pd.DataFrame) -> Setting:
+    """The title line of a run's plots: workload, CPU or GPU and backend, the emulated
+    link (or none), world sizes ([Note: plot titles])."""
+    try:
+        meta = RunFolder(run_dir).meta()
+    except DamagedFile:
+        meta = {}
+    workload = str(meta.get("workload") or (results["workload"].iloc[0] if "workload" in results and len(results)
+                                             else Path(run_dir).name))
+    backend = meta.get("backend") or "gloo"
+    if meta.get("gpu_model"):
+        device = f"{meta['gpu_model']} ({backend})"
+    else:
+        cpu = str(meta.get("cpu_model") or "CPU")
+        device = f"CPU ({cpu}, {backend})" if not cpu.upper().startswith("CPU") else f"{cpu} ({backend})"
+    sizes = tuple(sorted({int(w) for w in numeric(results["world_size"]).dropna()})) \
+        if len(results) and "world_size" in results else ()
+    return Setting(workload, device, link_description(results), sizes)
+
+
+def link_description(results: pd.DataFrame) -> str:
+    """"no emulated link", "emulated link ib-400g", "emulated 0.05 GB/s + 100 µs", or
+    "emulated links: ..." when the cells differ."""
+    links = set()
+    for _, row in results.drop_duplicates("cell_id").iterrows() if len(results) and "cell_id" in results else ():
+        preset = row.get("emulate_link")
+        gbps, lat = numeric([row.get("emulate_gbps")]).iloc[0], numeric([row.get("emulate_latency_us")]).iloc[0]
+        if isinstance(preset, str) and preset:
+            links.add(preset)
+        elif gbps == gbps and gbps > 0:
+            links.add(f"{gbps:g} GB/s + {0 if lat != lat else lat:g} µs")
+        else:
+            links.add("")
+    named = sorted(x for x in links if x)
+    if not named:
+        return "no emulated link"
+    if len(links) == 1:
+        return f"emulated {named[0]}"
+    return f"emulated links: {', '.join(named)}" + (" and none" if "" in links else "")
 
 
 def _groups(ok: pd.DataFrame):
@@ -43,29 +98,29 @@ def _groups(ok: pd.DataFrame):
 
 
 def _reference_value(frame: pd.DataFrame, column: str, how: str) -> float | None:
-    ref = frame[reference_cells(frame["cell_id"])]
+    ref = numeric(frame.loc[reference_cells(frame["cell_id"]).fillna(False).astype(bool), column]).dropna()
     if ref.empty:
         return None
-    return float(getattr(ref[column], how)())
+    return float(getattr(ref, how)())
 
 
 def _ok(results: pd.DataFrame, column: str) -> pd.DataFrame:
     if column not in results.columns:
         return results.iloc[0:0]
-    return results[(results["status"] == "ok") & results[column].notna()]
+    return results[(results["status"] == "ok") & numeric(results[column]).notna().to_numpy()]
 
 
 def _panels(ok: pd.DataFrame):
     """One horizontal-bar panel per (world size, dtype): (figure, [(ax, title, frame, cells)])."""
     groups = list(_groups(ok))
     n_cells = max(f["cell_id"].nunique() for _, f in groups)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.3 + 0.45 * n_cells * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.8 + 0.45 * n_cells * len(groups)), squeeze=False)
     return fig, [(ax, title, frame, list(dict.fromkeys(frame["cell_id"])))
                  for ax, (title, frame) in zip(axes[:, 0], groups)]
 
 
 def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
-    ax.set_yticks(range(len(cells)), cells, fontsize=8)
+    ax.set_yticks(range(len(cells)), [short_label(c) for c in cells], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
@@ -74,30 +129,60 @@ def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
 
 
-def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
-    ok = _ok(results, "step_time_s")
+def _save(fig, path: Path, what: str, setting: Setting | None, dpi: int = 110) -> Path:
+    fig.tight_layout(rect=(0, 0, 1, figure_title(fig, what, setting)))
+    return save_figure(fig, path, dpi=dpi, tight=False)
+
+
+# -- the plots -----------------------------------------------------------------------------
+
+
+def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
+    """Peak memory (max over ranks) against median step time (median over ranks), one
+    point per ok cell, one panel per (world size, dtype)."""
+    from zerobench.analysis.pareto import plot_pareto
+
+    ok = _ok(_ok(results, STEP_TIME), "peak_mem_bytes")
     if ok.empty:
         return None
-    colors = _engine_colors(ok["engine"])
+    rows = []
+    for (ws, dtype), frame in ok.groupby(["world_size", "dtype"], sort=True):
+        for cell, ranks in frame.groupby("cell_id", sort=False):
+            rows.append({"group": f"world size {ws}, {dtype}", "label": short_label(cell), "engine": ranks["engine"].iloc[0],
+                         "reference": bool(reference_cells(pd.Series([cell])).fillna(False).iloc[0]),
+                         "step_ms": numeric(ranks[STEP_TIME]).median() * 1e3,
+                         "peak_mib": numeric(ranks["peak_mem_bytes"]).max() / 2**20})
+    return plot_pareto(pd.DataFrame(rows), path, x="step_ms", y="peak_mib", setting=setting,
+                       x_label="median step time (ms, median over ranks)",
+                       y_label="peak live tensor memory (MiB, highest rank)")
+
+
+def plot_step_time(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
+    ok = _ok(results, STEP_TIME)
+    if ok.empty:
+        return None
+    styles = EngineStyles()
     fig, panels = _panels(ok)
     for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
-            ms = ranks["step_time_s"] * 1e3
-            engine = ranks["engine"].iloc[0]
-            ax.barh(y, ms.median(), color=colors[engine], alpha=0.35, height=0.7)
-            offsets = (ranks["rank"] - (len(ranks) - 1) / 2) * 0.15
-            ax.errorbar(ms, y + offsets, xerr=[ms - ranks["step_time_p10_s"] * 1e3, ranks["step_time_p90_s"] * 1e3 - ms],
-                        fmt="o", color=colors[engine], ms=4, capsize=2, lw=1)
-        ref = _reference_value(frame, "step_time_s", "median")
+            ms = numeric(ranks[STEP_TIME]) * 1e3
+            color = styles.color(ranks["engine"].iloc[0])
+            ax.barh(y, ms.median(), color=color, alpha=0.35, height=0.7)
+            offsets = (numeric(ranks["rank"]) - (len(ranks) - 1) / 2) * 0.15
+            low = (ms - numeric(ranks.get("step_time_p10_s", ranks[STEP_TIME])) * 1e3).clip(lower=0)
+            high = (numeric(ranks.get("step_time_p90_s", ranks[STEP_TIME])) * 1e3 - ms).clip(lower=0)
+            ax.errorbar(ms, y + offsets.to_numpy(), xerr=[low.fillna(0), high.fillna(0)], fmt="o", color=color, ms=4,
+                        capsize=2, lw=1)
+        ref = _reference_value(frame, STEP_TIME, "median")
         if ref is not None:
             ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells,
                       "step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
-    return save_figure(fig, path)
+    return _save(fig, path, "median step time per cell", setting)
 
 
-def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
+def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
     ok = _ok(results, "peak_mem_bytes")
     if ok.empty:
         return None
@@ -105,149 +190,259 @@ def plot_peak_memory(results: pd.DataFrame, path: Path) -> Path | None:
     for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
-            top = ranks.loc[ranks["peak_mem_bytes"].idxmax()]
+            peaks = numeric(ranks["peak_mem_bytes"])
+            top = ranks.loc[peaks.idxmax()]
             left = 0.0
-            parts = {k: float(top.get(c, 0) or 0) for k, c in CATEGORY_COLUMNS.items()}
-            parts["other"] = float(top["peak_mem_bytes"]) - sum(parts.values())
+            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in CATEGORY_COLUMNS.items()}
+            parts["other"] = max(float(peaks.max()) - sum(parts.values()), 0.0)
             for cat, nbytes in parts.items():
                 mib = nbytes / 2**20
-                ax.barh(y, mib, left=left, color=CATEGORY_COLORS[cat], height=0.7,
-                        label=cat if y == 0 else None)
+                ax.barh(y, mib, left=left, color=CATEGORY_COLORS[cat], height=0.7, label=cat if y == 0 else None)
                 left += mib
-            ax.plot(ranks["peak_mem_bytes"] / 2**20, [y] * len(ranks), "k|", ms=14, mew=1.5,
+            ax.plot(peaks / 2**20, [y] * len(ranks), "k|", ms=14, mew=1.5,
                     label="each rank's peak" if y == 0 else None)
         ref = _reference_value(frame, "peak_mem_bytes", "max")
         if ref is not None:
             ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells, "peak live tensor memory (MiB), composition on the rank with the highest peak")
-    return save_figure(fig, path)
+    return _save(fig, path, "peak memory per cell and what it is made of", setting)
 
 
-def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path) -> Path | None:
+def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
+    """Per (world size, dtype): the single-process reference loss per step (top; without
+    one, the reference engine's), and each cell's largest distance from it over the
+    steps, |mean loss over ranks - reference| (bottom, one bar per cell, log scale),
+    beside the dtype's rounding of the loss. The cells' own loss curves would lie on
+    top of the reference and of each other."""
     folder = RunFolder(run_dir)
     steps = folder.steps()
-    if steps is None or steps.empty:
+    if steps is None or steps.empty or results.empty:
         return None
     config = results.drop_duplicates("cell_id").set_index("cell_id")
+    steps = steps[steps["cell_id"].isin(config.index)]
+    if steps.empty:
+        return None
     reference = {str(k): v for k, v in folder.references().items()}
-    warmup = json.loads((run_dir / "workload.json").read_text())["data"]["warmup_steps"]
+    warmup = _warmup_steps(folder)
+    steps = steps.assign(loss=numeric(steps["loss"]).to_numpy(), step=numeric(steps["step"]).to_numpy())
     mean = steps.groupby(["cell_id", "step"], sort=False)["loss"].mean().reset_index()
-    groups = sorted({(int(config.loc[c, "world_size"]), config.loc[c, "dtype"]) for c in mean["cell_id"].unique()})
-    colors = _engine_colors(config["engine"])
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
-    for ax, (ws, dtype) in zip(axes[0], groups):
-        for cell, frame in mean.groupby("cell_id", sort=False):
-            if (int(config.loc[cell, "world_size"]), config.loc[cell, "dtype"]) != (ws, dtype):
-                continue
-            ax.plot(frame["step"] + warmup, frame["loss"], color=colors[config.loc[cell, "engine"]], lw=1, alpha=0.8,
-                    label=cell)
+    mean["step"] = (mean["step"] + warmup).astype(int)
+    groups = sorted({(int(config.loc[c, "world_size"]), str(config.loc[c, "dtype"])) for c in mean["cell_id"].unique()})
+    cells_of = {g: [c for c in dict.fromkeys(mean["cell_id"])
+                    if (int(config.loc[c, "world_size"]), str(config.loc[c, "dtype"])) == g] for g in groups}
+    n = max(len(c) for c in cells_of.values())
+    styles = EngineStyles()
+    fig, axes = plt.subplots(2, len(groups), figsize=(6.8 * len(groups), 3.2 + 0.3 * n), squeeze=False,
+                             gridspec_kw={"height_ratios": [2.2, 0.3 * n + 0.8]})
+    for col, group in enumerate(groups):
+        ws, dtype = group
+        top, bottom = axes[0, col], axes[1, col]
+        cells = cells_of[group]
         ref = reference.get(str(ws))
         if ref:
-            ax.plot(range(len(ref)), ref, "k--", lw=1.5, label="single-process reference (fp32)")
-        ax.set_title(f"world size {ws}, {dtype}", fontsize=10)
-        ax.set_xlabel("step (warm-up included)")
-        ax.set_ylabel("loss (mean over ranks)")
-        ax.legend(fontsize=6)
-        ax.grid(alpha=0.3)
-    return save_figure(fig, path, dpi=110)
+            ref_series, ref_name = pd.Series(ref, dtype="float64"), "single-process reference (fp32)"
+        else:
+            base = [c for c in cells if reference_cells(pd.Series([c])).fillna(False).iloc[0]] or cells[:1]
+            frame = mean[mean["cell_id"] == base[0]]
+            ref_series = pd.Series(frame["loss"].to_numpy(), index=frame["step"].to_numpy())
+            ref_name = f"{short_label(base[0])} (no single-process reference)"
+        top.plot(ref_series.index, ref_series.to_numpy(), "k-", lw=1.5, label=ref_name)
+        top.axvspan(-0.5, warmup - 0.5, color="gray", alpha=0.12, label="warm-up (not compared)")
+        top.set_title(f"world size {ws}, {dtype}", fontsize=10)
+        top.set_xlabel("step", fontsize=8)
+        top.set_ylabel("loss")
+        top.grid(alpha=0.3)
+        top.legend(fontsize=7, loc="upper right")
+        worst = []
+        for cell in cells:
+            frame = mean[mean["cell_id"] == cell]
+            dev = (frame["loss"].to_numpy() - ref_series.reindex(frame["step"].to_numpy()).to_numpy())
+            worst.append(float(pd.Series(abs(dev)).max()))
+        floor = 1e-12
+        y = range(len(cells))
+        bottom.barh(list(y), [max(w, floor) if w == w else floor for w in worst], height=0.7,
+                    color=[styles.color(str(config.loc[c, "engine"])) for c in cells])
+        for yi, w in zip(y, worst):
+            bottom.annotate("no reference" if w != w else ("0 (equal)" if w == 0 else f"{w:.1e}"),
+                            (max(w, floor) if w == w else floor, yi), xytext=(4, 0), textcoords="offset points",
+                            va="center", fontsize=7)
+        rounding = {"bf16": 2.0**-8, "fp32": 2.0**-23}.get(dtype)
+        if rounding:
+            level = rounding * float(abs(ref_series).mean())
+            bottom.axvline(level, color="black", ls="--", lw=1)
+            bottom.text(level, 1.01, f" {dtype} rounding of the loss", transform=bottom.get_xaxis_transform(),
+                        fontsize=7, va="bottom")
+        bottom.set_xscale("log")
+        bottom.set_xlim(floor / 2, max([w for w in worst if w == w] + [rounding or 0, 1e-6]) * 30)
+        bottom.set_yticks(list(y), [short_label(c) for c in cells], fontsize=7)
+        bottom.invert_yaxis()
+        bottom.set_xlabel("largest |mean loss over ranks - reference| over the measured steps", fontsize=8)
+        bottom.grid(axis="x", alpha=0.3)
+    return _save(fig, path, "losses: the reference (top) and how far each cell strays from it (bottom)", setting)
 
 
-def plot_memory_timelines(run_dir: Path, path: Path) -> Path | None:
-    records = [r for r in cell_records(run_dir) if r["status"] == "ok" and r["ranks"] and r["ranks"][0].get("timeline")]
+def _warmup_steps(folder: RunFolder) -> int:
+    try:
+        return int(json.loads(folder.workload_path.read_text())["data"]["warmup_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = None) -> Path | None:
+    """Live tensor bytes (rank 0, memory pass) over the measured step, one line per cell,
+    one panel per (world size, dtype); time as a fraction of the step, since the
+    tracker's overhead makes absolute times differ between engines."""
+    records = [r for r in cell_records(run_dir) if r["status"] == "ok" and r.get("ranks")
+               and r["ranks"][0].get("timeline")]
     if not records:
         return None
-    ncols = 3
-    nrows = (len(records) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3 * nrows), squeeze=False, sharey=True)
-    for ax, rec in zip(axes.flat, records):
-        tl = pd.DataFrame(rec["ranks"][0]["timeline"])
-        cats = [c for c in CATEGORY_COLORS if c in tl.columns]
-        ax.stackplot(tl["t_s"] * 1e3, *[tl[c] / 2**20 for c in cats], labels=cats,
-                     colors=[CATEGORY_COLORS[c] for c in cats], step="post")
-        ax.set_title(rec["cell_id"], fontsize=8)
-        ax.set_xlabel("ms into the step (memory pass, tracker overhead included)", fontsize=7)
-        ax.set_ylabel("MiB (rank 0)", fontsize=8)
+    groups: dict[tuple, list[dict]] = {}
+    for rec in records:
+        groups.setdefault((rec["config"].get("world_size"), rec["config"].get("dtype")), []).append(rec)
+    styles = EngineStyles()
+    fig, axes = plt.subplots(len(groups), 1, figsize=(13, 4.2 * len(groups)), squeeze=False)
+    for ax, ((ws, dtype), recs) in zip(axes[:, 0], sorted(groups.items(), key=lambda kv: str(kv[0]))):
+        for rec in recs:
+            tl = pd.DataFrame(rec["ranks"][0]["timeline"])
+            cats = [c for c in CATEGORY_COLORS if c in tl.columns]
+            t = numeric(tl["t_s"])
+            span = (t.max() - t.min()) or 1.0
+            total = sum(numeric(tl[c]).fillna(0) for c in cats) / 2**20
+            engine = rec["config"].get("engine", "")
+            ax.step((t - t.min()) / span, total, where="post", lw=1.4 if engine == REFERENCE_ENGINE else 1,
+                    label=short_label(rec["cell_id"]), **{**styles.line(engine, short_label(rec["cell_id"])), "marker": None})
+        ax.set_title(f"world size {ws}, {dtype}", fontsize=10)
+        ax.set_xlabel("fraction of the measured step (memory pass)")
+        ax.set_ylabel("live tensor memory (MiB, rank 0)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(records):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7, loc="upper left")
-    return save_figure(fig, path, dpi=100)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    return _save(fig, path, "live tensor memory over one step (peak_memory.png: what it is made of at the peak)",
+                 setting, dpi=100)
 
 
 KNOB_AXES = ("backward_prefetch", "forward_prefetch", "limit_all_gathers", "limiter_depth")
 
 
 def _knob_label(row) -> str:
-    fwd = "fwd on" if str(row.get("forward_prefetch")) == "True" else "fwd off"
-    return f"bwd {row.get('backward_prefetch')}\n{fwd}"
+    return f"bwd {row.get('backward_prefetch')}\nfwd {'on' if flag(row.get('forward_prefetch')) else 'off'}"
 
 
 def _limiter_label(row) -> str:
-    if str(row.get("limit_all_gathers")) != "True":
+    if not flag(row.get("limit_all_gathers")):
         return "limiter off"
-    depth = row.get("limiter_depth")
-    return "limiter on" + (f" (depth {int(depth)})" if pd.notna(depth) else "")
+    depth = numeric([row.get("limiter_depth")]).iloc[0]
+    return "limiter on" + (f" (depth {int(depth)})" if depth == depth else "")
 
 
-def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
+def _setting_columns(frame: pd.DataFrame) -> list[str]:
+    """Configuration columns (not metrics, ids or knobs) that vary between the cells of
+    ``frame``: another setting of the same study (the link, a sharding strategy)."""
+    skip = set(ID_COLUMNS) | set(CONTEXT_COLUMNS) | set(KNOB_AXES) | {"cell_id"}
+    out = []
+    for col in frame.columns:
+        if col in skip or col in METRIC_BY_NAME or (not col.startswith("emulate_")
+                                                     and col.endswith(("_s", "_bytes", "_pct", "_gbps", "_trace"))):
+            continue
+        per_cell = frame.groupby("cell_id", sort=False)[col].first()
+        if per_cell.astype(str).nunique() > 1:
+            out.append(col)
+    return out
+
+
+def _setting_label(column: str, value) -> str:
+    """``sharding_strategy`` by its value alone, a link by its numbers, others as name=value."""
+    if column == "sharding_strategy":
+        return str(value)
+    if column == "emulate_gbps":
+        return f"{value:g} GB/s" if isinstance(value, float) else f"{value} GB/s"
+    if column == "emulate_latency_us":
+        return f"{value:g} µs" if isinstance(value, float) else f"{value} µs"
+    return f"{column}={value}"
+
+
+def plot_knobs(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
     """Step time, peak memory and all-gathers in flight against backward/forward
-    prefetch (x) and the rate limiter (one line per setting), per FSDP engine whose
-    knobs the run varies; DDP and fully_shard's default cell as dashed references."""
-    ok = _ok(results, "step_time_s")
+    prefetch (x) and the rate limiter (one line per setting, and per value of any other
+    setting the engine's cells vary), per FSDP engine whose knobs the run varies; DDP
+    and fully_shard's default cell as dashed references."""
+    ok = _ok(results, STEP_TIME)
     knob_cols = [c for c in KNOB_AXES if c in ok.columns]
-    engines = [e for e, f in ok.groupby("engine") if knob_cols and len(f.drop_duplicates(knob_cols)) > 1
+    if not knob_cols or ok.empty:
+        return None
+    engines = [e for e, f in ok.groupby("engine") if len(f.drop_duplicates(knob_cols)) > 1
                and f["backward_prefetch"].notna().all()]
     if not engines:
         return None
     metrics = [(m, scale, label) for m, scale, label in (
-        ("step_time_s", 1e3, "median step time (ms)"),
+        (STEP_TIME, 1e3, "median step time (ms)"),
         ("peak_mem_bytes", 2**-20, "peak memory (MiB)"),
         ("max_inflight_all_gathers", 1, "max all-gathers in flight"),
-    ) if m in ok.columns]
-    fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines), 2.8 * len(metrics)),
+    ) if m in ok.columns and numeric(ok[m]).notna().any()]
+    fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines) + 1.5, 2.8 * len(metrics) + 0.8),
                              squeeze=False, sharex="col")
-    refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+")] for name in (REFERENCE_ENGINE, "torch-fsdp2")}
+    refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+").fillna(False).astype(bool)]
+            for name in (REFERENCE_ENGINE, "torch-fsdp2")}
     for col, engine in enumerate(engines):
         frame = ok[ok["engine"] == engine]
-        per_cell = frame.groupby("cell_id", sort=False).agg(
-            {**{m: ("max" if m != "step_time_s" else "median") for m, _, _ in metrics if m in frame},
-             **{k: "first" for k in knob_cols}}).reset_index()
-        per_cell["x"] = per_cell.apply(_knob_label, axis=1)
-        per_cell["series"] = per_cell.apply(_limiter_label, axis=1)
-        prefetch_order = {"none": 0, "pre": 1, "post": 2}
-        per_cell["_order"] = per_cell["backward_prefetch"].map(prefetch_order).fillna(3) \
-            + 10 * (per_cell["forward_prefetch"].astype(str) == "True")
-        xs = list(dict.fromkeys(per_cell.sort_values("_order")["x"]))
-        for row, (metric, scale, label) in enumerate(metrics):
-            ax = axes[row, col]
+        others = _setting_columns(frame)
+        cells = []
+        for cell, ranks in frame.groupby("cell_id", sort=False):
+            first = ranks.iloc[0]
+            row = {m: (numeric(ranks[m]).median() if m == STEP_TIME else numeric(ranks[m]).max()) for m, _, _ in metrics}
+            row.update(x=_knob_label(first), series=", ".join([_limiter_label(first)]
+                                                               + [_setting_label(c, first[c]) for c in others]),
+                       order=({"none": 0, "pre": 1, "post": 2}.get(str(first.get("backward_prefetch")), 3)
+                              + 10 * flag(first.get("forward_prefetch"))))
+            cells.append(row)
+        per_cell = pd.DataFrame(cells)
+        if per_cell["x"].nunique() == 1:  # prefetch fixed: the limiter (and other settings) along x instead
+            fixed = per_cell["x"].iloc[0].replace("\n", ", ")
+            per_cell = per_cell.assign(x=per_cell["series"].str.replace(", ", "\n"), series=fixed,
+                                       order=range(len(per_cell))).sort_values("x")
+        xs = list(dict.fromkeys(per_cell.sort_values("order")["x"]))
+        for r, (metric, scale, label) in enumerate(metrics):
+            ax = axes[r, col]
             for series, sf in per_cell.groupby("series", sort=True):
-                sf = sf.set_index("x").reindex(xs)
-                ax.plot(range(len(xs)), sf[metric] * scale, "o-", label=series, ms=5)
+                sf = sf.groupby("x", sort=False)[metric].median().reindex(xs)
+                ax.plot(range(len(xs)), sf.to_numpy() * scale, "o-", label=series, ms=5)
+            if per_cell[metric].isna().all():
+                ax.text(0.5, 0.5, f"not recorded for {engine}", transform=ax.transAxes, ha="center", va="center",
+                        fontsize=9, color="gray")
             for name, ref in refs.items():
-                if metric in ref and not ref.empty and name != engine:
-                    value = ref[metric].median() if metric == "step_time_s" else ref[metric].max()
-                    ax.axhline(value * scale, ls="--", lw=1, color="black" if name == "ddp" else "gray",
+                values = numeric(ref[metric]).dropna() if metric in ref else pd.Series(dtype="float64")
+                if name != engine and not values.empty:
+                    value = values.median() if metric == STEP_TIME else values.max()
+                    ax.axhline(value * scale, ls="--", lw=1, color="black" if name == REFERENCE_ENGINE else "gray",
                                label=f"{name} (reference)")
             ax.set_ylabel(label, fontsize=8)
             ax.grid(alpha=0.3)
-            if row == 0:
+            if r == 0:
                 ax.set_title(engine, fontsize=10)
                 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
             ax.set_xticks(range(len(xs)), xs, fontsize=7)
-    return save_figure(fig, path, dpi=110)
+    return _save(fig, path, "prefetch and the all-gather rate limiter", setting)
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Draw every plot of the run into ``<run>/plots/``; returns the files written."""
+def plot_run(run_dir: Path, progress=None) -> list[Path]:
+    """Draw every plot of the run into ``<run>/plots/``; returns the files written.
+    ``progress``: told each plot as it is drawn (zerobench.commands.progress.Progress)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
+    setting = run_setting(run_dir, results)
     out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
-    drawn = [
-        plot_step_time(results, out / "step_time.png"),
-        plot_peak_memory(results, out / "peak_memory.png"),
-        plot_losses(run_dir, results, out / "losses.png"),
-        plot_memory_timelines(run_dir, out / "memory_timeline.png"),
-        plot_knobs(results, out / "knobs.png"),
+    plots = [
+        ("pareto.png", lambda path: plot_pareto_run(results, path, setting)),
+        ("step_time.png", lambda path: plot_step_time(results, path, setting)),
+        ("peak_memory.png", lambda path: plot_peak_memory(results, path, setting)),
+        ("losses.png", lambda path: plot_losses(run_dir, results, path, setting)),
+        ("memory_timeline.png", lambda path: plot_memory_timelines(run_dir, path, setting)),
+        ("knobs.png", lambda path: plot_knobs(results, path, setting)),
     ]
+    if progress is not None:
+        progress.set_total(len(plots))
+    drawn = []
+    for name, draw in plots:
+        drawn.append(draw(out / name))
+        if progress is not None:
+            progress.advance(name)
     return [p for p in drawn if p is not None]

@@ -96,23 +96,73 @@ def _num(value, scale, fmt) -> str:
 
 
 def list_runs(results_root: Path, console: Console | None = None) -> None:
-    console = console or Console()
-    table = Table(title=f"runs under {results_root}")
-    for name in ("run", "workload", "date", "cells", "ok", "failed", "skipped", "git"):
-        table.add_column(name)
-    runs = sorted(p.parent for p in results_root.glob("**/meta.json"))
-    for run in runs:
-        folder = RunFolder(run)
-        try:
-            meta = folder.meta()
-        except DamagedFile:  # the run is listed all the same, saying which file is damaged
-            meta = {"workload": f"(damaged {folder.meta_path.name})"}
-        statuses = [r["status"] for r in folder.cell_records()]
-        table.add_row(Text(str(run.relative_to(results_root))), Text(str(meta.get("workload", "?"))),
-                      str(meta.get("date", "?")),
-                      str(len(meta.get("cells", []))), str(statuses.count("ok")), str(statuses.count("failed")),
-                      str(statuses.count("skipped")), (meta.get("git_commit") or "")[:8])
-    if not runs:
-        console.print(Text(f"no runs under {results_root}"))
+    """Every results folder under ``results_root`` (zerobench.runs.kinds): runs with the
+    status of their cells -- from cells/, or from results.csv where a curated run or a
+    baseline keeps only its tables -- and estimates and predictions with their
+    configurations' statuses."""
+    from zerobench.runs.kinds import results_folders
+
+    console = console or wide_console()
+    folders = results_folders(results_root)
+    if not folders:
+        console.print(Text(f"no runs, estimates or predictions under {results_root}"))
         return
+    table = Table(title=f"results under {results_root}")
+    for name in ("folder", "kind", "workload", "date", "cells", "ok", "failed", "skipped", "git"):
+        table.add_column(name, justify="right" if name in ("cells", "ok", "failed", "skipped") else "left",
+                         no_wrap=name != "folder", overflow="fold")
+    for kind, folder in folders:
+        row = _list_row(kind, folder)
+        table.add_row(Text(str(folder.relative_to(results_root))), kind, Text(row["workload"]), row["date"],
+                      *(str(row[k]) for k in ("cells", "ok", "failed", "skipped")), row["git"])
     console.print(table)
+
+
+def _list_row(kind: str, folder: Path) -> dict:
+    """What `zerobench list` shows of one folder; a damaged file says so instead of failing."""
+    import json
+
+    row = {"workload": "?", "date": _stamp(folder.name), "cells": "-", "ok": "-", "failed": "-", "skipped": "-",
+           "git": ""}
+    if kind == "run":
+        run = RunFolder(folder)
+        try:
+            meta = run.meta()
+        except DamagedFile:
+            meta = {"workload": f"(damaged {run.meta_path.name})"}
+        row.update(workload=str(meta.get("workload", "?")), git=(meta.get("git_commit") or "")[:8])
+        row["date"] = str(meta.get("date", row["date"]))[:19].replace("T", " ")
+        if run.cells_dir.is_dir():
+            statuses = [r["status"] for r in run.cell_records()]
+        else:  # a curated run or a baseline: its tables are what it kept
+            statuses = _statuses(run.results_path, "cell_id")
+        row["cells"] = len(meta.get("cells") or []) or len(statuses)
+    else:
+        try:
+            row["workload"] = str(json.loads((folder / "workload.json").read_text()).get("name", "?"))
+        except (OSError, ValueError, AttributeError):
+            row["workload"] = "(no workload.json)"
+        statuses = _statuses(folder / f"{kind}.csv", None)
+        row["cells"] = len(statuses)
+    counts = {k: statuses.count(k) for k in ("ok", "failed", "skipped")}
+    row.update(counts, failed=counts["failed"] + sum(s not in counts for s in statuses))
+    return row
+
+
+def _statuses(table: Path, per: str | None) -> list[str]:
+    """The status of each cell (``per`` = "cell_id": one per cell) or row of a table."""
+    try:
+        frame = pd.read_csv(table, usecols=[c for c in ("status", per) if c], dtype=str)
+    except (OSError, ValueError, pd.errors.ParserError, UnicodeDecodeError):
+        return ["failed"]  # unreadable: counted as failed, as a damaged cell record is
+    if per:
+        frame = frame.drop_duplicates(per)
+    return frame["status"].fillna("failed").tolist()
+
+
+def _stamp(name: str) -> str:
+    """"2026-11-24 12:00:00" from a folder named <date>-<time>-..., else "?"."""
+    import re
+
+    m = re.match(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})(\d{2})", name)
+    return f"{m[1]}-{m[2]}-{m[3]} {m[4]}:{m[5]}:{m[6]}" if m else "?"

@@ -122,12 +122,14 @@ def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, 
         if error is None:
             error = _watch(procs, deaths, start, timeout_s)
     finally:
-        for p in procs:
+        stopped_by_harness = []  # ranks the harness killed itself: not a cause, whatever their signal says
+        for rank, p in enumerate(procs):
             if p.poll() is None:
+                stopped_by_harness.append(rank)
                 _kill_group(p)
     codes = [p.returncode for p in procs]
     if error is None and any(c != 0 for c in codes):
-        error = describe_failure(logs, cell_id, codes, deaths)
+        error = describe_failure(logs, cell_id, codes, deaths, stopped_by_harness)
     return LaunchResult(error is None, error, time.monotonic() - start, codes)
 
 
@@ -182,28 +184,37 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def describe_failure(logs: Path, cell_id: str, codes: list[int | None], deaths: list[int] = ()) -> str:
+def describe_failure(logs: Path, cell_id: str, codes: list[int | None], deaths: list[int] = (),
+                     stopped_by_harness=()) -> str:
     """The rank that failed first, how it ended and the end of its log; then the others.
 
     ``deaths`` lists failed ranks in the order they were seen to end. The first of them
     is the cause: its peers fail *because* it went away (gloo: "Connection closed by
     peer") or are killed by us after FAILURE_GRACE_S (signal 9 from the launcher), so
     they come second. Without an order (all ended between two polls), a rank that
-    exited with an error of its own goes before one killed by a signal.
+    exited with an error of its own goes before one killed by a signal. A rank in
+    ``stopped_by_harness`` (still running when the harness ended the cell) is said to
+    have been stopped by the harness, never "killed by signal 9" as if something else had.
     """
     failed = [r for r, c in enumerate(codes) if c != 0]
-    seen = [r for r in deaths if r in failed]
-    rest = sorted((r for r in failed if r not in seen), key=lambda r: (codes[r] is None or codes[r] < 0, r))
+    seen = [r for r in deaths if r in failed and r not in stopped_by_harness]
+    rest = sorted((r for r in failed if r not in seen),
+                  key=lambda r: (r in stopped_by_harness, codes[r] is None or codes[r] < 0, r))
     order = seen + rest
     first, *others = order
-    lines = [f"rank {first} {_how(codes[first])} first:", *_log_tail(logs, cell_id, first, 12)]
+    lines = [f"rank {first} {_how(codes[first], first in stopped_by_harness, first)} first:",
+             *_log_tail(logs, cell_id, first, 12)]
     for rank in others:
-        tail = _log_tail(logs, cell_id, rank, 1)
-        lines.append(f"then rank {rank} {_how(codes[rank])}" + (f": {tail[0]}" if tail else ""))
+        tail = [] if rank in stopped_by_harness else _log_tail(logs, cell_id, rank, 1)
+        lines.append(f"then rank {rank} {_how(codes[rank], rank in stopped_by_harness, first)}"
+                     + (f": {tail[0]}" if tail else ""))
     return "\n".join(lines)
 
 
-def _how(code: int | None) -> str:
+def _how(code: int | None, by_harness: bool = False, cause: int | None = None) -> str:
+    if by_harness:
+        return f"was stopped by the harness (SIGKILL) after rank {cause} failed" if cause is not None and \
+            code is not None else "was stopped by the harness (SIGKILL)"
     if code is None:
         return "was still running"
     if code < 0:

@@ -57,6 +57,8 @@ def parameter_count(workload: Workload) -> int:
             model = construct(workload.model)
         return sum(p.numel() for p in model.parameters())
     except RuntimeError:  # "Storage size calculation overflowed": more than 2^63 bytes
+        if workload.model.kind not in ("mlp", "gpt", "llama"):
+            raise  # a user's model: its own error, never "too large" (a factory's becomes a WorkloadError)
         return _count_by_formula(workload.model)
 
 

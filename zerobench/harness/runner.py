@@ -24,11 +24,12 @@ from zerobench.rank import devices
 from zerobench.runs.files import new_stamped_dir, write_json_atomic
 from zerobench.harness import preflight
 from zerobench.harness.launch import code_root, launch_cell
-from zerobench.spec.matrix import Cell, expand
+from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
 from zerobench.runs.tables import write_tables
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
-from zerobench.spec.workload import Workload, load_workload
+from zerobench.spec.user_check import check_user_model
+from zerobench.spec.workload import Workload, WorkloadError, load_workload
 
 FINISHED = ("ok", "skipped")  # statuses --resume does not run again
 
@@ -171,6 +172,9 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
         workload = load_workload(workload_path)
+    for note in matrix_notes(workload):
+        console.print(Text(f"note: {note}"))
+    check_user_model(workload.model, workload.data.batch_size, workload.data.seed)  # its errors before any folder
     device_type = devices.device_type(device)
     if device_type == "cuda":
         try:
@@ -201,18 +205,36 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
         meta = run_metadata(workload, cells, device)
         prepare_run(workload, run_dir, cells, device, meta)
     if prepare_only:
-        console.print(f"prepared {run_dir} ({len(cells)} cells); run each under torchrun:")
-        for cell in cells:
-            if cell.skip_reason is None:
-                console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
-                              f"--run-dir {run_dir} --cell {cell.id}", soft_wrap=True)
-        console.print(f"then: zerobench reference {run_dir}   (the loss reference and the tables)", soft_wrap=True)
+        runnable = [c for c in todo if c.skip_reason is None]
+        kept = len(cells) - len(todo)
+        console.print(Text(f"prepared {run_dir} ({len(cells)} cells"
+                           + (f"; {kept} already finished are kept and not listed" if kept else "")
+                           + ("); run each under torchrun:" if runnable else "); no cell left to run")))
+        for cell in runnable:
+            console.print(Text(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
+                               f"--run-dir {run_dir} --cell {cell.id}"), soft_wrap=True)
+        console.print(Text(f"then: zerobench reference {run_dir}   (the loss reference and the tables)"),
+                      soft_wrap=True)
         return run_dir
     with active.register(run_dir):
-        _run_cells(workload, run_dir, cells, todo, profile, device, device_type, console)
-        if RunFolder(run_dir).missing_references():  # cells that ran under torchrun before a --resume
-            complete_run(run_dir, log=lambda line: console.print(Text(line)))
+        try:
+            _run_cells(workload, run_dir, cells, todo, profile, device, device_type, console)
+            if RunFolder(run_dir).missing_references():  # cells that ran under torchrun before a --resume
+                complete_run(run_dir, log=lambda line: console.print(Text(line)))
+        except OSError as err:  # disk full, a folder made read-only: the finished cells stay
+            raise CannotWrite(run_dir, err) from None
     return run_dir
+
+
+class CannotWrite(OSError):
+    """The run could not write a file of its folder (a full disk, a read-only folder);
+    the cells finished before are kept and ``--resume`` runs the others."""
+
+    def __init__(self, run_dir: Path, err: OSError):
+        what = f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
+        super().__init__(f"cannot write {what}. The cells that finished are kept in {run_dir}; make room "
+                         f"(or make it writable), then run the others with:\n  zerobench run --resume {run_dir}")
+        self.run_dir = run_dir
 
 
 def finished(record: dict | None) -> bool:
@@ -258,7 +280,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                         try:
                             references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
                             write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
-                        except ReferenceFailed as err:
+                        except (ReferenceFailed, WorkloadError) as err:  # the user's loss or batch, say
                             reference_failures[ws] = str(err)
                 if refused is not None:  # never allocate what cannot fit; the matrix goes on
                     record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),

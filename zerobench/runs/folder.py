@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from zerobench.runs.files import write_csv_atomic, write_json_atomic
+from zerobench.runs.files import write_csv_atomic
 from zerobench.instruments.link import link_from_config
 from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
 
@@ -33,8 +33,6 @@ from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, MET
 TRACE_FILE = re.compile(r"^rank(?P<rank>\d+)\.json(\.gz)?$")
 #: traces/<cell_id>.rank<r>.json.gz: the flat layout of runs made before per-cell folders.
 LEGACY_TRACE_FILE = re.compile(r"^(?P<cell>.+)\.rank(?P<rank>\d+)\.json(\.gz)?$")
-#: Sidecar of results.csv: column -> pandas dtype, so booleans and integers read back as such.
-DTYPES_FILE = "results.dtypes.json"
 
 
 class RunFolderError(FileNotFoundError):
@@ -221,41 +219,55 @@ class RunFolder:
         return sorted(found)
 
     def results(self) -> pd.DataFrame:
-        """results.csv with its dtypes (see :func:`read_table`), or, when it is missing or
-        stale (:meth:`tables_stale`), the same table built from cells/ in memory. Writes
-        nothing ([Note: readers have no side effects])."""
+        """results.csv as plain ``pandas.read_csv`` reads it ([Note: types in results.csv] in
+        zerobench/runs/schema.py), or, when it is missing or stale (:meth:`tables_stale`),
+        the same table built from cells/ in memory, with the types the file would have.
+        Writes nothing ([Note: readers have no side effects])."""
         if self.tables_stale():
-            results, _, dtypes = self.build_tables()
-            return apply_dtypes(results, {**dtypes, **COLUMN_DTYPES})
+            return as_written(self.build_tables()[0])
         if not self.results_path.exists():
             raise RunFolderError(f"{self.root}: no results.csv and no cells/ to build it from "
                                  "(is this a zerobench run folder?)")
-        return read_table(self.results_path, self._dtypes(), COLUMN_ALIASES)
+        if not self.results_path.is_file():
+            raise DamagedFile(f"{self.results_path}: not a file (allowed: the results table; remove it, and "
+                              f"zerobench rebuilds it from cells/)")
+        self._check_without_cells()
+        return read_table(self.results_path, COLUMN_ALIASES)
+
+    def _check_without_cells(self) -> None:
+        """A folder without cells/ (curated runs and baselines keep only their tables) is
+        read from results.csv as saved, once that holds exactly the cells meta.json lists:
+        DamagedFile naming both otherwise (cells/ deleted after more cells ran, say)."""
+        if self.cells_dir.is_dir():
+            return
+        try:
+            listed = set(self.meta().get("cells") or [])
+            have = set(pd.read_csv(self.results_path, usecols=["cell_id"], dtype=str)["cell_id"])
+        except (DamagedFile, ValueError, OSError, pd.errors.ParserError, UnicodeDecodeError):
+            return  # the readers below say what is wrong with those files
+        if listed and have != listed:
+            missing, extra = sorted(listed - have), sorted(have - listed)
+            raise DamagedFile(
+                f"{self.results_path}: does not hold the cells meta.json lists "
+                + (f"(missing: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}) " if missing else "")
+                + (f"(not listed: {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}) " if extra else "")
+                + f"and {self.cells_dir} is gone, so it cannot be checked or rebuilt (allowed: the run folder "
+                  f"with its cells/, or a results.csv holding every cell meta.json lists)")
 
     def steps(self) -> pd.DataFrame | None:
         """steps.csv (one row per cell x rank x measured step), built from cells/ in memory
         when stale; None when there is neither."""
-        dtypes = {"cell_id": "string", "rank": "Int64", "step": "Int64"}
         if self.tables_stale():
-            return apply_dtypes(self.build_tables()[1], dtypes)
+            return as_written(self.build_tables()[1])
         if not self.steps_path.exists():
             return None
-        return read_table(self.steps_path, dtypes)
+        return read_table(self.steps_path, COLUMN_ALIASES)
 
     def missing_references(self) -> list[str]:
         """The ok cells whose loss was never checked against the single-process reference
         (cells run under torchrun): ``zerobench reference RUN`` computes it."""
         return [r["cell_id"] for r in self.cell_records()
                 if r.get("status") == "ok" and r.get("ranks") and "loss_max_abs_diff_ref" not in r]
-
-    def _dtypes(self) -> dict[str, str]:
-        sidecar = self.root / DTYPES_FILE
-        try:
-            recorded = read_json(sidecar) if sidecar.exists() else {}
-        except DamagedFile:
-            recorded = {}  # dtypes only refine how columns read back
-        recorded = {COLUMN_ALIASES.get(k, k): v for k, v in (recorded if isinstance(recorded, dict) else {}).items()}
-        return {**recorded, **COLUMN_DTYPES}
 
     # -- building and updating ----------------------------------------------------------
 
@@ -288,17 +300,15 @@ class RunFolder:
             want |= {(rec["cell_id"], str(r)) for r in ranks}
         return set(zip(rows["cell_id"], rows["rank"])) == want and len(rows) == len(want)
 
-    def build_tables(self) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    def build_tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(results: one row per cell x rank, steps: one row per cell x rank x measured
-        step, dtypes of the configuration columns) from cells/ and analysis/summary.csv."""
+        step) from cells/ and analysis/summary.csv."""
         try:
             context = self.meta().get("context", {})
         except DamagedFile:
             context = {}  # the cells still make their rows
-        rows, step_rows, dtypes = [], [], {}
+        rows, step_rows = [], []
         for rec in self.cell_records():
-            for key, value in rec["config"].items():
-                dtypes.setdefault(key, _dtype_of(value))
             base = {"run_id": self.name, "cell_id": rec["cell_id"], "status": rec["status"],
                     "error": rec.get("error"), **rec["config"], **context,
                     "backend": rec.get("backend"), "device": rec.get("device")}
@@ -325,13 +335,12 @@ class RunFolder:
         if analysis.exists() and len(results):  # columns added by `zerobench analyze` survive rebuilds
             results = merge_columns(results, pd.read_csv(analysis, dtype={"cell_id": "string"}))
         steps = pd.DataFrame(step_rows, columns=["cell_id", "rank", "step", "step_time_s", "loss"])
-        return results, steps, {k: v for k, v in dtypes.items() if v}
+        return results, steps
 
     def write_tables(self) -> pd.DataFrame:
-        """(Re)build results.csv, its dtypes sidecar and steps.csv from cells/, atomically."""
-        results, steps, dtypes = self.build_tables()
-        write_json_atomic(self.root / DTYPES_FILE, dtypes)
-        write_csv_atomic(self.results_path, results)
+        """(Re)build results.csv and steps.csv from cells/, atomically."""
+        results, steps = self.build_tables()
+        write_csv_atomic(self.results_path, integers_as_written(results))
         write_csv_atomic(self.steps_path, steps)
         return results
 
@@ -340,8 +349,8 @@ class RunFolder:
         earlier values of the same columns. False (nothing written) without results.csv."""
         if not self.results_path.exists():
             return False
-        current = read_table(self.results_path, self._dtypes(), COLUMN_ALIASES)  # the file as it is
-        write_csv_atomic(self.results_path, merge_columns(current, columns))
+        current = read_table(self.results_path, COLUMN_ALIASES)  # the file as it is
+        write_csv_atomic(self.results_path, integers_as_written(merge_columns(current, columns)))
         return True
 
     def emulation(self, cell_id: str):
@@ -358,31 +367,34 @@ def merge_columns(results: pd.DataFrame, columns: pd.DataFrame) -> pd.DataFrame:
     return results.merge(columns, on=["cell_id", "rank"], how="left")
 
 
-def read_table(path: Path, dtypes: dict[str, str], aliases: dict[str, str] | None = None) -> pd.DataFrame:
-    """A CSV of the run folder, its columns renamed by ``aliases`` (old name -> new), with
-    the given column dtypes (see :func:`apply_dtypes`)."""
-    frame = pd.read_csv(path, dtype={c: "string" for c, d in dtypes.items() if d == "string"},
-                        keep_default_na=True)
-    return apply_dtypes(frame.rename(columns=aliases or {}), dtypes)
+def read_table(source, aliases: dict[str, str] | None = None) -> pd.DataFrame:
+    """A CSV of the run folder as plain ``pandas.read_csv`` reads it, its columns renamed
+    by ``aliases`` (old name -> new): the types a user's own ``read_csv`` gets
+    ([Note: types in results.csv] in zerobench/runs/schema.py)."""
+    return pd.read_csv(source).rename(columns=aliases or {})
 
 
-def apply_dtypes(frame: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
-    """``frame`` with the given column dtypes: "string", "boolean" and "Int64" (nullable,
-    so empty cells of other engines' axes keep the type). A column whose values do not
-    fit the dtype (an integer column holding 2.5) stays as it was."""
-    for col in frame.columns:
-        want = dtypes.get(col)
-        if want == "Int64":
-            values = pd.to_numeric(frame[col], errors="coerce")
+def integers_as_written(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its integer columns (COLUMN_DTYPES) as nullable integers, so that the
+    CSV holds ``4`` and an empty field, never ``4.0``."""
+    out = frame.copy()
+    for col in out.columns:
+        if COLUMN_DTYPES.get(col) == "Int64" and not isinstance(out[col].dtype, pd.Int64Dtype):
+            values = pd.to_numeric(out[col], errors="coerce")
             if (values.dropna() % 1 == 0).all():
-                frame[col] = values.astype("Int64")
-        elif want == "boolean":
-            text = frame[col].astype("string").str.strip().str.lower()
-            if text.dropna().isin(["true", "false"]).all():
-                frame[col] = text.map({"true": True, "false": False}).astype("boolean")
-        elif want == "string" and frame[col].dtype != "string":
-            frame[col] = frame[col].astype("string")
-    return frame
+                out[col] = values.astype("Int64")
+    return out
+
+
+def as_written(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table built in memory with the types it has once written and read back: what
+    ``results()`` returns must not depend on whether the file was stale."""
+    import io
+
+    text = io.StringIO()
+    integers_as_written(frame).to_csv(text, index=False)
+    text.seek(0)
+    return read_table(text)
 
 
 def zerobench_version() -> str | None:
@@ -400,13 +412,3 @@ def zerobench_version() -> str | None:
         return tomllib.loads(pyproject.read_text())["project"]["version"]
     except (OSError, KeyError, ValueError):
         return None
-
-
-def _dtype_of(value) -> str | None:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "Int64"
-    if isinstance(value, str):
-        return "string"
-    return None  # floats: pandas reads them as float64 already

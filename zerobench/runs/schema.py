@@ -237,9 +237,27 @@ COLUMN_DOCS: dict[str, str] = {
     "emulation": "interconnect emulation, when on",
 }
 
-#: Column -> pandas dtype for the columns whose type the schema fixes (see
-#: zerobench.runs.folder.RunFolder.results): strings stay strings, counts stay integers
-#: even when some rows are empty.
+# [Note: types in results.csv]
+# results.csv is read with plain ``pandas.read_csv(path)`` and nothing else: what a user's
+# notebook gets is what zerobench's own readers get (zerobench.runs.tables.load,
+# RunFolder.results, a table built from cells/ in memory alike), on every pandas the
+# project allows. The file's convention, for a column whose values can be missing (an axis
+# another engine lacks, a metric a failed cell never measured):
+#
+# * a missing value is an empty field;
+# * integers are written as integers; a column with no gap reads as int64, one with gaps
+#   as float64 with NaN (pandas' own missing number);
+# * booleans are written True / False; a column with no gap reads as bool, one with gaps
+#   as object holding True, False and NaN;
+# * strings read as pandas' string type of the version (object or str), NaN when empty.
+#
+# No reader turns them into pandas' nullable Int64 / boolean: their NA has no truth value
+# (``if NA:`` raises), which once crashed the knobs plot on a DDP row's empty limiter
+# column. Code that branches on a cell tests it NaN-safely
+# (zerobench.analysis.figures.flag, numeric). COLUMN_DTYPES below says what each fixed
+# column holds (its logical type), so that writers put 4, not 4.0, in an integer column
+# with gaps (zerobench.runs.folder.integers_as_written).
+
 _STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
 _INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "memory_steps", "limiter_stalls", "limiter_overruns",
                     "max_inflight_all_gathers", "all_gathers", "comm_calls", "num_alloc_retries", "num_ooms",

@@ -29,7 +29,7 @@ def matrix_order(run_dir: Path) -> dict[str, int]:
 
 def build_tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(results: one row per cell x rank, steps: one row per cell x rank x measured step)."""
-    results, steps, _ = RunFolder(run_dir).build_tables()
+    results, steps = RunFolder(run_dir).build_tables()
     return results, steps
 
 
@@ -38,8 +38,9 @@ def write_tables(run_dir: Path) -> pd.DataFrame:
 
 
 def load(run_dir: Path) -> pd.DataFrame:
-    """results.csv of a run folder with its dtypes, built from cells/ first when it is
-    missing or older than a cell record (cells run under torchrun)."""
+    """results.csv of a run folder, with the dtypes plain ``pandas.read_csv`` gives it
+    ([Note: types in results.csv] in zerobench/runs/schema.py); built from cells/ in
+    memory when it is missing or older than a cell record, with the same dtypes."""
     return RunFolder(run_dir).results()
 
 

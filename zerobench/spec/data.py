@@ -16,9 +16,10 @@ def global_batch(cfg: ModelConfig, global_batch_size: int, seed: int, step: int)
     """(inputs, targets) for the whole world at ``step``, on CPU."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     if getattr(cfg, "batch", ""):  # a user model's own batches (zerobench/spec/user_models.py)
-        from zerobench.spec.user_models import import_entry_point
+        from zerobench.spec.user_models import call_user, checked_batch, import_callable
 
-        return import_entry_point("model.batch", cfg.batch)(global_batch_size, gen)
+        fn = import_callable("model.batch", cfg.batch)
+        return checked_batch("model.batch", cfg.batch, call_user("model.batch", cfg.batch, fn, global_batch_size, gen))
     if cfg.kind == "mlp":
         inputs = torch.randn(global_batch_size, cfg.width, generator=gen)
         targets = torch.randn(global_batch_size, cfg.width, generator=gen)

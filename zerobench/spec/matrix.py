@@ -119,15 +119,14 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
             raise WorkloadError(f"matrix.engine: {engine!r} is not allowed (allowed: {', '.join(map(repr, ENGINES))})")
     axes_by_engine = {e: engine_axes(e) for e in matrix["engine"]}
 
-    # Every extra axis must belong to some engine of the matrix, and each of its values
-    # must be allowed by at least one of those engines.
+    # Every extra axis must belong to some engine (an axis of none is a typo); one that no
+    # engine of this matrix has is dropped ([Note: narrowing the engines]). Each value must
+    # be allowed by at least one engine of the matrix that has the axis.
+    dropped = set(dropped_axes(workload))
     for axis, values in matrix.items():
-        if axis in COMMON_AXES:
+        if axis in COMMON_AXES or axis in dropped:
             continue
         owners = [e for e, axes in axes_by_engine.items() if axis in axes]
-        if not owners:
-            by_engine = "; ".join(f"{e}: {', '.join(a) or '-'}" for e, a in axes_by_engine.items())
-            raise WorkloadError(f"matrix.{axis}: no engine of matrix.engine has this axis (axes by engine: {by_engine})")
         for value in values:
             errors = []
             for e in owners:
@@ -144,7 +143,7 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
         cls = get_engine(engine)
         axes = axes_by_engine[engine]
         names = list(axes)
-        choices = [matrix.get(n, [axes[n].default]) for n in names]
+        choices = [matrix.get(n, [axes[n].default]) for n in names]  # dropped axes belong to no engine here
         for ws, dtype in itertools.product(matrix["world_size"], matrix["dtype"]):
             for combo in itertools.product(*choices):
                 reason = None
@@ -164,6 +163,42 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
                 seen.add(cell)
                 cells.append(Cell(engine, ws, dtype, tuple(values), skip_reason=reason))
     return cells
+
+
+# [Note: narrowing the engines]
+# A workload that extends another often narrows matrix.engine (``engine = ["ddp",
+# "impl-fsdp"]`` under quickstart) and keeps the parent's axes of the engines it left out
+# (``reshard_after_forward``, torch-fsdp2's). Such an axis is dropped with a one-line note
+# (:func:`matrix_notes`): it would multiply nothing. An axis that no engine at all has
+# is still an error naming the axes there are, since it is a typo, not a leftover.
+
+
+def _owners(axis: str, engines) -> list[str]:
+    return [e for e in engines if axis in engine_axes(e)]
+
+
+def dropped_axes(workload: Workload) -> list[str]:
+    """The matrix's axes that no engine of its matrix.engine has, but some other engine
+    does ([Note: narrowing the engines]); WorkloadError for an axis of no engine at all."""
+    matrix = workload.matrix
+    chosen = [e for e in matrix["engine"] if e in ENGINES]
+    out = []
+    for axis in matrix:
+        if axis in COMMON_AXES or _owners(axis, chosen):
+            continue
+        if not _owners(axis, ENGINES):
+            known = sorted({a for e in ENGINES for a in engine_axes(e)})
+            raise WorkloadError(f"matrix.{axis}: no engine has this axis (allowed: engine, world_size, dtype, "
+                                f"{', '.join(known)}; `zerobench engines` lists each engine's)")
+        out.append(axis)
+    return out
+
+
+def matrix_notes(workload: Workload) -> list[str]:
+    """One line per axis :func:`expand` drops, saying which engines it belongs to."""
+    chosen = ", ".join(workload.matrix["engine"])
+    return [f"matrix.{axis} dropped: no engine of matrix.engine ({chosen}) has it "
+            f"(it is {', '.join(_owners(axis, ENGINES))}'s)" for axis in dropped_axes(workload)]
 
 
 def find_cell(workload: Workload, cell_id: str, device_type: str = "cpu") -> Cell | None:

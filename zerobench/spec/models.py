@@ -148,9 +148,9 @@ def loss_fn(cfg: ModelConfig):
     if name == "mse":
         return F.mse_loss
     if name != "cross_entropy":
-        from zerobench.spec.user_models import import_entry_point
+        from zerobench.spec.user_models import checked_loss, import_callable
 
-        return import_entry_point("model.loss", name)
+        return checked_loss("model.loss", name, import_callable("model.loss", name))
 
     def next_token(logits, targets):
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())

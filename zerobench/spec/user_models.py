@@ -43,12 +43,58 @@ def import_entry_point(key: str, value: str):
         raise WorkloadError(f"{key}: module {module_name!r} has no {attr!r} ({value!r})") from None
 
 
+def import_callable(key: str, value: str):
+    """:func:`import_entry_point`, and WorkloadError naming ``key`` unless it is callable."""
+    fn = import_entry_point(key, value)
+    if not callable(fn):
+        raise WorkloadError(f"{key}: {value!r} is a {type(fn).__name__}, not a function "
+                            f"(allowed: \"package.module:function\" naming something callable)")
+    return fn
+
+
+def call_user(key: str, value: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` for the user's function that ``key = value`` named; what it
+    raises becomes a WorkloadError naming both, with the exception's own type and message
+    (an unexpected keyword argument included)."""
+    try:
+        return fn(*args, **kwargs)
+    except WorkloadError:
+        raise
+    except Exception as err:
+        raise WorkloadError(f"{key}: {value} raised {type(err).__name__}: {err}") from err
+
+
 def build_factory_model(cfg: FactoryConfig) -> nn.Module:
-    fn = import_entry_point("model.factory", cfg.factory)
-    model = fn(**dict(cfg.kwargs))
+    fn = import_callable("model.factory", cfg.factory)
+    model = call_user("model.factory", cfg.factory, fn, **dict(cfg.kwargs))
     if not isinstance(model, nn.Module):
         raise WorkloadError(f"model.factory: {cfg.factory} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def checked_batch(key: str, value: str, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The user's ``batch`` function's result, if it is ``(inputs, targets)`` tensors."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        got = (f"a {type(batch).__name__} of {', '.join(type(t).__name__ for t in batch)}"
+               if isinstance(batch, (tuple, list)) else f"a {type(batch).__name__}")
+        raise WorkloadError(f"{key}: {value} returned {got} (allowed: a tuple (inputs, targets) of two tensors)")
+    return batch[0], batch[1]
+
+
+def checked_loss(key: str, value: str, fn):
+    """The user's loss function, checked at every call: its exceptions name ``key``, and
+    what it returns must be a one-element tensor (what backward starts from)."""
+
+    def loss(output, target):
+        value_ = call_user(key, value, fn, output, target)
+        if not (isinstance(value_, torch.Tensor) and value_.numel() == 1):
+            got = f"a tensor of shape {tuple(value_.shape)}" if isinstance(value_, torch.Tensor) else \
+                f"a {type(value_).__name__}"
+            raise WorkloadError(f"{key}: {value} returned {got} (allowed: a tensor with one element, the loss)")
+        return value_
+
+    return loss
 
 
 def units_by_class(model: nn.Module, class_names: tuple[str, ...], key: str = "model.wrap") -> list[nn.Module]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -37,8 +38,8 @@ class MLPConfig:
     """Hidden size (>= 1)."""
 
     def check(self) -> None:
-        _positive("model.depth", self.depth)
-        _positive("model.width", self.width)
+        _dimension("model.depth", self.depth)
+        _dimension("model.width", self.width)
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,10 @@ class GPTConfig:
     """Hidden width of each block's MLP as a multiple of d_model."""
 
     def check(self) -> None:
-        for name in ("layers", "d_model", "heads", "vocab", "mlp_ratio"):
-            _positive(f"model.{name}", getattr(self, name))
         if self.seq_len < 2:
             raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
+        for name in ("layers", "d_model", "heads", "vocab", "mlp_ratio", "seq_len"):
+            _dimension(f"model.{name}", getattr(self, name))
         if self.d_model % self.heads:
             raise WorkloadError(
                 f"model.heads: {self.heads} does not divide model.d_model={self.d_model} "
@@ -111,10 +112,10 @@ class LlamaConfig:
     """Share the token embedding's weight with the output head."""
 
     def check(self) -> None:
-        for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab"):
-            _positive(f"model.{name}", getattr(self, name))
         if self.seq_len < 2:
             raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
+        for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+            _dimension(f"model.{name}", getattr(self, name))
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise WorkloadError(
                 f"model.heads: {self.heads} does not divide model.d_model={self.d_model} into heads of even width "
@@ -325,7 +326,8 @@ class Workload:
     run: RunConfig
     matrix: dict[str, list]
     """Axis name -> values. ``engine``, ``world_size`` and ``dtype`` apply to every
-    engine; other axes only to the engines that declare them (see ``zerobench engines``)."""
+    engine (defaults: ``["ddp"]``, ``[2]``, ``["fp32"]``); other axes only to the engines
+    that declare them (see ``zerobench engines``)."""
     description: str = ""
     seed: int = 0
     """Seed of the model's initial weights."""
@@ -348,11 +350,42 @@ class Workload:
 # Loading
 
 
+#: The workloads that ship with zerobench (workloads/ of the checkout it runs from).
+SHIPPED_WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
+
+
+def shipped_workloads() -> list[str]:
+    """Names of the shipped workloads (``zerobench run NAME`` finds them)."""
+    return sorted(p.stem for p in SHIPPED_WORKLOADS.glob("*.toml"))
+
+
+def find_workload(text: str | Path) -> Path:
+    """The workload file ``text`` names: a path, or the name of a shipped workload
+    (``quickstart``, ``gpt-small.toml``), looked up in ./workloads/ first, then in the
+    shipped folder. WorkloadError listing the shipped names when there is none."""
+    path = Path(text)
+    if path.is_file() or str(text) == "":
+        return path
+    if path.parent == Path(".") and not path.name.startswith("."):
+        stem = path.name.removesuffix(".toml")
+        for folder in (Path("workloads"), SHIPPED_WORKLOADS):
+            if (folder / f"{stem}.toml").is_file():
+                return folder / f"{stem}.toml"
+    raise WorkloadError(f"{text}: no such workload file (allowed: a TOML file, or a shipped workload: "
+                        f"{', '.join(shipped_workloads()) or 'none found'})")
+
+
 def load_workload(path: str | Path) -> Workload:
-    """Load, resolve ``extends`` and validate a workload file."""
-    path = Path(path)
+    """Load, resolve ``extends`` and validate a workload file (a path, or the name of a
+    shipped workload: :func:`find_workload`). A file that sets no table at all (empty,
+    or only a name) is refused rather than run with every default."""
+    path = find_workload(path)
     raw = _load_with_parents(path, seen=())
-    return parse_workload(raw, source=str(path), default_name=path.stem)
+    workload = parse_workload(raw, source=str(path), default_name=path.stem)
+    if not set(raw) - {"name", "description", "seed"}:
+        raise WorkloadError(f"{path}: the file sets nothing to run (allowed: a [model] and a [matrix] table, or "
+                            f"extends = \"quickstart.toml\" and the fields that differ; workloads/ has examples)")
+    return workload
 
 
 def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: str = "workload") -> Workload:
@@ -363,7 +396,7 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
     try:
         model = _parse_model(dict(_table("model", raw.get("model", {}))), source)
         data = _build("data", DataConfig, _table("data", raw.get("data", {})))
-        _positive("data.batch_size", data.batch_size)
+        _dimension("data.batch_size", data.batch_size)
         _positive("data.steps", data.steps)
         if data.warmup_steps < 0:
             raise WorkloadError(f"data.warmup_steps: {data.warmup_steps} is not allowed (allowed: int >= 0)")
@@ -374,10 +407,10 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
         run.check()
         matrix = _parse_matrix(_table("matrix", raw.get("matrix", {})))
         name = raw.get("name", default_name)
-        if not isinstance(name, str) or not name or any(bad in name for bad in ("/", "\\", "..", "\0")):
-            # the name becomes part of the run folder's name: it must stay one folder under --results
-            raise WorkloadError(f"name: {name!r} is not allowed (allowed: a non-empty string with no '/', "
-                                "'\\' or '..')")
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+            # the name becomes part of the run folder's name: one plain folder under --results
+            raise WorkloadError(f"name: {name!r} is not allowed (allowed: 1 to 100 letters, digits, '.', '_', '+' "
+                                "or '-', starting with a letter or digit, no '..')")
         seed = raw.get("seed", 0)
         _check_type("seed", seed, int)
         description = raw.get("description", "")
@@ -465,6 +498,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any], path: str = "") -> di
 # Validation helpers
 
 _COMMON_AXES = {"engine": str, "world_size": int, "dtype": str}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 DTYPES = ("fp32", "bf16")
 
 
@@ -557,6 +591,17 @@ def _check_optimizer_keys(kind: str, raw: dict[str, Any]) -> None:
 def _positive(name: str, value: int) -> None:
     if value < 1:
         raise WorkloadError(f"{name}: {value} is not allowed (allowed: int >= 1)")
+
+
+#: Largest size accepted: torch holds sizes as int64, and a larger one fails inside its C++
+#: code. Sizes below it that no machine can hold are the preflight's to refuse, naming the
+#: bytes (zerobench/harness/preflight.py).
+MAX_DIMENSION = 2**63 - 1
+
+
+def _dimension(name: str, value: int) -> None:
+    if not 1 <= value <= MAX_DIMENSION:
+        raise WorkloadError(f"{name}: {value} is not allowed (allowed: int from 1 to 2**63 - 1)")
 
 
 def _divisors(n: int) -> list[int]:

@@ -53,8 +53,8 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from zerobench.analysis.compare.rules import (DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
-                                              default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
+from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL,
+                                              Rule, default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
 from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
@@ -64,7 +64,6 @@ __all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells",
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
 Gate = Literal["all", "deterministic", "none"]
-GATES: tuple[str, ...] = ("all", "deterministic", "none")
 VERDICTS = ("ok", "regression", "improved", "missing", "new")
 
 #: The metric name used for rows about a whole cell (its presence and status).
@@ -107,12 +106,12 @@ def load_run(path: str | Path) -> RunTables:
     tool = whatif_tool(path)
     if tool is not None:
         try:
-            root, results, meta = read_whatif(path, tool)
+            root, results = read_whatif(path, tool)
         except ValueError as e:
             raise RunLoadError(str(e)) from e
         results = _normalised(results, root / TABLES[tool])
         metrics, config = _classify_columns(results, tool)
-        return RunTables(root, results, None, meta, metrics, config, tool)
+        return RunTables(root, results, None, {}, metrics, config, tool)
     folder = RunFolder(path)
     results_csv = folder.results_path
     try:
@@ -143,8 +142,9 @@ def _normalised(results: pd.DataFrame, source: Path) -> pd.DataFrame:
     missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
     if missing:
         raise RunLoadError(f"{source}: missing column(s) {', '.join(missing)}")
-    results["status"] = results["status"].fillna("").astype(str)
-    results["error"] = results["error"].fillna("").astype(str) if "error" in results else ""
+    # an all-empty column reads as float64 ([Note: types in results.csv]): text first, then fill
+    results["status"] = results["status"].astype(object).fillna("").astype(str)
+    results["error"] = results["error"].astype(object).fillna("").astype(str) if "error" in results else ""
     results["cell_id"] = results["cell_id"].astype(str)
     results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
     for c in results.columns:  # the judging works on floats (NaN for missing), not nullable integers

@@ -117,6 +117,20 @@ def fmt_limit(limit: float, metric: str) -> str:
     return prefix + text if text and text[0] not in "+-" else text
 
 
+def change_words(worse: float, metric: str) -> str:
+    """A bar's label in the bar's own direction: "3.1% worse" (bar to the right), "3.1%
+    better" (to the left), "moved 0.2%" for a loss (either way counts). A throughput that
+    rose 3.1% is "3.1% better", never "+3.1%" beside a bar pointing left."""
+    if worse is None or (isinstance(worse, float) and math.isnan(worse)):
+        return ""
+    if worse == 0:
+        return "no change"
+    size = fmt_pct(abs(worse), signed=False)
+    if metric_info(metric)[1] == "none":
+        return f"moved {size}"
+    return f"{size} {'worse' if worse > 0 else 'better'}"
+
+
 def verdict_label(row) -> str:
     if row["verdict"] == "regression" and not row["gated"]:
         return "worse (not gated)"
@@ -314,7 +328,7 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = [f"{cid}{'' if pd.isna(r) else f' r{r}'}  ·  {m}" for cid, r, m in zip(c["cell_id"], c["rank"], c["metric"])]
     width = 7 + 0.065 * max((len(s) for s in labels), default=0)  # inches: the bars keep ~7 whatever the labels
-    heading = [title or "zerobench compare"]
+    heading = (title or "zerobench compare").split("\n")  # each line wrapped on its own
     cells = comparison[(comparison["metric"] == CELL_ROW) & (comparison["verdict"] != "ok")]
     if len(cells):
         heading.append("cells: " + "; ".join(f"{cid} {v} ({note.split(':')[0]})"
@@ -336,9 +350,9 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
         y = list(range(len(c)))
         ax.barh(y, x, color=[_COLOURS.get(v, "grey") for v in c["label"]], height=0.7)
         ax.scatter(lim, y, marker="|", s=220, color="black", linewidths=2, zorder=3)
-        for yi, xi, li, pct in zip(y, x, lim, c["change_pct"]):
+        for yi, xi, li, worse, metric in zip(y, x, lim, c["worse"], c["metric"]):
             right = max(xi, li) if not pd.isna(li) else xi
-            ax.annotate(fmt_pct(pct), (right if xi >= 0 else xi, yi), xytext=(6 if xi >= 0 else -6, 0),
+            ax.annotate(change_words(worse, metric), (right if xi >= 0 else xi, yi), xytext=(6 if xi >= 0 else -6, 0),
                         textcoords="offset points", ha="left" if xi >= 0 else "right", va="center", fontsize=8)
         ax.set_yticks(y, labels, fontsize=8)
         ax.set_ylim(-0.6, len(c) - 0.4)

@@ -25,6 +25,8 @@ DEFAULT_LOSS_ABS = 1e-6
 #: real effect seen (a cast kernel more per all-gather) is ~1e-3. See [Note: comparing
 #: what-if folders] in whatif.py.
 WHATIF_REL = 1e-9
+#: Which default rules gate (``--gate``): here, with no pandas, so ``--help`` lists them cheaply.
+GATES: tuple[str, ...] = ("all", "deterministic", "none")
 
 
 #: What made a folder: a run (``zerobench run``), or a what-if tool whose every figure is

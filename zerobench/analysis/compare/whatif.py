@@ -10,8 +10,9 @@ codes. What differs:
   Its identity also takes in the presets it was predicted on (``gpu``, ``host``, ``link``,
   ``inter_link``, ``node_size``; an estimate's ``rank``, ``backend`` and ``fake_tensors``),
   the model's size (``params_total``) and the torch and zerobench versions (columns of the
-  row; from meta.json for folders written before they were). A row whose id matches and
-  whose identity does not is unusable input (exit 2), as a run cell whose axes differ.
+  row). A row whose id matches and whose identity does not is unusable input (exit 2),
+  as a run cell whose axes differ; so is a folder that does not record its versions,
+  compared with one that does.
 * Every figure is deterministic: the virtual GPU's timeline and the fake world's memory are
   pure functions of the program and the presets (zerobench/runs/schema.py,
   WHATIF_METRICS): unchanged code predicts identical figures, bit for bit (docs/ci.md,
@@ -28,18 +29,15 @@ codes. What differs:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from zerobench.runs.kinds import folder_kind
 from zerobench.runs.schema import COLUMN_ALIASES
 
 #: tool -> the table its folder holds
 TABLES = {"predict": "predict.csv", "estimate": "estimate.csv"}
-
-#: meta.json fields that are part of a row's identity (columns of newer folders)
-VERSION_COLUMNS = ("torch_version", "zerobench_version")
 
 #: columns that say what a row is without being its configuration
 _NOT_CONFIG = ("config", "reason", "depth_from")
@@ -48,18 +46,16 @@ _STATUS = {"ok": "ok", "skipped": "skipped", "oom": "failed"}
 
 
 def whatif_tool(path: str | Path) -> str | None:
-    """``predict`` or ``estimate`` when ``path`` is such a folder (or its table), else None."""
+    """``predict`` or ``estimate`` when ``path`` is such a folder (or its table), else None
+    (zerobench/runs/kinds.py says what a folder is)."""
     path = Path(path)
-    for tool, table in TABLES.items():
-        if path.name == table and path.is_file() or (path / table).is_file():
-            return tool
-    return None
+    kind = folder_kind(path.parent if path.is_file() else path)
+    return kind if kind in TABLES else None
 
 
-def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame, dict]:
-    """(folder, the table in the gate's layout, meta.json) of a what-if folder: the gate's
-    id columns (``cell_id``, ``rank``, ``status``, ``error``) added, version columns filled
-    from meta.json where the table has none. Raises ValueError naming the file."""
+def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame]:
+    """(folder, the table in the gate's layout) of a what-if folder: the gate's id columns
+    (``cell_id``, ``rank``, ``status``, ``error``) added. Raises ValueError naming the file."""
     path = Path(path)
     root = path.parent if path.is_file() else path
     table = root / TABLES[tool]
@@ -72,22 +68,13 @@ def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame, dict]:
     missing = [c for c in ("config", "world_size", "status") if c not in frame.columns]
     if missing:
         raise ValueError(f"{table}: missing column(s) {', '.join(missing)} (is this a {tool} folder?)")
-    meta = {}
-    if (root / "meta.json").is_file():
-        try:
-            meta = json.loads((root / "meta.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{root / 'meta.json'}: unreadable: {e}") from e
-    for column in VERSION_COLUMNS:
-        if column not in frame.columns:
-            frame[column] = meta.get(column, "")
     frame.insert(0, "cell_id", [_cell_id(str(c), e, w) for c, e, w in
                                 zip(frame["config"], frame.get("engine", frame["config"]), frame["world_size"])])
     if "rank" not in frame.columns:
         frame["rank"] = 0
     frame["error"] = frame["reason"].astype("string").fillna("").astype(str) if "reason" in frame.columns else ""
     frame["status"] = frame["status"].map(lambda s: _STATUS.get(str(s), "failed"))
-    return root, frame.drop(columns=[c for c in _NOT_CONFIG if c in frame.columns]), meta
+    return root, frame.drop(columns=[c for c in _NOT_CONFIG if c in frame.columns])
 
 
 def _cell_id(config: str, engine: str, world_size) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zerobench.analysis.figures import plt, save_figure
+from zerobench.analysis.figures import figure_title, plt, save_figure
 
 COLUMNS = ("exposed_all_gather_s", "best_exposed_all_gather_s")
 
@@ -26,7 +26,7 @@ def best_table(summary: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index()
 
 
-def plot_exposed_vs_best(summary: pd.DataFrame, path) -> Path | None:
+def plot_exposed_vs_best(summary: pd.DataFrame, path, setting=None) -> Path | None:
     """Horizontal bars, one pair per cell: measured exposed all-gather time per step and
     the best achievable for that cell's compute. None when no cell ran emulated."""
     t = best_table(summary)
@@ -42,5 +42,6 @@ def plot_exposed_vs_best(summary: pd.DataFrame, path) -> Path | None:
     ax.set_xlabel("exposed all-gather time per step (ms)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
-    fig.suptitle("exposed all-gather time: measured vs best achievable, by cell", x=0.01, ha="left")
-    return save_figure(fig, path, dpi=120)
+    top = figure_title(fig, "exposed all-gather time: measured vs best achievable, by cell", setting)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return save_figure(fig, path, dpi=120, tight=False)

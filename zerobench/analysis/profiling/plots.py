@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zerobench.analysis.figures import plt, save_figure
+from zerobench.analysis.figures import figure_title, plt, save_figure
 from . import intervals as iv
 from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows
 from zerobench.runs.folder import RunFolder
@@ -24,8 +24,10 @@ COLORS = {"compute": "#4C72B0", "comm hidden": "#DD8452", "comm exposed": "#C44E
           "idle": "#DDDDDD"}
 
 
-def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "", emulation=None) -> Path:
-    """Gantt of traced step ``step`` (default: the last) on every rank."""
+def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "", emulation=None,
+                  setting=None) -> Path:
+    """Gantt of traced step ``step`` (default: the last) on every rank; ``setting``
+    (zerobench.analysis.figures.Setting) adds the title's second line."""
     path = Path(path)
     ranks = sorted(traces)
     windows = {r: step_windows(traces[r]).iloc[step] for r in ranks}
@@ -57,14 +59,16 @@ def plot_timeline(traces: dict[int, Trace], path, step: int = -1, title: str = "
             ylabels.append(f"rank {r}  {lane}")
     ax.set_yticks(yticks, ylabels)
     ax.set_xlabel("time (ms), ranks aligned on the machine clock; dashed box: the step")
-    ax.set_title(title or "one traced step per rank", loc="left", fontsize="medium", pad=22)
+    heading = title or "one traced step per rank"
+    ax.set_title(heading + (f"\n{setting.line()}" if setting is not None else ""), loc="left", fontsize="medium",
+                 pad=22)
     # legend in its own row between the title and the axes, so long cell ids never hide it
     ax.legend(loc="lower left", ncols=4, fontsize="small", frameon=False, bbox_to_anchor=(0.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path, dpi=120)
 
 
-def plot_overlap(summary: pd.DataFrame, path) -> Path:
+def plot_overlap(summary: pd.DataFrame, path, setting=None) -> Path:
     """By cell (means over ranks): step = compute + exposed comm + idle, and overlap ratio."""
     path = Path(path)
     by_cell = summary.groupby("cell_id", sort=False)[
@@ -97,8 +101,9 @@ def plot_overlap(summary: pd.DataFrame, path) -> Path:
     ax2.set_xlabel("overlap ratio: comm hidden / comm")
     for ax in (ax1, ax2):
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("compute / communication overlap by cell (HTA definition)", x=0.01, ha="left")
-    return save_figure(fig, path, dpi=120)
+    fig.tight_layout(rect=(0, 0, 1, figure_title(fig, "compute / communication overlap by cell (HTA definition)",
+                                                 setting)))
+    return save_figure(fig, path, dpi=120, tight=False)
 
 
 def plot_run(run_dir) -> list[Path]:
@@ -110,16 +115,32 @@ def plot_run(run_dir) -> list[Path]:
     by_cell: dict[str, dict[int, Path]] = {}
     for cell_id, rank, p in folder.find_traces():
         by_cell.setdefault(cell_id, {})[rank] = p
+    try:
+        results = folder.results()
+    except (FileNotFoundError, ValueError):  # traces without tables: titles without a setting line
+        results = None
     for cell_id, paths in by_cell.items():
         traces = {r: load_trace(p, rank=r) for r, p in paths.items()}
         emulation = folder.emulation(cell_id)
+        cell = results[results["cell_id"] == cell_id] if results is not None else None
         written.append(plot_timeline(traces, run_dir / "plots" / f"timeline_{cell_id}.png",
-                                     title=f"{cell_id}: last traced step", emulation=emulation))
+                                     title=f"{cell_id}: last traced step", emulation=emulation,
+                                     setting=_setting(run_dir, cell)))
     summary_path = run_dir / "analysis" / "summary.csv"
     if summary_path.exists():
-        written.append(plot_overlap(pd.read_csv(summary_path), run_dir / "plots" / "overlap.png"))
+        setting = _setting(run_dir, results)
+        written.append(plot_overlap(pd.read_csv(summary_path), run_dir / "plots" / "overlap.png", setting))
         from .best_plot import plot_exposed_vs_best
 
-        best = plot_exposed_vs_best(pd.read_csv(summary_path), run_dir / "plots" / "exposed_vs_best.png")
+        best = plot_exposed_vs_best(pd.read_csv(summary_path), run_dir / "plots" / "exposed_vs_best.png", setting)
         written += [best] if best is not None else []
     return written
+
+
+def _setting(run_dir, results):
+    """The title line of a run's plots ([Note: plot titles]); None without its table."""
+    if results is None or results.empty:
+        return None
+    from zerobench.analysis.plots import run_setting
+
+    return run_setting(run_dir, results)

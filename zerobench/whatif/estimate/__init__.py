@@ -18,8 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from zerobench.whatif.estimate import depth
-from zerobench.engines.stages import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
@@ -74,6 +72,37 @@ def select_configurations(w, only=None) -> list:
     return [c for c, i in zip(cells, ids) if i in only]
 
 
+def check_hybrid_shard_size(size: int | None, world_sizes) -> None:
+    """ValueError naming ``--hybrid-shard-size`` unless it divides every world size."""
+    if size is None:
+        return
+    if size < 1:
+        raise ValueError(f"--hybrid-shard-size: {size} is not allowed (allowed: int >= 1)")
+    bad = [ws for ws in world_sizes if ws % size]
+    if bad:
+        common = [d for d in range(1, min(world_sizes) + 1) if all(ws % d == 0 for ws in world_sizes)]
+        raise ValueError(f"--hybrid-shard-size: {size} does not divide world size {bad[0]} (allowed: a divisor of "
+                         f"every --world-sizes value: {', '.join(map(str, common))})")
+
+
+def check_against(run):
+    """The results table of the run ``--against`` names, read before any estimating;
+    ValueError naming the option when it is not a run folder with the memory pass."""
+    from zerobench.runs.tables import load
+
+    run = Path(run)
+    if not run.is_dir():
+        raise ValueError(f"--against: {run} is not a folder (allowed: a run folder, results/<run-id>)")
+    try:
+        results = load(run)
+    except FileNotFoundError as err:
+        raise ValueError(f"--against: {err}") from None
+    if "peak_mem_bytes" not in results.columns or results["peak_mem_bytes"].isna().all():
+        raise ValueError(f"--against: {run} has no peak_mem_bytes (allowed: a run with the memory pass, "
+                         f"run.memory_pass = true)")
+    return results
+
+
 def why_not(cell, world_size: int, hybrid_shard_size: int | None) -> str | None:
     """Why this configuration cannot be estimated at ``world_size`` (None if it can)."""
     from zerobench.engines import get_engine
@@ -104,25 +133,31 @@ def _psi(workload) -> int:
 
 def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
              fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl", full_depth: bool = False) -> Path:
+             log=print, backend: str = "nccl", full_depth: bool = False, progress=None) -> Path:
     """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
+    Every argument is checked before the folder is made. ``progress``: told each
+    configuration as it finishes (zerobench.commands.progress.Progress).
     ``backend``: whose own communication buffers to count (zerobench/whatif/estimate/rank.py).
     ``full_depth``: run every block even where the estimate would extrapolate from two
     shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
     import pandas as pd
 
+    from zerobench.engines.stages import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.spec.workload import load_workload
+    from zerobench.whatif.estimate import depth
 
     w = load_workload(workload_path)
+    from zerobench.spec.user_check import check_user_model
+
+    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if rank < 0:
         raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")
     for ws in world_sizes:
         if rank >= ws:
             raise ValueError(f"--rank: {rank} is not allowed at world size {ws} (allowed: 0..{ws - 1})")
-    if hybrid_shard_size is not None and hybrid_shard_size < 1:
-        raise ValueError(f"--hybrid-shard-size: {hybrid_shard_size} is not allowed (allowed: int >= 1)")
+    check_hybrid_shard_size(hybrid_shard_size, world_sizes)
     from zerobench.rank.worlds import BACKENDS
 
     if backend not in BACKENDS:
@@ -131,9 +166,13 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
     cells = select_configurations(w, only)
+    if not cells:
+        raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be estimated: every cell of "
+                         f"its matrix is skipped (`zerobench cells {workload_path}` says why)")
+    if progress is not None:
+        progress.set_total(len(cells))
     out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
-    versions = write_meta(out_dir, w, cells)
     rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
@@ -153,6 +192,8 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                 results.update(_run_shallow(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend, shallow))
             how = f" (depths {shallow[0]} and {shallow[1]}, extrapolated to {w.model.layers})" if shallow else ""
             log(f"{config_id(cell)}: world sizes {','.join(map(str, todo))} in {time.perf_counter() - started:.1f} s{how}")
+        if progress is not None:
+            progress.advance(config_id(cell))
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
             opts = dict(cell.opts)
@@ -169,7 +210,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                     res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind)}
             rows.append({
                 "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions,
+                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions(),
                 "zero_stage": stage, "shard_ranks": shard,
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
@@ -178,14 +219,16 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
             })
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "estimate.csv", frame)
-    from zerobench.whatif.estimate.plots import plot_estimate
+    from zerobench.whatif.estimate.plots import plot_estimate, estimate_setting
 
-    plot_estimate(frame, out_dir / "plots" / "estimate_peak.png")
+    plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
     return out_dir
 
 
 def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, shallow) -> dict:
     """Rows at the workload's depth extrapolated from depths ``shallow`` ([Note: depth extrapolation])."""
+    from zerobench.whatif.estimate import depth
+
     low, high = shallow
     rows = _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, layers=shallow)
     out = {}
@@ -200,16 +243,15 @@ def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, ba
     return out
 
 
-def write_meta(out_dir: Path, w, cells) -> dict[str, str]:
-    """Write a what-if folder's meta.json (the run's fields: versions, machine, command,
-    date); return the versions that are part of each row's identity (``zerobench
-    compare``: [Note: comparing what-if folders] in zerobench/analysis/compare/whatif.py)."""
-    from zerobench.harness.runner import run_metadata
-    from zerobench.runs.files import write_json_atomic
+def versions() -> dict[str, str | None]:
+    """The torch and zerobench versions, columns of every row of estimate.csv and
+    predict.csv: part of a row's identity when ``zerobench compare`` gates it ([Note:
+    comparing what-if folders] in zerobench/analysis/compare/whatif.py)."""
+    import torch
 
-    meta = run_metadata(w, cells, "cpu")
-    write_json_atomic(out_dir / "meta.json", meta)
-    return {"torch_version": meta["torch_version"], "zerobench_version": meta["zerobench_version"]}
+    from zerobench.runs.folder import zerobench_version
+
+    return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
 
 
 def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str], env: dict) -> tuple[list, str | None]:
@@ -258,6 +300,8 @@ def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, back
 
 def format_table(frame) -> str:
     """Peak MiB per configuration (rows) and world size (columns); skipped cells say so."""
+    if frame.empty:
+        return "(no configuration)"
     lines = []
     sizes = sorted(frame["world_size"].unique())
     width = max(len(c) for c in frame["config"]) + 2
@@ -285,56 +329,6 @@ def format_model_states(frame) -> str:
         lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.4g}"
                      f"{analytic / 1e9:>12.4g}{100 * (measured - analytic) / analytic:>+8.2f}%")
     return "\n".join(lines)
-
-
-def cmd_estimate(args) -> int:
-    import pandas as pd
-
-    started = time.perf_counter()
-    out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank, results_root=args.results,
-                       fake_tensors=args.fake_tensors, hybrid_shard_size=args.hybrid_shard_size, only=args.config,
-                       backend=args.backend, full_depth=args.full_depth)
-    frame = pd.read_csv(out_dir / "estimate.csv")
-    print("per-rank peak MiB (estimated on a fake process group):")
-    print(format_table(frame))
-    print("model states per rank, GB, in the ZeRO paper's mixed-precision convention (2 + 2 + K bytes per element):")
-    print(format_model_states(frame))
-    print(f"estimate: {out_dir / 'estimate.csv'} ({time.perf_counter() - started:.1f} s)")
-    print(f"plot: {out_dir / 'plots' / 'estimate_peak.png'}")
-    if args.against:
-        both = against_run(frame, pd.read_csv(Path(args.against) / "results.csv"))
-        print(f"estimated vs real peak ({args.against}):")
-        print(both.to_string(index=False))
-    return 0
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("estimate", help="per-rank peak memory of each engine at any world size, on a fake process group")
-    p.add_argument("workload", help="workload TOML file")
-    p.add_argument("--world-sizes", default=",".join(map(str, DEFAULT_WORLD_SIZES)),
-                   help="comma-separated world sizes (default: 8,64,1024)")
-    p.add_argument("--rank", type=int, default=0, help="the rank to run (default 0)")
-    p.add_argument("--results", type=Path, default=Path("results"), help="folder of result folders")
-    p.add_argument("--fake-tensors", action=argparse_bool(), default=None,
-                   help="build the model on FakeTensors (default: on when model states exceed 4 GiB)")
-    p.add_argument("--hybrid-shard-size", type=int, default=None,
-                   help="HYBRID_SHARD shard group size (must divide every world size)")
-    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
-                   help="whose communication buffers to count besides the engine's tensors: nccl (default) none; "
-                        "gloo also its reduce-scatter's full-input-size buffer, as the CPU memory pass sees it")
-    p.add_argument("--full-depth", action="store_true",
-                   help="run every block of a deep llama/gpt on fake tensors instead of extrapolating from 3 and 4 "
-                        "blocks (slower; docs/models.md, depth extrapolation)")
-    p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
-    p.add_argument("--against", type=Path, metavar="RUN",
-                   help="a run folder (with the memory pass) to compare the estimates with, per rank")
-    p.set_defaults(func=cmd_estimate)
-
-
-def argparse_bool():
-    import argparse
-
-    return argparse.BooleanOptionalAction
 
 
 def against_run(estimates, results):

@@ -1,30 +1,100 @@
-"""Peak memory per rank vs world size (log x), one line per configuration, with the
-analytic model-state lower bound of each engine drawn dashed in the same colour."""
+"""estimate_peak.png: per-rank peak memory against world size, DDP as the reference.
+
+Per dtype, two panels: the per-rank peak of each configuration (log-log; its analytic
+model states, the lower bound, as a short bar at each point) and the same peak as a
+ratio to DDP's at that world size. Colour names the engine, line style and marker the
+configuration within it (zerobench.analysis.figures.EngineStyles), DDP is black, and at
+each world size the configuration with the lowest peak is ringed: the memory end of
+the Pareto front (no step time here; ``zerobench predict`` has both).
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
-def plot_estimate(frame, path: Path) -> Path | None:
-    from zerobench.analysis.figures import plt, save_figure  # matplotlib on first plot: `estimate` is often run without one
+def estimate_setting(frame, workload: str):
+    """Title line of an estimate's plots ([Note: plot titles] in zerobench/analysis/figures.py)."""
+    from zerobench.analysis.figures import Setting, flag
 
-    ok = frame[frame["status"] == "ok"]
+    backend = ", ".join(sorted({str(b) for b in frame["backend"].dropna()})) if "backend" in frame else "nccl"
+    fake = "fake tensors" if "fake_tensors" in frame and frame["fake_tensors"].map(flag).any() else "real tensors"
+    device = f"any device: tensor bytes of one rank ({fake}, {backend} buffers)"
+    sizes = tuple(sorted({int(w) for w in frame["world_size"]}))
+    return Setting(workload, device, "no link (memory only, fake process group)", sizes)
+
+
+def plot_estimate(frame, path: Path, setting=None) -> Path | None:
+    # matplotlib on first plot: `estimate` is often run without one
+    from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, figure_title, numeric, plt, save_figure,
+                                            short_label)
+
+    ok = frame[frame["status"] == "ok"].copy()
     if ok.empty:
         return None
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (config, group) in enumerate(ok.groupby("config", sort=False)):
-        group = group.sort_values("world_size")
-        color = colors[i % len(colors)]
-        ax.plot(group["world_size"], group["peak_mem_bytes"] / 2**20, marker="o", color=color, label=config)
-        # The bar marker keeps the bound visible where a line has one point (a single world size).
-        ax.plot(group["world_size"], group["analytic_model_states_bytes"] / 2**20, ls="--", marker="_", ms=16,
-                color=color, alpha=0.6)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("world size")
-    ax.set_ylabel("per-rank peak (MiB)")
-    ax.set_title("Estimated per-rank peak (solid) and analytic model states, the lower bound (dashed)")
-    ax.legend(fontsize=7, loc="best")
-    return save_figure(fig, path, dpi=110)
+    ok["peak_mib"] = numeric(ok["peak_mem_bytes"]).to_numpy() / 2**20
+    ok["bound_mib"] = numeric(ok.get("analytic_model_states_bytes", ok["peak_mem_bytes"] * float("nan"))).to_numpy() / 2**20
+    dtypes = list(dict.fromkeys(ok["dtype"]))
+    styles = EngineStyles()
+    n_configs = ok["config"].nunique()
+    fig, axes = plt.subplots(len(dtypes), 2, figsize=(14, 4.6 * len(dtypes) + 0.16 * n_configs), squeeze=False)
+    handles = {}
+    for row, dtype in enumerate(dtypes):
+        frame_d = ok[ok["dtype"] == dtype]
+        ddp_configs = list(dict.fromkeys(frame_d.loc[frame_d["engine"] == REFERENCE_ENGINE, "config"]))
+        reference = f"{REFERENCE_ENGINE}-{dtype}" if f"{REFERENCE_ENGINE}-{dtype}" in ddp_configs else \
+            (ddp_configs[0] if ddp_configs else None)  # its default configuration, else its first
+        ddp = frame_d[frame_d["config"] == reference].groupby("world_size")["peak_mib"].min()
+        peak_ax, ratio_ax = axes[row]
+        for config, group in frame_d.groupby("config", sort=False):
+            group = group.sort_values("world_size")
+            engine = group["engine"].iloc[0]
+            style = styles.line(engine, config)
+            ref = config == reference
+            (h,) = peak_ax.plot(group["world_size"], group["peak_mib"], lw=2.4 if ref else 1.2, ms=5, **style)
+            handles.setdefault(short_label(config) + (" (reference)" if ref else "")
+                               + (f" [{dtype}]" if len(dtypes) > 1 else ""), h)
+            peak_ax.plot(group["world_size"], group["bound_mib"], ls="none", marker="_", ms=14, color=style["color"],
+                         alpha=0.7)
+            if not ddp.empty:
+                ratio = group["peak_mib"].to_numpy() / group["world_size"].map(ddp).to_numpy()
+                ratio_ax.plot(group["world_size"], ratio, lw=2.4 if ref else 1.2, ms=5, **style)
+        lowest = frame_d.loc[frame_d.groupby("world_size")["peak_mib"].idxmin()]
+        peak_ax.scatter(lowest["world_size"], lowest["peak_mib"], s=220, facecolors="none", edgecolors="black",
+                        linewidths=1.5, zorder=5)
+        for ax in (peak_ax, ratio_ax):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(frame_d["world_size"].unique()), [str(w) for w in sorted(frame_d["world_size"].unique())])
+            ax.set_xlabel("world size")
+            ax.grid(alpha=0.3, which="both")
+        peak_ax.set_yscale("log")
+        peak_ax.set_ylabel("per-rank peak (MiB)")
+        peak_ax.set_title(f"{dtype}: per-rank peak; bars: analytic model states (the lower bound); "
+                          "ringed: lowest at each world size", fontsize=9)
+        ratio_ax.set_ylabel(f"peak / {short_label(reference or REFERENCE_ENGINE)}'s peak")
+        ratio_ax.axhline(1.0, color="black", ls="--", lw=1)
+        ratio_ax.set_title(f"{dtype}: per-rank peak as a ratio to {REFERENCE_ENGINE} (1 = no saving)", fontsize=9)
+        if ddp.empty:
+            ratio_ax.text(0.5, 0.5, f"no {REFERENCE_ENGINE} configuration to compare with", transform=ratio_ax.transAxes,
+                          ha="center", va="center", color="gray")
+    ncol = 3 if len(handles) > 8 else 2
+    legend_height = 0.18 * ((len(handles) + ncol - 1) // ncol) + 0.3
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    top = figure_title(fig, "estimated per-rank peak memory against world size, DDP the reference", setting)
+    fig.tight_layout(rect=(0, legend_height / fig.get_figheight(), 1, top))
+    return save_figure(fig, path, dpi=110, tight=False)
+
+
+def plot_estimate_folder(folder: Path) -> list[Path]:
+    """Redraw an estimate folder's plots from its estimate.csv."""
+    import pandas as pd
+
+    folder = Path(folder)
+    frame = pd.read_csv(folder / "estimate.csv")
+    try:
+        workload = json.loads((folder / "workload.json").read_text())["name"]
+    except (OSError, ValueError, KeyError):
+        workload = folder.name
+    path = plot_estimate(frame, folder / "plots" / "estimate_peak.png", estimate_setting(frame, workload))
+    return [path] if path is not None else []

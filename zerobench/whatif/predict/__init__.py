@@ -5,7 +5,7 @@ warm-up and one measured step on the virtual GPU (zerobench/vgpu) against a fake
 process group, with fake tensors: any model size, in one process per configuration
 (zerobench/whatif/predict/rank.py). Out come ``predict.csv`` (one row per cell and world size,
 [Note: predicted columns]), a Chrome trace per cell under ``traces/`` and
-``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
+``plots/pareto.png`` and ``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
 
 Which tool answers what:
 * ``zerobench estimate``: peak memory per rank at any world size (tensor bytes; no time);
@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 from zerobench.whatif.estimate import (config_id, parse_world_sizes, run_rank_process, select_configurations,
-                                      why_not, write_meta)
-from zerobench.whatif.predict.rank import EMULATION_OPTIONS
+                                      versions, why_not)
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -48,27 +47,43 @@ def _with_matrix(workload):
 
 def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast", link: str = "nvlink4-8gpu",
             inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
-            matrix: bool = False, only=None, log=print) -> Path:
-    """Predict every configuration of the workload at ``world_sizes``; returns the folder."""
+            matrix: bool = False, only=None, log=print, progress=None) -> Path:
+    """Predict every configuration of the workload at ``world_sizes``; returns the folder.
+    Every argument is checked before the folder is made. ``progress``: told each
+    configuration as it finishes (zerobench.commands.progress.Progress)."""
     import pandas as pd
 
-    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.instruments.link import resolve_link
+    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
+    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
     from zerobench.spec.workload import load_workload
 
-    gpu_preset(gpu), host_preset(host)  # bad names fail here, naming the allowed ones
+    for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_preset(host)),
+                          ("--link", lambda: resolve_link(link)),
+                          ("--inter-link", lambda: resolve_link(inter_link) if inter_link else None)):
+        try:
+            check()  # a bad name fails here, naming the option and the allowed ones
+        except ValueError as err:
+            raise ValueError(f"{option}: {err}") from None
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
     w = load_workload(workload_path)
+    from zerobench.spec.user_check import check_user_model
+
+    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
     cells = select_configurations(w, only)
+    if not cells:
+        raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be predicted: every cell of "
+                         f"its matrix is skipped (`zerobench cells {workload_path}` says why)")
+    if progress is not None:
+        progress.set_total(len(cells))
     out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
-    versions = write_meta(out_dir, w, cells)
     rows = []
     for i, cell in enumerate(cells, 1):
         todo, results = [], {}
@@ -83,19 +98,21 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
             results.update(_run_child(w, cell, todo, gpu, host, links, node_size, out_dir / "traces"))
             log(f"[{i}/{len(cells)}] {config_id(cell)}: world sizes {','.join(map(str, todo))} in "
                 f"{time.perf_counter() - started:.1f} s")
+        if progress is not None:
+            progress.advance(config_id(cell))
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the predicting process"}
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": gpu, "host": host, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
-                         "node_size": node_size, **versions,
+                         "node_size": node_size, **versions(),
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
         write_csv_atomic(out_dir / "predict.csv", pd.DataFrame(rows))
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "predict.csv", frame)
-    from zerobench.whatif.predict.plots import plot_predict
+    from zerobench.whatif.predict.plots import plot_predict_all
 
-    plot_predict(frame, out_dir / "plots" / "predict.png")
+    plot_predict_all(frame, out_dir, w.name)
     return out_dir
 
 
@@ -104,6 +121,8 @@ def _link_json(link) -> str:
 
 
 def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path) -> dict:
+    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
+
     options = [kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
     args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
             "--link", _link_json(links["link"])]
@@ -129,37 +148,3 @@ def format_table(frame) -> str:
                      f"{r['peak_active_bytes'] / 2**30:>12.2f}{r['peak_reserved_bytes'] / 2**30:>14.2f}"
                      f"{r['max_unsharded_units']:>7.1f}{r['host_lead_max_s'] * 1e3:>9.2f}")
     return "\n".join(lines)
-
-
-def cmd_predict(args) -> int:
-    import pandas as pd
-
-    started = time.perf_counter()
-    out_dir = predict(args.workload, parse_world_sizes(args.world_sizes), gpu=args.gpu, host=args.host,
-                      link=args.link, inter_link=args.inter_link, node_size=args.node_size,
-                      results_root=args.results, matrix=args.matrix, only=args.config)
-    frame = pd.read_csv(out_dir / "predict.csv")
-    print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
-          f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
-    print(format_table(frame))
-    print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")
-    print(f"traces: {out_dir / 'traces'}; plot: {out_dir / 'plots' / 'predict.png'}")
-    return 0
-
-
-def register_cli(sub) -> None:
-    from zerobench.instruments.link import PRESETS
-    from zerobench.instruments.vgpu.presets import GPU_PRESETS, HOST_PRESETS
-
-    p = sub.add_parser("predict", help="step time, overlap and allocator peaks of each engine on a virtual GPU")
-    p.add_argument("workload", type=Path)
-    p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
-    p.add_argument("--gpu", default="h100-sxm", help=f"GPU preset: {', '.join(GPU_PRESETS)}")
-    p.add_argument("--host", default="fast", help=f"host preset: {', '.join(HOST_PRESETS)}")
-    p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
-    p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
-    p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--results", type=Path, default=Path("results"))
-    p.add_argument("--matrix", action="store_true", help="sweep prefetch x limiter x reshard")
-    p.add_argument("--config", action="append", help="only this configuration id (repeatable)")
-    p.set_defaults(func=cmd_predict)

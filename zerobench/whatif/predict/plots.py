@@ -1,20 +1,43 @@
-"""predict.png: step time and peak active memory per configuration and world size."""
+"""A prediction's plots, each titled with the workload, the GPU and host presets, the
+links and the world sizes ([Note: plot titles] in zerobench/analysis/figures.py):
+
+* ``pareto.png``: predicted peak reserved memory against predicted step time, one
+  point per configuration, one panel per world size, DDP as the reference and the
+  Pareto front marked (zerobench/analysis/pareto.py);
+* ``predict.png``: step time (with its exposed communication) and peak active /
+  reserved memory per configuration and world size.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
-def plot_predict(frame, path: Path) -> None:
-    from zerobench.analysis.figures import save_figure
-    import matplotlib.pyplot as plt
+def predict_setting(frame, workload: str):
+    """The title line of a prediction's plots."""
+    from zerobench.analysis.figures import Setting
+
+    def one(column, default=""):
+        values = [str(v) for v in dict.fromkeys(frame[column].dropna())] if column in frame else []
+        return ", ".join(v for v in values if v) or default
+
+    device = f"virtual {one('gpu', 'GPU')}, {one('host', 'fast')} host"
+    link = one("link", "no link")
+    inter = one("inter_link")
+    sizes = tuple(sorted({int(w) for w in frame["world_size"]}))
+    return Setting(workload, device, link + (f" (inter-node {inter})" if inter else ""), sizes)
+
+
+def plot_predict(frame, path: Path, setting=None) -> Path | None:
+    from zerobench.analysis.figures import figure_title, numeric, plt, save_figure
 
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
-        return
+        return None
     sizes = sorted(ok["world_size"].unique())
     configs = list(dict.fromkeys(ok["config"]))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(configs) * len(sizes) + 2.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.35 * len(configs) * len(sizes) + 2.8))
     labels, steps, exposed, active, reserved = [], [], [], [], []
     for config in configs:
         for ws in sizes:
@@ -23,23 +46,72 @@ def plot_predict(frame, path: Path) -> None:
                 continue
             r = row.iloc[0]
             labels.append(f"{config} ws{ws}")
-            steps.append(r["step_time_s"] * 1e3)
-            exposed.append(r["exposed_comm_s"] * 1e3)
-            active.append(r["peak_active_bytes"] / 2**30)
-            reserved.append(r["peak_reserved_bytes"] / 2**30)
+            steps.append(numeric([r["step_time_s"]]).iloc[0] * 1e3)
+            exposed.append(numeric([r["exposed_comm_s"]]).iloc[0] * 1e3)
+            active.append(numeric([r["peak_active_bytes"]]).iloc[0] / 2**30)
+            reserved.append(numeric([r["peak_reserved_bytes"]]).iloc[0] / 2**30)
     y = range(len(labels))
     axes[0].barh(y, steps, color="tab:blue", label="step")
     axes[0].barh(y, exposed, color="tab:red", label="exposed communication")
     axes[0].set_xlabel("ms per step")
-    axes[0].set_yticks(list(y), labels)
+    axes[0].set_yticks(list(y), labels, fontsize=8)
     axes[0].invert_yaxis()
-    axes[0].legend(loc="lower right")
+    axes[0].legend(loc="lower right", fontsize=8)
     axes[1].barh(y, reserved, color="tab:gray", label="peak reserved")
     axes[1].barh(y, active, color="tab:green", label="peak active")
     axes[1].set_xlabel("GiB per rank")
     axes[1].set_yticks(list(y), [])
     axes[1].invert_yaxis()
-    axes[1].legend(loc="lower right")
-    fig.suptitle("zerobench predict (virtual GPU)")
-    fig.tight_layout()
-    save_figure(fig, path)
+    axes[1].legend(loc="lower right", fontsize=8)
+    for ax in axes:
+        ax.grid(axis="x", alpha=0.3)
+    top = figure_title(fig, "predicted on the virtual GPU: step time and allocator peaks per rank", setting)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return save_figure(fig, path, tight=False)
+
+
+def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
+    """Predicted peak reserved memory against predicted step time, per world size."""
+    import pandas as pd
+
+    from zerobench.analysis.figures import REFERENCE_ENGINE
+    from zerobench.analysis.pareto import plot_pareto
+    from zerobench.analysis.figures import short_label
+
+    ok = frame[frame["status"] == "ok"]
+    if ok.empty:
+        return None
+    points = pd.DataFrame({
+        "group": [f"world size {ws}" for ws in ok["world_size"]],
+        "label": [short_label(c) + ("" if d == "bf16" and (ok["dtype"] == "bf16").all() else f" {d}")
+                  for c, d in zip(ok["config"], ok["dtype"])],
+        "engine": ok["engine"].to_numpy(),
+        "reference": [c.startswith(f"{REFERENCE_ENGINE}-") and c.count("=") == 0 for c in ok["config"]],
+        "step_ms": pd.to_numeric(ok["step_time_s"], errors="coerce").to_numpy() * 1e3,
+        "reserved_gib": pd.to_numeric(ok["peak_reserved_bytes"], errors="coerce").to_numpy() / 2**30,
+    })
+    points = points.sort_values("group", key=lambda g: g.str.extract(r"(\d+)")[0].astype(int), kind="stable")
+    return plot_pareto(points, path, x="step_ms", y="reserved_gib", setting=setting,
+                       x_label="predicted step time (ms)", y_label="predicted peak reserved memory (GiB per rank)",
+                       what="predicted peak memory against step time, one point per configuration")
+
+
+def plot_predict_all(frame, folder: Path, workload: str) -> list[Path]:
+    """Every plot of a prediction into ``folder/plots/``; returns the files written."""
+    setting = predict_setting(frame, workload)
+    drawn = [plot_predict_pareto(frame, Path(folder) / "plots" / "pareto.png", setting),
+             plot_predict(frame, Path(folder) / "plots" / "predict.png", setting)]
+    return [p for p in drawn if p is not None]
+
+
+def plot_predict_folder(folder: Path) -> list[Path]:
+    """Redraw a predict folder's plots from its predict.csv."""
+    import pandas as pd
+
+    folder = Path(folder)
+    frame = pd.read_csv(folder / "predict.csv")
+    try:
+        workload = json.loads((folder / "workload.json").read_text())["name"]
+    except (OSError, ValueError, KeyError):
+        workload = folder.name
+    return plot_predict_all(frame, folder, workload)

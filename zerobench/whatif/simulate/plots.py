@@ -70,7 +70,7 @@ def plot_heatmap(table, path, value: str = "step_time_s", title: str = "") -> Pa
     return save_figure(fig, path, dpi=120)
 
 
-def plot_validation(pred, path, min_margin: float = MIN_MARGIN) -> Path:
+def plot_validation(pred, path, min_margin: float = MIN_MARGIN, heading: str = "") -> Path:
     """Predicted against measured, one point per cell: step time (left) and exposed
     communication (right), log-log, the diagonal and the validation bars (``STEP_BAR``,
     ``EXPOSED_BAR``) shaded; one marker per engine, one colour per emulated link. Hollow markers: cells
@@ -119,5 +119,6 @@ def plot_validation(pred, path, min_margin: float = MIN_MARGIN) -> Path:
     handles += [plt.Line2D([], [], ls="", marker="o", mfc="none", color="0.3",
                            label=f"link < {min_margin:g}x the transport")]
     ax.legend(handles=handles, fontsize=7, loc="upper left")
-    fig.suptitle("simulated against measured, each cell on the link it ran on (shaded: the validation bar)")
+    fig.suptitle("simulated against measured, each cell on the link it ran on (shaded: the validation bar)"
+                 + (f"\n{heading}" if heading else ""))
     return save_figure(fig, path)

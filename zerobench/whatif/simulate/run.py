@@ -1,4 +1,5 @@
-"""``zerobench simulate RUN``: re-time a profiled run's cells with the simulator.
+"""Re-time a profiled run's cells with the simulator (``zerobench simulate RUN``;
+the command line is zerobench/commands/simulate.py).
 
 Writes into ``RUN/simulate/<what-if>/`` (``measured-link`` when nothing is changed,
 else e.g. ``ib-400g_ws64_x20``): ``predictions.csv`` (one row per cell x world size:
@@ -19,7 +20,7 @@ from .schedule import Schedule
 from .validate import compare, cross_validate, emulation_margin, measured_link, validation_summary, write_validation
 
 
-def _tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:
+def tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:
     """Sub-folder of ``RUN/simulate/`` for one what-if, so several sit side by side."""
     parts = [(link.name or f"{link.bandwidth_gbps:g}gbps-{link.latency_us:g}us") if link else "measured-link"]
     if world_sizes:
@@ -68,7 +69,8 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     schedules = load_schedules(run, cells)
     if not schedules:
         raise FileNotFoundError(f"{run}: no profiled cells to simulate (run with `zerobench run --profile`)")
-    out = run / "simulate" / _tag(link, world_sizes, compute_scale, async_collectives)
+    out = run / "simulate" / tag(link, world_sizes, compute_scale, async_collectives)
+    where = _measured_on(run)  # every plot title names the workload and the measured device
     rows, mrows = [], []
     for cell_id, s in schedules.items():
         as_measured = not (async_collectives and s.knobs.blocking_collectives)
@@ -93,7 +95,8 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
                 from .plots import plot_gantt
 
                 plot_gantt(r, out / f"gantt_{cell_id}_ws{ws}.png",
-                           title=f"{cell_id}: simulated, {ws} ranks, {cell_link.describe()}, compute / {compute_scale:g}")
+                           title=f"{cell_id}: simulated, {ws} ranks, {cell_link.describe()}, compute / {compute_scale:g}"
+                                 f"\n{where}")
         if matrix:
             base = cell_link.bandwidth_gbps
             for name, knobs in knob_settings(s).items():
@@ -114,7 +117,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
         if plots and len(measured):
             from .plots import plot_validation
 
-            plot_validation(measured, out / "validation.png")
+            plot_validation(measured, out / "validation.png", heading=where)
     mat = None
     if matrix:
         mat = pd.DataFrame(mrows)
@@ -124,58 +127,17 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
 
             for (cell_id, ws), g in mat.groupby(["cell_id", "world_size"], sort=False):
                 plot_heatmap(g, out / f"heatmap_{cell_id}_ws{ws}.png",
-                             title=f"{cell_id}: predicted step time, {ws} ranks")
+                             title=f"{cell_id}: predicted step time, {ws} ranks\n{where}")
     return pred, mat
 
 
-def _cmd_simulate(args) -> int:
-    import pandas as pd
+def _measured_on(run: Path) -> str:
+    """"<workload> · simulated from its run on <device>" for the plots' titles."""
+    from zerobench.runs.folder import DamagedFile, RunFolder
 
-    link = None
-    if args.link or args.gbps is not None:
-        link = resolve_link(args.link, args.gbps, args.latency_us)
-    inter = resolve_link(args.inter_link) if args.inter_link else None
-    for ws in args.world_sizes or []:
-        if ws < 1:
-            raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
-    if not args.compute_scale > 0:
-        raise ValueError(f"--compute-scale: must be > 0, got {args.compute_scale}")
-    pred, mat = simulate_run(args.run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,
-                             plots=not args.no_plots, inter_link=inter, async_collectives=args.async_collectives,
-                             cross=args.cross)
-    cols = [c for c in ("cell_id", "world_size", "step_time_s", "exposed_comm_s", "overlap_ratio", "max_unsharded_units",
-                        "measured_step_s", "step_error", "measured_exposed_comm_s", "exposed_error") if c in pred]
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
-        print(pred[cols].round(4).to_string(index=False))
-    if "step_error" in pred and pred["step_error"].notna().any():
-        print("\n".join(validation_summary(pred.dropna(subset=["step_error"]))))
-    if args.cross:
-        print((Path(args.run) / "simulate" / "cross" / "cross.md").read_text())
-    tag = _tag(link, args.world_sizes, args.compute_scale, args.async_collectives)
-    print(f"wrote {Path(args.run) / 'simulate' / tag}/")
-    return 0
-
-
-def register_cli(subparsers) -> None:
-    """Add ``simulate RUN`` to the ``zerobench`` command line."""
-    p = subparsers.add_parser("simulate", help="predict step time / exposed comm of a profiled run's cells "
-                              "on another link, world size or device speed", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", type=Path, help="run folder recorded with --profile (or holding schedules/)")
-    p.add_argument("--cell", action="append", metavar="ID", help="only this cell (repeatable)")
-    p.add_argument("--link", choices=sorted(PRESETS), help="link preset (default: the emulated link the cell ran on)")
-    p.add_argument("--gbps", type=float, help="link bus bandwidth in GB/s (overrides the preset's)")
-    p.add_argument("--latency-us", type=float, help="per-collective latency in microseconds")
-    p.add_argument("--inter-link", choices=sorted(PRESETS), help="HYBRID_SHARD: the link across nodes")
-    p.add_argument("--world-sizes", type=int, nargs="+", metavar="N", help="ranks to predict for (default: as measured)")
-    p.add_argument("--compute-scale", type=float, default=1.0, metavar="F", help="compute F times faster (default 1)")
-    p.add_argument("--matrix", action="store_true", help="also sweep knob settings x link bandwidth (heatmap)")
-    p.add_argument("--cross", action="store_true",
-                   help="also predict each cell from every other cell of its engine (its knobs and link on the "
-                        "other's schedule) and compare with its measurement: simulate/cross/")
-    p.add_argument("--async-collectives", action="store_true",
-                   help="model PyTorch's FSDPs' collectives as asynchronous, as on CUDA, where the measured "
-                        "CPU run blocked on them")
-    p.add_argument("--no-plots", action="store_true")
-    p.set_defaults(func=_cmd_simulate)
-
-
+    try:
+        meta = RunFolder(run).meta()
+    except DamagedFile:
+        meta = {}
+    device = meta.get("gpu_model") or f"CPU ({meta.get('cpu_model') or 'unknown'})"
+    return f"{meta.get('workload') or run.name} · simulated from its run on {device}, {meta.get('backend') or 'gloo'}"

@@ -1,0 +1,179 @@
+"""The command line's shape: every subcommand declared in one module of
+zerobench/commands/, parsing without importing torch, shipped workloads found by name,
+``latest`` naming the newest results folder, and bad paths refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from zerobench import commands
+from zerobench.cli import build_parser, main
+from zerobench.commands.args import ArgumentError, newest_folder, resolve_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "pandas", "matplotlib", "numpy", "rich")
+
+
+def test_help_of_every_subcommand_imports_no_torch():
+    """What `zerobench --help` and `zerobench NAME --help` import, in a fresh interpreter
+    ([Note: one subcommand, one module]). A test of what is imported, not of time: the
+    time is measured with `python -X importtime -m zerobench --help`."""
+    probe = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from zerobench.cli import main
+        seen = {{}}
+        for argv in [["--help"]] + [[name, "--help"] for name in {list(commands.COMMANDS)!r}]:
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                try:
+                    main(argv)
+                except SystemExit as stop:
+                    assert stop.code == 0, (argv, stop.code)
+            assert "usage: zerobench" in out.getvalue(), argv
+            seen[" ".join(argv)] = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
+        print(json.dumps(seen))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    imported = json.loads(out.stdout)
+    assert len(imported) == 1 + len(commands.COMMANDS)
+    assert {argv: mods for argv, mods in imported.items() if mods} == {}
+
+
+def test_every_subcommand_is_declared_by_one_module():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert list(sub.choices) == list(commands.COMMANDS)
+    for name, module_name in commands.COMMANDS.items():
+        module = sys.modules[module_name]
+        assert module.HELP and module.__doc__, name  # the line in --help and the description
+        assert sub.choices[name].get_default("func") is module.main
+
+
+def _folder(root: Path, name: str, marker: str) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    (path / marker).write_text("{}")
+    return path
+
+
+def test_latest_names_the_newest_folder_of_the_kind_asked(tmp_path):
+    old = _folder(tmp_path, "20261120-101010-quickstart", "meta.json")
+    new = _folder(tmp_path, "20261121-090000-gpt-small", "meta.json")
+    estimate = _folder(tmp_path, "20261122-090000-gpt-small-estimate", "estimate.csv")
+    (tmp_path / "notes").mkdir()  # not a results folder
+    (tmp_path / "zzz.txt").write_text("")
+    assert newest_folder(tmp_path, ("run",)) == new
+    assert resolve_folder("latest", "RUN", results=tmp_path) == new
+    assert resolve_folder(str(tmp_path / "latest"), "RUN") == new  # DIR/latest
+    assert resolve_folder("latest", "FOLDER", kinds=("run", "estimate"), results=tmp_path) == estimate
+    assert resolve_folder(str(old), "RUN") == old  # a path is a path
+    with pytest.raises(ArgumentError, match=r"RUN: no run folder under .*empty/ to be the latest"):
+        resolve_folder("latest", "RUN", results=tmp_path / "empty")
+
+
+def test_latest_subcommand_prints_the_folder(tmp_path, capsys):
+    _folder(tmp_path, "20261120-101010-quickstart", "cells")
+    newest = _folder(tmp_path, "20261121-101010-quickstart", "cells")
+    assert main(["latest", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(newest)
+
+
+def test_a_shipped_workload_is_found_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # not the checkout: the shipped folder is found all the same
+    assert main(["cells", "quickstart"]) == 0
+    assert "impl-fsdp-ws2-fp32" in capsys.readouterr().out
+    assert main(["cells", "fsdp-knobs.toml"]) == 0
+    assert main(["cells", "quickstar"]) == 2
+    err = capsys.readouterr().err
+    assert "quickstar: no such workload file (allowed: a TOML file, or a shipped workload:" in err
+    assert "quickstart" in err and "gpt-small" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--results", ""], "--results: an empty path is not allowed"),
+    (["list", "--results", " "], "--results: an empty path is not allowed"),
+    (["compare", "a", "b", "--csv", ""], "--csv: an empty path is not allowed"),
+])
+def test_an_empty_output_path_is_refused_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resume_with_a_workload_is_refused(tmp_path, capsys):
+    run = _folder(tmp_path, "20261120-101010-quickstart", "workload.json")
+    assert main(["run", "workloads/fsdp-knobs.toml", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "leave out WORKLOAD (workloads/fsdp-knobs.toml)" in err
+    assert sorted(p.name for p in run.iterdir()) == ["workload.json"]  # nothing written
+
+
+def test_compare_refuses_outputs_it_cannot_write_before_reading_anything(tmp_path, capsys):
+    baseline = str(ROOT / "results" / "baselines" / "cpu-quickstart")
+    (tmp_path / "a-file").write_text("")
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        for option, path, why in (("--csv", tmp_path, "is a folder"),
+                                  ("--markdown", tmp_path / "a-file" / "x.md", "is not a folder"),
+                                  ("--plot", read_only / "c.png", "is not writable")):
+            if why == "is not writable" and os.access(read_only, os.W_OK):
+                continue  # root ignores the mode
+            assert main(["compare", baseline, baseline, option, str(path)]) == 2
+            assert f"{option}: " in (err := capsys.readouterr().err) and why in err, err
+    finally:
+        read_only.chmod(0o755)
+
+
+def test_progress_shows_an_eta_on_a_terminal_only_after_a_while():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from zerobench.commands.progress import Progress
+
+    screen = io.StringIO()
+    with Progress(4, "estimate", after_s=0.05, console=Console(file=screen, force_terminal=True, width=100)) as p:
+        time.sleep(0.3)  # the timer shows the bar
+        p.advance("ddp-fp32")
+        time.sleep(0.2)
+    assert "estimate: ddp-fp32" in screen.getvalue() and "ETA" in screen.getvalue()
+    quiet = io.StringIO()
+    with Progress(4, "estimate", after_s=0.05, console=Console(file=quiet, force_terminal=False)) as p:
+        time.sleep(0.2)
+        p.advance("ddp-fp32")
+    assert quiet.getvalue() == ""  # a log, not a terminal
+    fast = io.StringIO()
+    with Progress(4, "estimate", after_s=5, console=Console(file=fast, force_terminal=True)) as p:
+        p.advance("ddp-fp32")
+    assert fast.getvalue() == ""  # done before a bar was worth showing
+
+
+def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(ROOT / "results" / "baselines" / "cpu-quickstart", tmp_path / "baselines" / "cpu-quickstart")
+    estimate = _folder(tmp_path, "20261124-101010-w-estimate", "workload.json")
+    (estimate / "workload.json").write_text('{"name": "w"}')
+    (estimate / "estimate.csv").write_text("config,world_size,status\na,8,ok\na,64,ok\nb,8,skipped\n")
+    predict = _folder(tmp_path, "20261124-111111-w-predict", "workload.json")
+    (predict / "predict.csv").write_text("config,world_size,status\na,8,ok\nb,8,failed\n")
+    assert main(["list", "--results", str(tmp_path)]) == 0
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    assert rows["baselines/cpu-quickstart"][:1] + rows["baselines/cpu-quickstart"][3:7] == ["run", "20", "20", "0", "0"]
+    assert rows["20261124-101010-w-estimate"][:2] + rows["20261124-101010-w-estimate"][3:7] == \
+        ["estimate", "w", "3", "2", "0", "1"]
+    assert rows["20261124-111111-w-predict"][:1] + rows["20261124-111111-w-predict"][3:7] == \
+        ["predict", "2", "1", "1", "0"]

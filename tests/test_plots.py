@@ -1,0 +1,224 @@
+"""Every plot works on every results folder, on the pandas, matplotlib and numpy that pip
+gives today and on the oldest that pyproject.toml allows (.ci/run runs this file in a
+second venv with those: no torch is needed here), and says what it shows where.
+
+The study this project exists for -- DDP beside impl-fsdp with the limiter on and off --
+once ended in ``TypeError: boolean value of NA is ambiguous`` in knobs.png; so did the
+curated fsdp-knobs run. Both are drawn here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from zerobench.analysis.figures import EngineStyles, Setting, flag, numeric, short_label
+from zerobench.analysis.pareto import pareto_front
+from zerobench.analysis.plots import link_description, plot_run, run_setting
+from zerobench.commands.plot import plot_folder
+from zerobench.runs.folder import RunFolder
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = sorted(p for base in ("curated", "baselines") for p in (ROOT / "results" / base).iterdir() if p.is_dir())
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _pngs(paths) -> dict[str, bytes]:
+    out = {Path(p).name: Path(p).read_bytes() for p in paths}
+    assert all(data.startswith(PNG) and len(data) > 5000 for data in out.values()), list(out)
+    return out
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
+def test_every_curated_folder_replots(folder, tmp_path):
+    """`zerobench plot` on a copy of each curated run, estimate and baseline."""
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("plots", "simulate", "schedules", "analysis"))
+    drawn = _pngs(plot_folder(copy))
+    if (copy / "estimate.csv").exists() and not (copy / "meta.json").exists():
+        assert set(drawn) == {"estimate_peak.png"}
+        return
+    results = pd.read_csv(copy / "results.csv")
+    want = {"step_time.png"}
+    if "peak_mem_bytes" in results:
+        want |= {"peak_memory.png", "pareto.png"}
+    if (copy / "steps.csv").exists():
+        want.add("losses.png")
+    if results.get("limit_all_gathers", pd.Series(dtype=object)).nunique() > 1 or \
+            results.get("backward_prefetch", pd.Series(dtype=object)).nunique() > 1:
+        want.add("knobs.png")
+    assert want <= set(drawn), (sorted(want - set(drawn)), sorted(drawn))
+
+
+# -- a run folder made here: the limiter study with a failed cell ---------------------------
+
+
+def _record(cell_id, engine, world_size=2, dtype="fp32", status="ok", **options):
+    """A cell record as the ranks write it (zerobench/rank/worker.py), small numbers."""
+    scale = {"ddp": 1.0, "impl-fsdp": 0.55}[engine] * (1.1 if options.get("limit_all_gathers") is False else 1.0)
+    config = {"engine": engine, "world_size": world_size, "dtype": dtype, **options}
+    if status != "ok":
+        return {"cell_id": cell_id, "status": status, "error": "rank 1 exited with code 1", "config": config,
+                "ranks": []}
+    ranks = []
+    for rank in range(world_size):
+        metrics = {"step_time_s": 0.02 / scale ** 0.5, "step_time_p10_s": 0.018, "step_time_p90_s": 0.03,
+                   "peak_mem_bytes": int(30e6 * scale), "peak_mem_params_bytes": int(5e6 * scale),
+                   "peak_mem_grads_bytes": int(5e6 * scale), "peak_mem_optim_bytes": int(1e7 * scale),
+                   "comm_total_bytes": 5_000_000, "comm_calls": 4}
+        if engine == "impl-fsdp":
+            metrics["max_inflight_all_gathers"] = 2 if options.get("limit_all_gathers") else 5
+        n = 40
+        timeline = {"t_s": [i * 0.001 for i in range(n)], "params": [5e6 * scale] * n,
+                    "grads": [min(i, 20) * 2.5e5 * scale for i in range(n)], "optim": [1e7 * scale] * n,
+                    "activations": [max(0, 20 - abs(i - 20)) * 2e5 for i in range(n)]}
+        ranks.append({"rank": rank, "metrics": metrics, "step_times": [0.02, 0.021, 0.019],
+                      "losses": [1.0, 0.9 + 1e-7 * rank, 0.8], "timeline": timeline})
+    return {"cell_id": cell_id, "status": "ok", "config": config, "ranks": ranks, "loss_max_abs_diff_ref": 1e-7,
+            "cell_wall_s": 3.0}
+
+
+@pytest.fixture()
+def limiter_run(tmp_path) -> Path:
+    run = tmp_path / "20261124-120000-limiter"
+    records = [
+        _record("ddp-ws2-fp32", "ddp"),
+        _record("impl-fsdp-ws2-fp32", "impl-fsdp", backward_prefetch="pre", forward_prefetch=False,
+                limit_all_gathers=True, limiter_depth=2),
+        _record("impl-fsdp-ws2-fp32-limit_all_gathers=off", "impl-fsdp", backward_prefetch="pre",
+                forward_prefetch=False, limit_all_gathers=False, limiter_depth=2),
+        _record("impl-fsdp-ws2-fp32-backward_prefetch=none", "impl-fsdp", status="failed",
+                backward_prefetch="none", forward_prefetch=False, limit_all_gathers=True, limiter_depth=2),
+    ]
+    (run / "cells").mkdir(parents=True)
+    for rec in records:
+        (run / "cells" / f"{rec['cell_id']}.json").write_text(json.dumps(rec))
+    (run / "meta.json").write_text(json.dumps({"workload": "limiter", "backend": "gloo", "cpu_model": "Test CPU",
+                                               "cells": [r["cell_id"] for r in records], "world_sizes": [2]}))
+    (run / "workload.json").write_text(json.dumps({"name": "limiter", "data": {"warmup_steps": 2}}))
+    (run / "reference.json").write_text(json.dumps({"2": [1.1, 1.05, 1.0, 0.9, 0.8]}))
+    RunFolder(run).write_tables()
+    return run
+
+
+def test_the_limiter_study_plots_on_this_pandas(limiter_run):
+    """pandas 3 reads the empty limiter cells of DDP's rows as NA; plain pandas reads NaN."""
+    drawn = _pngs(plot_run(limiter_run))
+    assert set(drawn) == {"pareto.png", "step_time.png", "peak_memory.png", "losses.png", "memory_timeline.png",
+                          "knobs.png"}
+
+
+def test_plots_read_nullable_columns_without_branching_on_na(limiter_run):
+    """The same run with every integer and boolean column as pandas' nullable types."""
+    from zerobench.analysis.plots import plot_knobs, plot_pareto_run, plot_peak_memory, plot_step_time
+
+    results = pd.read_csv(limiter_run / "results.csv")
+    for col in results.columns:
+        values = results[col].dropna().astype(str).str.lower()
+        if len(values) and values.isin(["true", "false"]).all():
+            results[col] = results[col].astype(str).str.lower().map({"true": True, "false": False}).astype("boolean")
+        elif pd.api.types.is_numeric_dtype(results[col]) and (results[col].dropna() % 1 == 0).all():
+            results[col] = results[col].astype("Int64")
+    assert results["max_inflight_all_gathers"].isna().any() and results["limit_all_gathers"].dtype == "boolean"
+    out = limiter_run / "nullable"
+    drawn = [plot_knobs(results, out / "knobs.png"), plot_pareto_run(results, out / "pareto.png"),
+             plot_step_time(results, out / "step_time.png"), plot_peak_memory(results, out / "peak_memory.png")]
+    _pngs(drawn)
+
+
+def test_every_run_plot_title_names_workload_device_link_and_world_size(limiter_run):
+    import matplotlib.pyplot as plt
+
+    titles = []
+    real_close = plt.close
+
+    def keep_title(fig=None):  # save_figure closes each figure: read its title first
+        if fig is not None and hasattr(fig, "_suptitle") and fig._suptitle is not None:
+            titles.append(fig._suptitle.get_text())
+        return real_close(fig)
+
+    try:
+        plt.close = keep_title
+        plot_run(limiter_run)
+    finally:
+        plt.close = real_close
+    assert len(titles) == 6
+    for title in titles:
+        assert "limiter · CPU (Test CPU, gloo) · no emulated link · world size 2" in title, title
+
+
+def test_run_setting_and_link_description(limiter_run):
+    results = pd.read_csv(limiter_run / "results.csv")
+    assert run_setting(limiter_run, results) == Setting("limiter", "CPU (Test CPU, gloo)", "no emulated link", (2,))
+    two = pd.DataFrame({"cell_id": ["a", "b", "c"], "emulate_link": [None, "", "ib-400g"],
+                        "emulate_gbps": [0.05, 0.0, 0.0], "emulate_latency_us": [100.0, 0.0, 0.0]})
+    assert link_description(two) == "emulated links: 0.05 GB/s + 100 µs, ib-400g and none"
+    assert link_description(two.iloc[2:]) == "emulated ib-400g"
+
+
+def test_pareto_front_keeps_what_nothing_beats():
+    frame = pd.DataFrame({"t": [1.0, 2.0, 2.0, 3.0, 1.5, None], "m": [10.0, 5.0, 6.0, 1.0, 10.0, 0.1]},
+                         index=list("abcdef"))
+    assert list(frame.index[pareto_front(frame, "t", "m")]) == ["a", "b", "d"]  # c, e dominated; f has no time
+    ties = pd.DataFrame({"t": [1.0, 1.0], "m": [2.0, 2.0]})
+    assert pareto_front(ties, "t", "m").all()
+
+
+def test_values_as_plots_read_them():
+    assert [flag(v) for v in (True, "True", "true", 1, 1.0, False, "False", 0, None, float("nan"), pd.NA)] == \
+        [True, True, True, True, True, False, False, False, False, False, False]
+    assert numeric(pd.array([1, None], dtype="Int64")).tolist()[0] == 1.0
+    assert numeric(pd.array([1, None], dtype="Int64")).isna().tolist() == [False, True]
+    assert short_label("impl-fsdp-ws2-bf16-sharding_strategy=SHARD_GRAD_OP-limit_all_gathers=off") == \
+        "impl-fsdp SHARD_GRAD_OP, limiter off"
+    assert short_label("torch-fsdp2-fp32-reshard_after_forward=off") == "torch-fsdp2 reshard off"  # estimate ids
+    styles = EngineStyles()
+    assert styles.color("ddp") == "black" and styles.color("impl-fsdp") != styles.color("torch-fsdp2")
+    assert styles.line("impl-fsdp", "a")["linestyle"] != styles.line("impl-fsdp", "b")["linestyle"]
+
+
+def _estimate_frame() -> pd.DataFrame:
+    rows = []
+    for config, engine, factor in (("ddp-fp32", "ddp", 1.0), ("impl-zero2-fp32", "impl-zero2", 0.7),
+                                   ("impl-fsdp-fp32", "impl-fsdp", 0.4),
+                                   ("impl-fsdp-fp32-sharding_strategy=SHARD_GRAD_OP", "impl-fsdp", 0.5)):
+        for ws in (8, 64, 1024):
+            shrink = 1.0 if engine == "ddp" else factor ** (1 + ws / 1024)
+            rows.append({"config": config, "engine": engine, "dtype": "fp32", "world_size": ws, "status": "ok",
+                         "backend": "nccl", "fake_tensors": True, "peak_mem_bytes": 2**30 * shrink,
+                         "analytic_model_states_bytes": 2**29 * shrink})
+    rows.append({"config": "torch-fsdp1-fp32", "engine": "torch-fsdp1", "dtype": "fp32", "world_size": 8,
+                 "status": "skipped", "reason": "not estimated"})
+    return pd.DataFrame(rows)
+
+
+def test_estimate_folder_plots_memory_against_world_size(tmp_path):
+    folder = tmp_path / "20261124-120000-w-estimate"
+    folder.mkdir()
+    _estimate_frame().to_csv(folder / "estimate.csv", index=False)
+    (folder / "workload.json").write_text(json.dumps({"name": "w"}))
+    assert set(_pngs(plot_folder(folder))) == {"estimate_peak.png"}
+    from zerobench.whatif.estimate.plots import estimate_setting
+
+    assert estimate_setting(_estimate_frame(), "w").line().startswith("w · any device: tensor bytes of one rank "
+                                                                      "(fake tensors, nccl buffers) · no link")
+
+
+def test_predict_folder_plots_pareto_and_bars(tmp_path):
+    folder = tmp_path / "20261124-120000-w-predict"
+    folder.mkdir()
+    rows = [{"config": c, "engine": c.rsplit("-", 1)[0], "dtype": "bf16", "world_size": ws, "gpu": "h100-sxm",
+             "host": "fast", "link": "nvlink4-8gpu", "inter_link": None, "status": "ok",
+             "step_time_s": t * (1 + ws / 100), "exposed_comm_s": 0.001, "peak_active_bytes": m * 2**30 * 0.8,
+             "peak_reserved_bytes": m * 2**30} for ws in (8, 64)
+            for c, t, m in (("ddp-bf16", 0.010, 40.0), ("impl-fsdp-bf16", 0.012, 12.0), ("impl-zero1-bf16", 0.011, 30.0))]
+    pd.DataFrame(rows).to_csv(folder / "predict.csv", index=False)
+    (folder / "workload.json").write_text(json.dumps({"name": "w"}))
+    assert set(_pngs(plot_folder(folder))) == {"pareto.png", "predict.png"}
+    from zerobench.whatif.predict.plots import predict_setting
+
+    assert predict_setting(pd.DataFrame(rows), "w").line() == \
+        "w · virtual h100-sxm, fast host · nvlink4-8gpu · world sizes 8, 64"

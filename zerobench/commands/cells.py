@@ -1,0 +1,24 @@
+"""List a workload's cell ids, skipped ones with their reason (a cell id is what
+`zerobench run --cell` and `torchrun ... -m zerobench.worker --cell` take)."""
+
+from __future__ import annotations
+
+HELP = "list a workload's cell ids (for running one under torchrun)"
+
+
+def arguments(p) -> None:
+    p.add_argument("workload", nargs="?", default="quickstart",
+                   help="workload TOML file or shipped workload name (default: quickstart)")
+
+
+def main(args) -> int:
+    from zerobench.spec.matrix import expand, matrix_notes
+    from zerobench.spec.workload import load_workload
+
+    workload = load_workload(args.workload)
+    for note in matrix_notes(workload):
+        print(f"# note: {note}")
+    for cell in expand(workload):
+        note = f"   # skipped: {cell.skip_reason}" if cell.skip_reason else ""
+        print(f"{cell.id}{note}")
+    return 0

@@ -1,0 +1,53 @@
+"""Step time, overlap, the host's lead and the caching allocator's peaks of each engine
+configuration on a virtual GPU (docs/vgpu.md): one rank per configuration and world
+size runs the engines' CUDA code path on a modelled GPU, against a fake process group,
+with fake tensors. Writes results/<date>-<workload>-predict/: predict.csv, a Chrome
+trace per cell and plots. Nothing is measured: these are a model's predictions.
+"""
+
+from __future__ import annotations
+
+from zerobench.commands.args import DEFAULT_RESULTS, results_root
+
+HELP = "step time, overlap and allocator peaks of each engine on a virtual GPU"
+
+
+def arguments(p) -> None:
+    from zerobench.instruments.link import PRESETS
+
+    p.add_argument("workload", help="workload TOML file or shipped workload name")
+    p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
+    p.add_argument("--gpu", default="h100-sxm",
+                   help="GPU preset (default h100-sxm; docs/vgpu.md lists them, and so does a wrong name)")
+    p.add_argument("--host", default="fast", help="host preset: fast or slow (default fast)")
+    p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
+    p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
+    p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS)
+    p.add_argument("--matrix", action="store_true", help="sweep prefetch x limiter x reshard")
+    p.add_argument("--config", action="append", help="only this configuration id (repeatable)")
+
+
+def main(args) -> int:
+    import time
+
+    import pandas as pd
+
+    from zerobench.commands.progress import Progress
+    from zerobench.whatif.predict import format_table, parse_world_sizes, predict
+
+    started = time.perf_counter()
+    with Progress(None, "predict") as progress:
+        out_dir = predict(args.workload, parse_world_sizes(args.world_sizes), gpu=args.gpu, host=args.host,
+                          link=args.link, inter_link=args.inter_link, node_size=args.node_size,
+                          results_root=args.results, matrix=args.matrix, only=args.config,
+                          progress=progress, log=progress.print)
+    frame = pd.read_csv(out_dir / "predict.csv")
+    print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
+          f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
+    print(format_table(frame))
+    print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")
+    print(f"traces: {out_dir / 'traces'}")
+    for path in sorted((out_dir / "plots").glob("*.png")):
+        print(f"plot: {path}")
+    return 0

@@ -1,0 +1,66 @@
+"""Re-time a profiled run's cells with the simulator: predicted step time and exposed
+communication on another link, world size or device speed (docs/simulate.md). Writes
+RUN/simulate/<what-if>/: predictions.csv, a Gantt per prediction, and with --matrix a
+heatmap per cell (knob setting x link bandwidth). Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from zerobench.commands.args import resolve_folder
+
+HELP = "predict step time / exposed comm of a profiled run's cells on another link, world size or device speed"
+
+
+def arguments(p) -> None:
+    from zerobench.instruments.link import PRESETS
+
+    p.add_argument("run", help="run folder recorded with --profile (or holding schedules/), or `latest`")
+    p.add_argument("--cell", action="append", metavar="ID", help="only this cell (repeatable)")
+    p.add_argument("--link", choices=sorted(PRESETS), help="link preset (default: the emulated link the cell ran on)")
+    p.add_argument("--gbps", type=float, help="link bus bandwidth in GB/s (overrides the preset's)")
+    p.add_argument("--latency-us", type=float, help="per-collective latency in microseconds")
+    p.add_argument("--inter-link", choices=sorted(PRESETS), help="HYBRID_SHARD: the link across nodes")
+    p.add_argument("--world-sizes", type=int, nargs="+", metavar="N", help="ranks to predict for (default: as measured)")
+    p.add_argument("--compute-scale", type=float, default=1.0, metavar="F", help="compute F times faster (default 1)")
+    p.add_argument("--matrix", action="store_true", help="also sweep knob settings x link bandwidth (heatmap)")
+    p.add_argument("--cross", action="store_true",
+                   help="also predict each cell from every other cell of its engine (its knobs and link on the "
+                        "other's schedule) and compare with its measurement: simulate/cross/")
+    p.add_argument("--async-collectives", action="store_true",
+                   help="model PyTorch's FSDPs' collectives as asynchronous, as on CUDA, where the measured "
+                        "CPU run blocked on them")
+    p.add_argument("--no-plots", action="store_true")
+
+
+def main(args) -> int:
+    run = resolve_folder(args.run, "RUN")
+
+    import pandas as pd
+
+    from zerobench.instruments.link import resolve_link
+    from zerobench.whatif.simulate.run import simulate_run, tag
+    from zerobench.whatif.simulate.validate import validation_summary
+
+    link = None
+    if args.link or args.gbps is not None:
+        link = resolve_link(args.link, args.gbps, args.latency_us)
+    inter = resolve_link(args.inter_link) if args.inter_link else None
+    for ws in args.world_sizes or []:
+        if ws < 1:
+            raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
+    if not args.compute_scale > 0:
+        raise ValueError(f"--compute-scale: must be > 0, got {args.compute_scale}")
+    pred, mat = simulate_run(run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,
+                             plots=not args.no_plots, inter_link=inter, async_collectives=args.async_collectives,
+                             cross=args.cross)
+    cols = [c for c in ("cell_id", "world_size", "step_time_s", "exposed_comm_s", "overlap_ratio",
+                        "max_unsharded_units", "measured_step_s", "step_error", "measured_exposed_comm_s",
+                        "exposed_error") if c in pred]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(pred[cols].round(4).to_string(index=False))
+    if "step_error" in pred and pred["step_error"].notna().any():
+        print("\n".join(validation_summary(pred.dropna(subset=["step_error"]))))
+    if args.cross:
+        print((run / "simulate" / "cross" / "cross.md").read_text())
+    print(f"wrote {run / 'simulate' / tag(link, args.world_sizes, args.compute_scale, args.async_collectives)}/")
+    return 0

@@ -1,0 +1,40 @@
+"""What a folder under ``results/`` is: a run (``zerobench run``: meta.json, cells/,
+results.csv), an estimate (estimate.csv) or a prediction (predict.csv). Standard
+library only: the command line asks before it imports anything else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: kind -> the files that mark it, looked for in this order (a run that also holds an
+#: estimate.csv, as a curated one may, is a run).
+FOLDER_KINDS: dict[str, tuple[str, ...]] = {
+    "run": ("meta.json", "cells", "results.csv"),
+    "estimate": ("estimate.csv",),
+    "predict": ("predict.csv",),
+}
+
+
+def folder_kind(path: Path) -> str | None:
+    """"run", "estimate" or "predict" for a results folder, None for anything else."""
+    for kind, markers in FOLDER_KINDS.items():
+        if any((Path(path) / m).exists() for m in markers):
+            return kind
+    return None
+
+
+def results_folders(root: Path, depth: int = 3) -> list[tuple[str, Path]]:
+    """(kind, folder) of every results folder under ``root`` down to ``depth`` levels
+    (results/<run>, results/curated/<run>, results/ci/<run>), not looking inside one."""
+    found = []
+    try:
+        children = sorted(p for p in Path(root).iterdir() if p.is_dir())
+    except OSError:
+        return found
+    for child in children:
+        kind = folder_kind(child)
+        if kind is not None:
+            found.append((kind, child))
+        elif depth > 1:
+            found += results_folders(child, depth - 1)
+    return found
