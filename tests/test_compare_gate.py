@@ -1,8 +1,9 @@
 """The gate catches a real regression: real runs of the harness, compared.
 
-A baseline run of tests/data/compare_gate.toml, the same workload run again (must pass:
-its deterministic figures are reproducible), and compare_gate_worse.toml, the same cell
-with four times the batch (must fail on peak memory). Three one-cell runs, ~30 s.
+A baseline run of tests/data/compare_gate.toml, the same workload run again (must pass the
+default gate: its deterministic figures, FSDP peaks included, are reproducible), and
+compare_gate_worse.toml, the same cells with four times the batch (must fail on peak
+memory). Three runs of three small cells, about a minute.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def test_unchanged_run_passes(runs, tmp_path):
     det = comparison[comparison["kind"] == "deterministic"]
     assert {"peak_mem_bytes", "comm_total_bytes", "loss_last"} <= set(det["metric"])
     assert (det["verdict"] == "ok").all(), det[det["verdict"] != "ok"]
+    memory = det[det["metric"].str.startswith("peak_mem")]
+    assert memory["cell_id"].nunique() == 3 and (memory["change"] == 0).all(), memory[memory["change"] != 0]
     assert md.read_text().startswith("## zerobench compare: PASS")
 
 
@@ -51,8 +54,8 @@ def test_worse_configuration_fails(runs, tmp_path, capsys):
     assert "peak_mem_bytes" in out and "batch_size" in out  # the regression, and why
     base, worse = load_run(runs["baseline"]), load_run(runs["worse"])
     comparison = compare_runs(base, worse)
-    peak = comparison[comparison["metric"] == "peak_mem_bytes"].iloc[0]
-    assert peak["verdict"] == "regression" and peak["new"] > peak["baseline"]
+    peaks = comparison[comparison["metric"] == "peak_mem_bytes"]
+    assert len(peaks) == 3 and (peaks["verdict"] == "regression").all() and (peaks["new"] > peaks["baseline"]).all()
     assert set(config_mismatches(base, worse)["severity"]) == {"context"}  # same cell, not unusable
     assert exit_code(comparison) == 1
     assert png.stat().st_size > 0

@@ -11,7 +11,8 @@ scratch folder holding the shipped workloads, the ``toml`` blocks of the same pa
 with ``name = "X"`` is saved as ``workloads/X.toml``) and a copy of a curated run. ``pip``
 lines must name extras that pyproject.toml has and the torch that .ci/run installs;
 ``pytest`` lines, paths and markers that exist; ``torchrun ... -m zerobench.worker``, options
-the worker takes; a script, one that exists. Any other command fails the test until it is
+the worker takes; a script, one that exists; ``python`` a module or script that exists
+and answers ``--help``. Any other command fails the test until it is
 given a check here. Running what takes minutes (``run``, ``estimate``, ``predict``) is
 left to the tests of those commands and to .ci/run.
 """
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "docs/ci.md", "docs/running.md", "docs/results.md", "docs/workloads.md"]
 RUN_FOR_REAL = {"cells", "engines", "list", "latest", "show", "plot"}
 #: commands of plain shell whose arguments are not zerobench's to check
-SHELL = {"ls", "sort", "tail", "cat", "cp", "git", "cd", "mkdir", "echo", "export", "python3", ".", "source",
+SHELL = {"ls", "sort", "tail", "cat", "cp", "rm", "git", "cd", "mkdir", "echo", "export", "python3", ".", "source",
          "pytest-benchmark"}
 CURATED = "20261121-165230-quickstart"
 PLACEHOLDERS = [  # (pattern, replacement): what a documented placeholder stands for here
@@ -149,6 +150,22 @@ def check_torchrun(argv: list[str]) -> None:
     assert given <= known, f"{' '.join(argv)}: the worker takes {sorted(known)}"
 
 
+def check_python(argv: list[str]) -> None:
+    """``python -m package.module ...`` or ``python scripts/x.py ...``: the module or script
+    exists and answers ``--help``."""
+    if argv[1] == "-m":
+        target = [sys.executable, "-m", argv[2]]
+        path = ROOT / Path(*argv[2].split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), f"{' '.join(argv)}: no module"
+    else:
+        assert (ROOT / argv[1]).is_file(), f"{' '.join(argv)}: no such script"
+        target = [sys.executable, argv[1]]
+    if argv[1] == "-m" and argv[2].startswith("tests."):
+        return  # a test helper run as a command: importing it is its check (tests/test_mutants.py)
+    done = subprocess.run([*target, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{' '.join(argv)} --help: {done.stderr[-2000:]}"
+
+
 def check(argv: list[str], cwd: Path) -> None:
     tool = argv[0]
     if tool == "zerobench":
@@ -159,8 +176,10 @@ def check(argv: list[str], cwd: Path) -> None:
         check_pytest(argv)
     elif tool == "torchrun":
         check_torchrun(argv)
-    elif tool.startswith("scripts/"):
+    elif tool.startswith(("scripts/", ".ci/")):
         assert (ROOT / tool).is_file() and (ROOT / tool).stat().st_mode & 0o111, f"{tool}: no such script"
+    elif tool == "python":
+        check_python(argv)
     elif tool == "git" and argv[1:2] == ["add"]:
         assert all((ROOT / p).exists() for p in argv[2:]), argv
     else:

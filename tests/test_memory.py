@@ -1,8 +1,11 @@
 """The storage tracker on known allocations: exact bytes, views, frees, resizes, roles."""
 
+import gc
+import threading
+
 import torch
 
-from zerobench.instruments.memory import StorageTracker
+from zerobench.instruments.memory import StorageTracker, measure_exact_step
 
 
 def test_exact_bytes_of_allocations_views_and_frees():
@@ -74,3 +77,94 @@ def test_timeline_follows_the_measured_interval():
     assert list(tl["total_bytes"]) == [40, 120, 40]
     assert tl["activations"].max() == 80
     del keep
+
+
+# -- [Note: frees on other threads] ----------------------------------------------------
+
+
+def _free_on_another_thread(holder: list) -> None:
+    """Drop the last reference in ``holder`` on a thread of its own, as gloo's worker
+    thread does with a finished collective's tensors."""
+    thread = threading.Thread(target=holder.clear)
+    thread.start()
+    thread.join()
+
+
+def test_a_late_free_of_a_storage_live_at_the_peak_makes_the_peak_inexact():
+    tracker = StorageTracker("cpu")
+    with tracker:
+        tracker.reset_peak()
+        held = [torch.empty(1000)]                       # 4000 B, held by "the collective" alone
+        late = torch.empty(500)                          # 2000 B: the peak, with the held one counted
+        del late
+        _free_on_another_thread(held)
+        assert tracker.current_bytes == 0 and tracker.peak_bytes == 6000
+        assert not tracker.peak_exact
+        tracker.reset_peak()                             # a new interval starts exact
+        assert tracker.peak_exact
+
+
+def test_a_late_free_of_a_storage_used_at_the_peak_leaves_it_exact():
+    tracker = StorageTracker("cpu")
+    with tracker:
+        tracker.reset_peak()
+        held = [torch.empty(1000)]                       # 4000 B
+        out = held[0] + 1                                # 4000 B: the peak, made by an op that uses it
+        del out
+        _free_on_another_thread(held)
+    assert tracker.peak_bytes == 8000 and tracker.peak_exact
+
+
+def test_a_late_free_that_the_peak_did_not_include_leaves_it_exact():
+    tracker = StorageTracker("cpu")
+    with tracker:
+        tracker.reset_peak()
+        held = [torch.empty(100)]                        # 400 B
+        _free_on_another_thread(held)
+        big = torch.empty(1000)                          # 4000 B: the peak, without the late one
+        del big
+    assert tracker.peak_bytes == 4000 and tracker.peak_exact
+
+
+def test_measure_exact_step_repeats_until_every_rank_agrees_and_tracks_nothing_of_its_own():
+    tracker = StorageTracker("cpu")
+    verdicts, kept = [], []
+
+    def step(attempt):
+        tracker.reset_peak()
+        held = [torch.empty(1000)]                       # 4000 B
+        if attempt == 0:                                 # freed late, after a 40 B allocation: peak 4040, inexact
+            small = torch.empty(10)
+            _free_on_another_thread(held)
+        else:                                            # freed in program order: peak 4000
+            held.clear()
+            small = torch.empty(10)
+        del small
+        return torch.empty(250)                          # 1000 B, kept by the caller: not into the next attempt
+
+    def all_exact(flag):
+        verdicts.append(flag)
+        kept.append(torch.ones(1).sum())                 # outside the mode: not tracked
+        return flag and len(verdicts) > 2                # "another rank" is inexact on attempt 2
+
+    with tracker:
+        last, steps = measure_exact_step(tracker, step, all_exact)
+    assert steps == 3 and verdicts == [False, True, True] and last.numel() == 250
+    assert tracker.peak_bytes == 4000 and tracker.peak_exact
+    assert tracker.current_bytes == 1000                 # the last result; all_exact's tensors were never tracked
+    assert gc.isenabled()
+
+
+def test_measure_exact_step_gives_up_after_its_attempts():
+    tracker = StorageTracker("cpu")
+
+    def step(attempt):
+        tracker.reset_peak()
+        held = [torch.empty(1000)]
+        small = torch.empty(10)
+        _free_on_another_thread(held)
+        del small
+
+    with tracker:
+        _, steps = measure_exact_step(tracker, step, attempts=3)
+    assert steps == 4 and not tracker.peak_exact

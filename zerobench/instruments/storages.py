@@ -78,6 +78,10 @@ class StorageEvents(TorchDispatchMode):
         # sid -> (the weak reference reporting its death, current nbytes, listeners following it)
         self._live: dict[int, tuple[weakref.ref, int, list[Listener]]] = {}
         self._ids = itertools.count()
+        # operators dispatched so far, and sid -> the last of them that read or wrote the
+        # storage (a resize or record_stream counts as a use too): who held it when
+        self.ops = 0
+        self._last_use: dict[int, int] = {}
         self._lock = threading.RLock()
         self._originals: dict = {}
 
@@ -94,6 +98,7 @@ class StorageEvents(TorchDispatchMode):
                 ref = weakref.ref(storage, lambda _ref, sid=sid: self._freed(sid))
                 self._live[sid] = (ref, storage.nbytes(), [])
             _, nbytes, following = self._live[sid]
+            self._last_use[sid] = self.ops
             new = [lst for lst in self.listeners if lst not in following and lst.wants(storage)]
             following.extend(new)
         for listener in new:
@@ -103,12 +108,18 @@ class StorageEvents(TorchDispatchMode):
     def sid_of(self, storage) -> int | None:
         return self._sid_of.get(storage)
 
+    def last_use(self, sid: int) -> int:
+        """The count of :attr:`ops` when the storage was last read or written (-1: unknown)."""
+        return self._last_use.get(sid, -1)
+
     def _freed(self, sid: int) -> None:
         with self._lock:
             entry = self._live.pop(sid, None)
         if entry is not None:
             for listener in entry[2]:
                 listener.on_free(sid)
+        with self._lock:
+            self._last_use.pop(sid, None)  # after the listeners, who may ask
 
     def _resized(self, storage, size: int) -> None:
         with self._lock:
@@ -133,6 +144,7 @@ class StorageEvents(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         for storage in storages_of((args, kwargs)):  # tensors made before anyone listened
             self.see(storage)
         out = func(*args, **kwargs)

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from zerobench.instruments.memory import measure_exact_step
 from zerobench.rank import devices
 from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
 from zerobench.rank.session import Session
@@ -168,8 +169,13 @@ class CellRunner:
         with self.session.tracker() as tracker:
             engine = self.session.build()
             self.session.warm_up(engine, warmup)
-            self.world.barrier()
-            self.session.measured_step(engine, warmup, tracker)
+
+            def step(attempt: int):
+                self.world.barrier()
+                return self.session.measured_step(engine, warmup + attempt, tracker)
+
+            # the step again until every rank's peak is exact: [Note: frees on other threads]
+            _, steps = measure_exact_step(tracker, step, self.world.all_true)
             self.world.barrier()
             steady = _settled_bytes(tracker)
         breakdown = tracker.peak_breakdown()
@@ -182,6 +188,7 @@ class CellRunner:
             "peak_mem_unsharded_bytes": breakdown["unsharded"],
             "peak_mem_activations_bytes": breakdown["activations"],
             "steady_mem_bytes": steady,
+            "memory_steps": steps,
             **tracker.comm.columns(),
         }
         timeline = tracker.timeline()

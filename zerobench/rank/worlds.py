@@ -10,6 +10,7 @@ either:
 * :class:`TorchrunWorld`: this process is one rank of a real world, started by
   ``zerobench run`` or by torchrun (the environment of zerobench/rank/protocol.py);
   gloo on CPU, NCCL with one GPU per local rank. Collectives move real data.
+* :class:`JoinedWorld`: a rank of a process group something else initialised (tests).
 * :class:`FakeWorld`: this process is rank ``rank`` of a world of any size whose other
   ranks do not exist: a process group of backend "fake"
   (``torch.testing._internal.distributed.fake_pg``), whose collectives return at once
@@ -52,6 +53,15 @@ class World:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank: a MIN all-reduce that no instrument sees
+        (torch.distributed.distributed_c10d's function, not the intercepted one)."""
+        from torch.distributed import distributed_c10d
+
+        agreed = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
+        distributed_c10d.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        return bool(agreed.item())
 
     def gather_object(self, obj) -> list | None:
         """Every rank's ``obj``, on rank 0 (None on the others)."""
@@ -109,6 +119,24 @@ class TorchrunWorld(World):
         _destroy_process_group()
 
 
+class JoinedWorld(World):
+    """This process as one rank of a process group that is already initialised (by the
+    tests' ``run_ranks``, a script, a notebook): it is neither started nor ended here."""
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = self.rank
+        self.device = torch.device(device)
+        self.backend = dist.get_backend()
+        self.module = torch.cuda if self.device.type == "cuda" else None
+
+    def __enter__(self) -> "JoinedWorld":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 #: Backends whose own buffers a fake world can model (``FakeWorld(backend=...)``).
 BACKENDS = ("nccl", "gloo")
 
@@ -140,6 +168,9 @@ class FakeWorld(World):
 
     def barrier(self) -> None:
         pass  # no other rank to wait for
+
+    def all_true(self, flag: bool) -> bool:
+        return flag  # the only rank there is
 
     def __enter__(self) -> "FakeWorld":
         from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"

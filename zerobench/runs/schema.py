@@ -69,6 +69,9 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
     Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
+    Metric("memory_steps", "", "steps the memory pass measured until every rank's peak was exact (9: none was, "
+           "the peak is an upper bound; [Note: frees on other threads] in zerobench/instruments/memory.py)",
+           "context", "none"),
     # -- memory (the caching allocator: a run's timing pass on a GPU, empty on CPU; predict's
     #    allocator model). See [Note: allocator peaks] --
     Metric("peak_allocated_bytes", "B", "caching allocator's peak allocated bytes (torch.cuda.max_memory_allocated) "
@@ -256,7 +259,7 @@ COLUMN_DOCS: dict[str, str] = {
 # with gaps (zerobench.runs.folder.integers_as_written).
 
 _STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
-_INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
+_INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "memory_steps", "limiter_stalls", "limiter_overruns",
                     "max_inflight_all_gathers", "all_gathers", "comm_calls", "num_alloc_retries", "num_ooms",
                     "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
 COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}

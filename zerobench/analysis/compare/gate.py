@@ -43,6 +43,8 @@ that a change on any one rank shows. ``per_rank=True`` compares rank by rank ins
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import json
 import math
 from dataclasses import dataclass, field
@@ -51,13 +53,14 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL, Rule,
-                                     default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
+from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL,
+                                              Rule, default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
+from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, METRICS
 
-__all__ = ["RunLoadError", "RunTables", "load_run", "Rule", "parse_rules", "default_rule", "cell_table",
-           "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
+__all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells", "Rule", "parse_rules", "default_rule",
+           "cell_table", "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
            "DEFAULT_DET_REL", "DEFAULT_LOSS_ABS", "DEFAULT_TIME_K", "DEFAULT_TIME_REL"]
 
 Gate = Literal["all", "deterministic", "none"]
@@ -90,13 +93,25 @@ class RunTables:
     """Numeric metric columns present: schema metrics, then extra engine metrics."""
     config_columns: tuple[str, ...] = ()
     """Columns that identify a cell's configuration: engine, world_size, dtype, axes."""
+    tool: str = "run"
+    """What made the folder: run, predict or estimate ([Note: comparing what-if folders])."""
 
 
 def load_run(path: str | Path) -> RunTables:
     """Read ``results/<run-id>/`` (or a results.csv inside one) through
     :class:`zerobench.runs.folder.RunFolder`: the tables are built from cells/ in memory
-    when they are missing or stale (cells run under torchrun); nothing is written.
-    Raises RunLoadError."""
+    when they are missing or stale (cells run under torchrun); nothing is written. A
+    predict or estimate folder is read as one too ([Note: comparing what-if folders] in
+    zerobench/analysis/compare/whatif.py). Raises RunLoadError."""
+    tool = whatif_tool(path)
+    if tool is not None:
+        try:
+            root, results = read_whatif(path, tool)
+        except ValueError as e:
+            raise RunLoadError(str(e)) from e
+        results = _normalised(results, root / TABLES[tool])
+        metrics, config = _classify_columns(results, tool)
+        return RunTables(root, results, None, {}, metrics, config, tool)
     folder = RunFolder(path)
     results_csv = folder.results_path
     try:
@@ -107,21 +122,7 @@ def load_run(path: str | Path) -> RunTables:
         raise RunLoadError(str(e)) from e
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunLoadError(f"{results_csv}: unreadable: {e}") from e
-    missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
-    if missing:
-        raise RunLoadError(f"{results_csv}: missing column(s) {', '.join(missing)}")
-    # an all-empty column reads as float64 ([Note: types in results.csv]): text first, then fill
-    results["status"] = results["status"].astype(object).fillna("").astype(str)
-    results["error"] = results["error"].astype(object).fillna("").astype(str) if "error" in results else ""
-    results["cell_id"] = results["cell_id"].astype(str)
-    results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
-    for c in results.columns:  # the judging works on floats (NaN for missing), not nullable integers
-        if c in METRIC_BY_NAME and isinstance(results[c].dtype, pd.Int64Dtype):
-            results[c] = results[c].astype("float64")
-    dup = results.duplicated(["cell_id", "rank"], keep=False)
-    if dup.any():
-        keys = sorted({f"{c}/rank{r}" for c, r in results.loc[dup, ["cell_id", "rank"]].itertuples(index=False)})
-        raise RunLoadError(f"{results_csv}: duplicate rows for {', '.join(keys[:10])}")
+    results = _normalised(results, results_csv)
 
     steps = folder.steps()
     if steps is not None:
@@ -136,15 +137,36 @@ def load_run(path: str | Path) -> RunTables:
     return RunTables(folder.root, results, steps, meta, metrics, config)
 
 
-def _classify_columns(results: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _normalised(results: pd.DataFrame, source: Path) -> pd.DataFrame:
+    """The id columns typed as the judging needs them, and no two rows of one cell and rank."""
+    missing = [c for c in ("cell_id", "rank", "status") if c not in results.columns]
+    if missing:
+        raise RunLoadError(f"{source}: missing column(s) {', '.join(missing)}")
+    # an all-empty column reads as float64 ([Note: types in results.csv]): text first, then fill
+    results["status"] = results["status"].astype(object).fillna("").astype(str)
+    results["error"] = results["error"].astype(object).fillna("").astype(str) if "error" in results else ""
+    results["cell_id"] = results["cell_id"].astype(str)
+    results["rank"] = pd.to_numeric(results["rank"], errors="coerce").astype("Int64")
+    for c in results.columns:  # the judging works on floats (NaN for missing), not nullable integers
+        if c in METRIC_BY_NAME and isinstance(results[c].dtype, pd.Int64Dtype):
+            results[c] = results[c].astype("float64")
+    dup = results.duplicated(["cell_id", "rank"], keep=False)
+    if dup.any():
+        keys = sorted({f"{c}/rank{r}" for c, r in results.loc[dup, ["cell_id", "rank"]].itertuples(index=False)})
+        raise RunLoadError(f"{source}: duplicate rows for {', '.join(keys[:10])}")
+    return results
+
+
+def _classify_columns(results: pd.DataFrame, tool: str = "run") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Split the columns into metrics and configuration.
 
     Schema metrics are known by name. Other columns are engine axes (configuration),
     except numeric ones named with a unit suffix (``_s``, ``_bytes``, ``_pct``,
     ``_calls``, ``_count``: e.g. ``limiter_stall_s``), which are extra engine metrics,
-    reported as context. No axis is named that way (emulate_* axes aside).
+    reported as context. No axis is named that way (emulate_* axes aside). In a what-if
+    folder the presets and versions are configuration too, ``backend`` included.
     """
-    known = set(ID_COLUMNS) | set(CONTEXT_COLUMNS)
+    known = set(ID_COLUMNS) | (set(CONTEXT_COLUMNS) if tool == "run" else set())
     metrics = [c for c in results.columns if c in METRIC_BY_NAME]
     config = ["engine", "world_size", "dtype"]
     for c in results.columns:
@@ -159,6 +181,24 @@ def _classify_columns(results: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str
 
 
 _EXTRA_METRIC_SUFFIXES = ("_s", "_bytes", "_pct", "_calls", "_count")
+
+
+def select_cells(run: RunTables, patterns: Sequence[str]) -> RunTables:
+    """The run with only the cells whose id matches one of ``patterns`` (an id or a glob;
+    comma-separated lists allowed). Raises ValueError naming a pattern that matches none
+    of the run's cells, and the cell ids there are. Used on the baseline and the new run
+    alike (``--cells``): the baseline's other cells are then not missing."""
+    wanted = [p.strip() for text in patterns for p in str(text).split(",") if p.strip()]
+    ids = sorted(set(run.results["cell_id"]))
+    keep: set[str] = set()
+    for pattern in wanted:
+        hits = fnmatch.filter(ids, pattern)
+        if not hits:
+            raise ValueError(f"--cells: {pattern!r} matches no cell of {run.path} (cells: {', '.join(ids)})")
+        keep.update(hits)
+    results = run.results[run.results["cell_id"].isin(keep)].reset_index(drop=True)
+    steps = None if run.steps is None else run.steps[run.steps["cell_id"].isin(keep)].reset_index(drop=True)
+    return dataclasses.replace(run, results=results, steps=steps)
 
 
 # --------------------------------------------------------------------------- comparing
@@ -180,7 +220,7 @@ def cell_table(run: RunTables, per_rank: bool = False) -> pd.DataFrame:
         "error": g["error"].agg(lambda s: next((e for e in s if e), "")),
     })
     for name in run.metric_columns:
-        kind, better, _ = metric_info(name)
+        kind, better, _ = metric_info(name, run.tool)
         values = pd.to_numeric(df[name], errors="coerce")
         if kind == "time":
             how = "median"
@@ -214,12 +254,12 @@ def baseline_spread(run: RunTables, per_rank: bool = False) -> pd.Series:
     return rel if per_rank else rel.groupby(level="cell_id").median()
 
 
-def _is_gated(name: str, explicit: bool, gate: str, report_only: set[str]) -> bool:
+def _is_gated(name: str, explicit: bool, gate: str, report_only: set[str], tool: str = "run") -> bool:
     if explicit:
         return True
     if name in report_only:
         return False
-    kind = metric_info(name)[0]
+    kind = metric_info(name, tool)[0]
     return (gate == "all" and kind in ("time", "deterministic")) or (gate == "deterministic" and kind == "deterministic")
 
 
@@ -237,6 +277,7 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
     """
     if gate not in GATES:
         raise ValueError(f"gate: {gate!r} is not allowed (allowed: {', '.join(GATES)})")
+    tool = same_tool(baseline, new)
     explicit: dict[str, Rule] = {}
     for rule in rules:  # later rules win
         explicit.update({m: rule for m in rule.metrics})
@@ -262,10 +303,10 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
             if math.isnan(b) and math.isnan(n):
                 continue  # not measured in either run (cuda_* on CPU, tokens for non-GPT models)
             rule = explicit.get(name) or default_rule(name, dtypes.get(cell_id, "fp32"), cross_machine,
-                                                      _loss_scale(n_cell))
-            rel_spread = spread.get(key, nan) if is_timelike(name) else nan
-            rows.append({**ident, "metric": name, **_judge(name, b, n, rule, rel_spread, name in explicit),
-                         "gated": rule.gates and _is_gated(name, name in explicit, gate, set(report_only))})
+                                                      _loss_scale(n_cell), tool)
+            rel_spread = spread.get(key, nan) if is_timelike(name, tool) else nan
+            rows.append({**ident, "metric": name, **_judge(name, b, n, rule, rel_spread, name in explicit, tool),
+                         "gated": rule.gates and _is_gated(name, name in explicit, gate, set(report_only), tool)})
     cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
             "limit_pct", "spread", "rule", "gated", "verdict", "note"]
     out = pd.DataFrame(rows, columns=cols)
@@ -298,8 +339,16 @@ def _status_row(b: dict | None, n: dict | None) -> dict:
     return {"verdict": verdict, "note": note}
 
 
-def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float, explicit: bool) -> dict:
-    kind, better, _ = metric_info(name)
+def same_tool(baseline: RunTables, new: RunTables) -> str:
+    """The tool both folders come from; a ValueError when they differ (a run is not a prediction)."""
+    if baseline.tool != new.tool:
+        raise ValueError(f"{baseline.path} is a {baseline.tool} folder and {new.path} a {new.tool} folder: "
+                         f"compare two folders of one kind (run, predict or estimate)")
+    return new.tool
+
+
+def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float, explicit: bool, tool: str = "run") -> dict:
+    kind, better, _ = metric_info(name, tool)
     out = {"kind": kind, "baseline": b, "new": n, "rule": rule.text or str(rule.metrics), "note": ""}
     if math.isnan(n):
         return {**out, "verdict": "missing", "note": "measured in the baseline, not in the new run"}
@@ -347,13 +396,15 @@ def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
     ``severity`` is ``identity`` for an engine / world_size / dtype / axis column (the
     two cells are not the same configuration: unusable input) and ``context`` for the
     workload's fixed columns and meta.json (reported, e.g. a different torch version).
+    A what-if folder's presets and versions are identity ([Note: comparing what-if
+    folders] in whatif.py).
     """
     rows = []
     b = baseline.results.drop_duplicates("cell_id").set_index("cell_id")
     n = new.results.drop_duplicates("cell_id").set_index("cell_id")
     columns = [(c, "identity") for c in dict.fromkeys([*baseline.config_columns, *new.config_columns])]
-    # A different model is a different configuration under the same cell id.
-    columns += [(c, "identity" if c in IDENTITY_CONTEXT else "context") for c in CONTEXT_COLUMNS]
+    if new.tool == "run":  # A different model is a different configuration under the same cell id.
+        columns += [(c, "identity" if c in IDENTITY_CONTEXT else "context") for c in CONTEXT_COLUMNS]
     for cell_id in sorted(set(b.index) & set(n.index)):
         both_ok = b.loc[cell_id, "status"] == "ok" and n.loc[cell_id, "status"] == "ok"
         for col, severity in columns:

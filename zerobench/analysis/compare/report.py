@@ -172,15 +172,50 @@ _STYLE = {"regression": "bold red", "worse (not gated)": "yellow", "improved": "
           "missing": "magenta", "new": "magenta", "ok": "dim"}
 
 
+def pass_lines(comparison: pd.DataFrame) -> list[str]:
+    """At most one line per cell: the rows worth a look on a pass (moved within their
+    tolerance, worse but not gated, a gated metric improved), as
+    ``cell: metric +x% (allowed +y%), ...``."""
+    rows = comparison[notable(comparison) & (comparison["metric"] != CELL_ROW)
+                      & ~((comparison["verdict"] == "improved") & ~comparison["gated"])]  # a faster shared runner
+    lines = []
+    for cell, group in rows.groupby("cell_id", sort=True):
+        parts = []
+        for _, r in group.iterrows():
+            label = verdict_label(r)
+            where = "" if pd.isna(r["rank"]) else f" r{r['rank']}"
+            allowed = fmt_limit(r["limit"], r["metric"])
+            parts.append(f"{r['metric']}{where} {fmt_pct(r['change_pct']) or fmt_value(r['change'], r['metric'], True)}"
+                         + (f" (allowed {allowed})" if allowed else "") + ("" if label == "ok" else f" {label}"))
+        lines.append(f"{cell}: " + ", ".join(parts))
+    return lines
+
+
 def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, info: ReportInfo,
                  show_all: bool = False) -> None:
-    """Print the table of changed / failing rows (all rows with ``show_all``) and the summary."""
+    """Print the table of changed / failing rows (all rows with ``show_all``) and the summary.
+
+    On a pass (exit 0) without ``show_all`` the log stays short: at most one line per
+    cell that has anything worth a look, one line of configuration differences, the
+    hardware line and the summary; the reports (--markdown, --junit-xml) hold the rest."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = display_table(comparison, show_all)
     title = f"{info.new}  vs baseline  {info.baseline}   (gate: {info.gate}" + (
         f"; rules: {', '.join(info.rules)})" if info.rules else ")")
+    if info.exit_code == 0 and not show_all:
+        console.print(escape(title), highlight=False)
+        for line in pass_lines(comparison):  # soft_wrap: one line each, however wide
+            console.print("  " + escape(line), style="dim", highlight=False, soft_wrap=True)
+        if len(mismatches):
+            columns = ", ".join(dict.fromkeys(mismatches["column"]))
+            console.print(escape(f"  context differences (reported only): {columns}"), style="dim", highlight=False,
+                          soft_wrap=True)
+        if info.hardware:
+            console.print("[yellow]" + escape(info.hardware_line()) + "[/]")
+        console.print("[bold green]" + escape(summary_line(comparison, info)) + "[/]")
+        return
+    table = display_table(comparison, show_all)
     if len(table):
         t = Table(title=escape(title), title_justify="left")
         for col in table.columns:
@@ -243,9 +278,11 @@ def markdown_report(comparison: pd.DataFrame, mismatches: pd.DataFrame, info: Re
 
 
 def write_markdown(path: str | Path, comparison: pd.DataFrame, mismatches: pd.DataFrame, info: ReportInfo) -> Path:
+    from zerobench.runs.files import write_atomic
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(markdown_report(comparison, mismatches, info))
+    text = markdown_report(comparison, mismatches, info)
+    write_atomic(path, lambda f: f.write(text))
     return path
 
 

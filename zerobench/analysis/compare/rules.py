@@ -19,22 +19,39 @@ DEFAULT_TIME_REL = 0.10
 DEFAULT_TIME_K = 3.0
 DEFAULT_DET_REL = 1e-6
 DEFAULT_LOSS_ABS = 1e-6
+#: A what-if figure may move by this fraction of the baseline: none on unchanged code (its
+#: figures are identical), and a changed program that only reorders sums moves times by
+#: ~1e-13 of themselves (floating-point rounding), which is no regression. The smallest
+#: real effect seen (a cast kernel more per all-gather) is ~1e-3. See [Note: comparing
+#: what-if folders] in whatif.py.
+WHATIF_REL = 1e-9
 #: Which default rules gate (``--gate``): here, with no pandas, so ``--help`` lists them cheaply.
 GATES: tuple[str, ...] = ("all", "deterministic", "none")
 
 
-def metric_info(name: str) -> tuple[str, str, str]:
-    """(kind, better, unit) of a metric column; extra engine metrics are context."""
+#: What made a folder: a run (``zerobench run``), or a what-if tool whose every figure is
+#: deterministic ([Note: comparing what-if folders] in whatif.py).
+TOOLS = ("run", "predict", "estimate")
+
+
+def metric_info(name: str, tool: str = "run") -> tuple[str, str, str]:
+    """(kind, better, unit) of a metric column in a folder made by ``tool``; extra engine
+    metrics are context. In a predict or estimate folder every metric but the wall time
+    of the tool itself is deterministic ([Note: comparing what-if folders])."""
     m = METRIC_BY_NAME.get(name)
-    if m is not None:
-        return m.kind, m.better, m.unit
-    return "context", "lower", "s" if name.endswith("_s") else ""
+    if m is None:
+        return "context", "lower", "s" if name.endswith("_s") else ""
+    if tool != "run":
+        if name.endswith("_wall_s"):
+            return "context", "none", m.unit
+        return "deterministic", m.better if m.better != "none" else "lower", m.unit
+    return m.kind, m.better, m.unit
 
 
-def is_timelike(name: str) -> bool:
-    """Time metrics and other metrics in seconds: the ones a spread (MAD) applies to."""
-    kind, _, unit = metric_info(name)
-    return kind == "time" or unit == "s"
+def is_timelike(name: str, tool: str = "run") -> bool:
+    """Time metrics and other metrics in seconds of a run: the ones a spread (MAD) applies to."""
+    kind, _, unit = metric_info(name, tool)
+    return tool == "run" and (kind == "time" or unit == "s")
 
 
 _RULE_RE = re.compile(r"^\s*(?P<name>[A-Za-z0-9_*?\[\]]+)\s*:\s*\+?(?P<value>[0-9.eE+-]+)\s*(?P<pct>%)?"
@@ -68,8 +85,9 @@ class Rule:
     """False for a metric that is shown but can never fail the comparison."""
 
     @classmethod
-    def parse(cls, text: str, metrics: Sequence[str] | None = None) -> "Rule":
-        """Parse one rule; ``metrics`` are the allowed names (default: the schema's)."""
+    def parse(cls, text: str, metrics: Sequence[str] | None = None, tool: str = "run") -> "Rule":
+        """Parse one rule; ``metrics`` are the allowed names (default: the schema's), in a
+        folder made by ``tool`` (a what-if folder has no spread: no ``k``)."""
         allowed = list(metrics) if metrics is not None else [m.name for m in METRICS]
         m = _RULE_RE.match(text)
         if m is None:
@@ -84,10 +102,11 @@ class Rule:
             raise ValueError(f"rule {text!r}: tolerance and k must be finite and >= 0 (a rule allows a worsening)")
         names = resolve_metric(m["name"], allowed, rule=text)
         if k is not None:
-            not_time = [n for n in names if not is_timelike(n)]
+            not_time = [n for n in names if not is_timelike(n, tool)]
             if not_time:
-                raise ValueError(f"rule {text!r}: k= applies to time metrics only, not {', '.join(not_time)}")
-        elif any(metric_info(n)[0] == "time" for n in names):
+                raise ValueError(f"rule {text!r}: k= applies to time metrics only (of runs: a prediction has no "
+                                 f"spread), not {', '.join(not_time)}")
+        elif any(metric_info(n, tool)[0] == "time" for n in names):
             k = DEFAULT_TIME_K  # time stays spread-aware unless the rule says k=0
         rel, abs_ = (value / 100, 0.0) if m["pct"] else (0.0, value)
         shown = text.strip() + (f" (k={k:g})" if k is not None and m["k"] is None else "")
@@ -123,15 +142,18 @@ def resolve_metric(name: str, allowed: Sequence[str], rule: str = "") -> list[st
     raise ValueError(f"{where}unknown metric {name!r} (allowed: {', '.join(allowed)})")
 
 
-def parse_rules(texts: Sequence[str], metrics: Sequence[str] | None = None) -> list[Rule]:
-    return [Rule.parse(t, metrics) for t in texts]
+def parse_rules(texts: Sequence[str], metrics: Sequence[str] | None = None, tool: str = "run") -> list[Rule]:
+    return [Rule.parse(t, metrics, tool) for t in texts]
 
 
 def default_rule(name: str, dtype: str = "fp32", cross_machine: bool = False,
-                 loss_scale: float = 1.0) -> Rule:
+                 loss_scale: float = 1.0, tool: str = "run") -> Rule:
     """The rule a metric gets when no ``--fail-on`` names it. See [Note: compare rules]
-    and, for losses, [Note: losses across machines]."""
-    kind, better, _ = metric_info(name)
+    and, for losses, [Note: losses across machines]; a what-if folder's figures gate
+    exactly ([Note: comparing what-if folders])."""
+    kind, better, _ = metric_info(name, tool)
+    if tool != "run" and kind == "deterministic":
+        return Rule((name,), rel=WHATIF_REL, text="default exact (1e-9)")
     if name in LOSS_METRICS and (dtype in LOW_PRECISION or cross_machine):
         return loss_rule(name, dtype, loss_scale)
     if kind == "time":

@@ -210,7 +210,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                     res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind)}
             rows.append({
                 "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi,
+                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions(),
                 "zero_stage": stage, "shard_ranks": shard,
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
@@ -241,6 +241,17 @@ def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, ba
         row = depth.extrapolate(a, b, low, high, w.model.layers)
         out[ws] = depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
     return out
+
+
+def versions() -> dict[str, str | None]:
+    """The torch and zerobench versions, columns of every row of estimate.csv and
+    predict.csv: part of a row's identity when ``zerobench compare`` gates it ([Note:
+    comparing what-if folders] in zerobench/analysis/compare/whatif.py)."""
+    import torch
+
+    from zerobench.runs.folder import zerobench_version
+
+    return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
 
 
 def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str], env: dict) -> tuple[list, str | None]:

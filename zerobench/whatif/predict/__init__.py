@@ -22,7 +22,8 @@ import os
 import time
 from pathlib import Path
 
-from zerobench.whatif.estimate import config_id, parse_world_sizes, run_rank_process, select_configurations, why_not
+from zerobench.whatif.estimate import (config_id, parse_world_sizes, run_rank_process, select_configurations,
+                                      versions, why_not)
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -104,6 +105,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": gpu, "host": host, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
+                         "node_size": node_size, **versions(),
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
         write_csv_atomic(out_dir / "predict.csv", pd.DataFrame(rows))
     frame = pd.DataFrame(rows)

@@ -18,7 +18,9 @@ engine configuration, so that process-group state never leaks between cells.
 * ``max_unsharded_units``: peak active bytes of all-gather outputs over the largest
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
-* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most.
+* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
+* ``comm_{kind}_bytes``, ``comm_total_bytes``, ``comm_calls``: the collectives the rank
+  issued in the step, as a run's memory pass counts them.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from zerobench.runs.files import write_json_atomic
+from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
+from zerobench.runs.files import write_json_atomic
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
@@ -73,7 +76,8 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         world.synchronize()
         world.reset_peak_memory_stats()
         vgpu.trace.clear()
-        step = session.measured_step(engine, w.run.memory_warmup_steps)
+        with collectives.intercepted(collectives.CommCounter()) as comm:  # bytes and calls of the step
+            step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
         allocator = session.allocator_metrics()
         extra = engine.extra_metrics()
@@ -93,6 +97,7 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
                                 if largest else 0.0),
         "host_lead_max_s": vgpu.host_lead_max_s,
         "host_blocked_s": vgpu.host.blocked_s,
+        **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         "limiter_stalls": extra.get("limiter_stalls"),
         "predict_wall_s": time.perf_counter() - started,

@@ -1,0 +1,86 @@
+"""Run and predict folders made in this process, for tests that patch what they run.
+
+``zerobench run`` and ``zerobench predict`` start processes of their own, which a
+``monkeypatch`` applied in a test does not reach. These make the same folders from here:
+
+* :func:`run_folder`: every cell of a workload on real gloo ranks forked from this
+  process (tests' ``run_ranks``), each rank running the worker's own timing and memory
+  passes (zerobench/rank/worker.py ``CellRunner``), rank 0 writing the cell record the
+  worker writes; ``zerobench compare`` reads the folder as any run's.
+* :func:`predict_folder`: ``zerobench.whatif.predict.predict`` itself, with its one
+  process per configuration replaced by a call of the same ``predict_one`` here.
+
+A patch applied before either call is in force in what they run (forked ranks inherit
+it), and what they write is what the CLI writes.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+
+from zerobench.harness.runner import prepare_run
+from zerobench.harness.testing import run_ranks
+from zerobench.runs.files import write_json_atomic
+from zerobench.spec.matrix import Cell, expand
+from zerobench.spec.workload import load_workload
+
+
+def _cell_records(rank: int, world_size: int, workload, cell_ids: list[str]) -> dict | None:
+    from zerobench.rank.worker import CellRunner
+    from zerobench.rank.worlds import JoinedWorld
+
+    records = {}
+    world = JoinedWorld()
+    for cell in (c for c in expand(workload) if c.id in cell_ids):
+        runner = CellRunner(workload, cell, world)
+        engine = runner.build()
+        record = runner.timing_pass(engine)
+        del engine
+        gc.collect()
+        record["metrics"].update(runner.memory_pass()["metrics"])
+        record["rank"] = rank
+        gathered = world.gather_object(record)
+        if rank == 0:
+            records[cell.id] = {"cell_id": cell.id, "status": "ok", "error": None, "config": cell.config(),
+                                "backend": world.backend, "device": world.device.type, "ranks": gathered}
+    return records if rank == 0 else None
+
+
+def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str, ...] = ()) -> Path:
+    """A run folder of every cell of the workload (or of the cells ``only`` names), as
+    ``zerobench run`` (``--cell``) lays it out."""
+    w = load_workload(workload_path)
+    cells = [c for c in expand(w) if not c.skip_reason and (not only or c.id in only)]
+    run_dir = Path(root) / name
+    prepare_run(w, run_dir, cells, "cpu")
+    for size in sorted({c.world_size for c in cells}):
+        ids = [c.id for c in cells if c.world_size == size]
+        records = run_ranks(_cell_records, size, args=(w, ids), timeout=600)[0]
+        for cell_id, record in records.items():
+            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
+    return run_dir
+
+
+def _predict_here(w, cell, world_sizes, gpu, host, links, node_size, traces) -> dict:
+    """``zerobench.whatif.predict._run_child`` in this process."""
+    from zerobench.whatif.predict.rank import EMULATION_OPTIONS, predict_one
+
+    options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
+    return {ws: predict_one(w, Cell(cell.engine, ws, cell.dtype, options), gpu, host, links["link"],
+                            links["inter_link"], node_size, None)
+            for ws in world_sizes}
+
+
+def predict_folder(root: Path, workload_path: str | Path, world_sizes: list[int], link: str,
+                   gpu: str = "h100-sxm", only: tuple[str, ...] = ()) -> Path:
+    """The folder ``zerobench predict WORKLOAD --world-sizes ... --link LINK [--config ...]``
+    writes."""
+    import zerobench.whatif.predict as predict
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(predict, "_run_child", _predict_here)
+        return predict.predict(workload_path, world_sizes, gpu=gpu, link=link, results_root=Path(root),
+                               only=list(only) or None, log=lambda *_: None)

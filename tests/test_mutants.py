@@ -1,0 +1,74 @@
+"""The mutation study: realistic performance regressions of impl's FSDP and ZeRO engines
+(tests/helpers/mutants.py, applied by monkeypatching), each caught by the predict gate
+with exit 1 and the metrics named, each run through the CPU run gate with the outcome
+docs/ci.md's table states; unchanged code passes both. Training stays correct under
+every mutant (its losses do not move), so no correctness test could have caught them.
+
+Every figure depends on the virtual GPU's cost model and the engines, not this test:
+what it holds is the exit codes, that the predict gate names what regressed, and that
+the table in docs/ci.md says what the gates do. About four minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import mutation_study as study
+from tests.helpers.mutants import MUTANTS
+
+pytestmark = pytest.mark.slow
+
+DOCS = Path(__file__).parents[1] / "docs" / "ci.md"
+
+
+def documented() -> dict[str, dict[str, str]]:
+    """docs/ci.md's table: mutant -> engine, predict gate, run gate columns."""
+    text = DOCS.read_text()
+    table = text[text.index("<!-- mutation table -->"):]
+    rows = re.findall(r"^\| `([\w-]+)` \| [^|]+ \| ([\w-]+) \| ([^|]+) \| ([^|]+) \|$", table, flags=re.M)
+    return {name: {"engine": engine, "predict": predict.strip(), "run": run.strip()}
+            for name, engine, predict, run in rows}
+
+
+@pytest.fixture(scope="module")
+def baselines(tmp_path_factory):
+    return study.baselines(tmp_path_factory.mktemp("unchanged"))
+
+
+def test_the_table_in_the_docs_lists_every_mutant():
+    table = documented()
+    assert list(table) == [m.name for m in MUTANTS]
+    assert {name: row["engine"] for name, row in table.items()} == {m.name: m.engine for m in MUTANTS}
+    assert all(row["predict"].startswith("caught: ") for row in table.values())
+    assert all(row["run"].startswith(("caught: ", "passes: ")) for row in table.values())
+
+
+@pytest.mark.parametrize("engine", sorted({m.engine for m in MUTANTS}))
+def test_unchanged_code_passes_both_gates(baselines, tmp_path, engine):
+    predicted = study.through_predict_gate(None, engine, baselines["predict"], tmp_path)
+    run = study.through_run_gate(None, engine, baselines["run"], tmp_path)
+    assert (predicted.exit_code, predicted.regressions) == (0, [])
+    assert (run.exit_code, run.regressions) == (0, [])
+    moved = [r for r in predicted.rows if r["kind"] == "deterministic" and r["change"] != 0]
+    assert moved == []  # not within a tolerance: identical
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_the_predict_gate_catches_the_mutant_and_names_the_metric(baselines, tmp_path, mutant):
+    outcome = study.through_predict_gate(mutant, mutant.engine, baselines["predict"], tmp_path)
+    assert outcome.exit_code == 1, f"{mutant.name} passed the predict gate"
+    assert outcome.regressions and all(r["metric"] != "status" for r in outcome.regressions)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_the_cpu_run_gate_does_what_the_table_says_and_training_stays_correct(baselines, tmp_path, mutant):
+    outcome = study.through_run_gate(mutant, mutant.engine, baselines["run"], tmp_path)
+    expected = documented()[mutant.name]["run"]
+    assert outcome.exit_code == (1 if expected.startswith("caught") else 0), (mutant.name, outcome.named())
+    for metric in expected.removeprefix("caught: ").split(", ") if expected.startswith("caught") else []:
+        assert metric.split()[0] in {r["metric"] for r in outcome.regressions}, (mutant.name, outcome.named())
+    losses = [r for r in outcome.rows if r["metric"] in ("loss_first", "loss_last")]
+    assert losses and all(r["change"] == 0 for r in losses), f"{mutant.name} changed what training computes"
