@@ -75,11 +75,12 @@ def cmd_show(args) -> int:
 
 
 def cmd_engines(args) -> int:
-    from zerobench.engines import ENGINES
+    from zerobench.engines import ENGINES, get_engine
     from zerobench.spec.matrix import engine_axes
 
     for name in ENGINES:
-        print(name)
+        why = get_engine(name).unavailable()
+        print(f"{name}   (unavailable: {why})" if why else name)
         for axis, spec in engine_axes(name).items():
             allowed = spec.allowed()
             doc = f"  ({spec.doc})" if spec.doc else ""
@@ -93,6 +94,7 @@ def cmd_cells(args) -> int:
 
     for cell in expand(load_workload(args.workload)):
         note = f"   # skipped: {cell.skip_reason}" if cell.skip_reason else ""
+        note += f"   # note: {cell.note}" if cell.note else ""
         print(f"{cell.id}{note}")
     return 0
 

@@ -66,9 +66,14 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
             Text(str(r["cell_id"])), "ok",
             _num(r.get("step_time_median_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
             _num(r.get("peak_mem_bytes"), 2**-20, "{:.1f}"), _num(r.get("peak_mem_x_ref"), 1, "{:.2f}"),
-            _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"), "",
+            _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"),
+            Text(_text(r.get("note"))[:100]),  # what the engine ignored here (Engine.notes)
         )
     console.print(table)
+
+
+def _text(value) -> str:
+    return "" if value is None or pd.isna(value) else str(value)
 
 
 def _num(value, scale, fmt) -> str:

@@ -66,6 +66,8 @@ def engine_stage(engine: str, options: dict, world_size: int) -> tuple[int, int]
         return 1, world_size
     if engine == "impl-zero2":
         return 2, world_size
+    if engine.startswith("deepspeed-zero"):  # deepspeed-zero1, -zero2, -zero3
+        return int(engine[-1]), world_size
     strategy = options.get("sharding_strategy", "FULL_SHARD")
     if strategy == "NO_SHARD":
         return 0, 1

@@ -13,7 +13,9 @@ decided at the end of the step, in this order:
   1. parameters, gradients, optimizer state: identity with what the engine reports
      (``Engine.parameter_tensors`` ...; gradients are read as the optimizer phase starts,
      before ``zero_grad`` drops them);
-  2. "unsharded": outputs of all-gather collectives (unsharded parameters under FSDP);
+  2. "unsharded": outputs of all-gather collectives (unsharded parameters under FSDP),
+     and storages an engine allocates inside ``allocated_as("unsharded")`` (DeepSpeed
+     ZeRO-3 copies each parameter out of its all-gather buffer: engines/deepspeed.py);
   3. "activations": storages first allocated during the forward phase, and those a
      checkpointed block allocates while its forward is recomputed in backward
      (zerobench/spec/checkpointing.py marks the recomputation);
@@ -46,6 +48,7 @@ vary by about one unit's buffer between runs; steady-state bytes do not).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -62,6 +65,23 @@ from zerobench.spec.checkpointing import recomputing
 from zerobench.instruments.collectives import collective_kind, collective_bytes
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def allocated_as(role: str):
+    """Storages first seen on this thread inside the block have ``role`` (e.g. "unsharded"),
+    unless identity with the engine's tensors decides otherwise (see [Note: telling
+    storages apart]). For what an engine allocates that no collective or phase tells apart."""
+    if role not in CATEGORIES:
+        raise ValueError(f"role: {role!r} is not allowed (allowed: {', '.join(map(repr, CATEGORIES))})")
+    outer = getattr(_scope, "role", None)
+    _scope.role = role
+    try:
+        yield
+    finally:
+        _scope.role = outer
 
 
 def _storages(tensors):
@@ -141,7 +161,7 @@ class StorageTracker(TorchDispatchMode):
         nbytes = storage.nbytes()
         self._uid_of[storage] = uid
         self._live[uid] = (weakref.ref(storage, lambda _ref, uid=uid: self._on_free(uid)), nbytes)
-        self._born_in[uid] = "recompute" if recomputing() else self._phase
+        self._born_in[uid] = getattr(_scope, "role", None) or ("recompute" if recomputing() else self._phase)
         if self.module is not None:
             self._allocated_on[uid] = self.module.current_stream()
             self._release_passed()
@@ -315,9 +335,12 @@ class StorageTracker(TorchDispatchMode):
         uid = self._stand_in_for.get(uid, uid)
         if uid in self._roles:
             return self._roles[uid]
+        born = self._born_in.get(uid)
+        if born in CATEGORIES:  # allocated inside allocated_as(role)
+            return born
         if uid in self._gathered:
             return "unsharded"
-        if self._born_in.get(uid) in ("forward", "recompute"):
+        if born in ("forward", "recompute"):
             return "activations"
         return "other"
 

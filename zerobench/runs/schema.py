@@ -24,7 +24,7 @@ from typing import Literal
 # Columns that identify a cell and its configuration. Engine-specific axes
 # (sharding_strategy, backward_prefetch, ...) are added as further columns, empty for
 # engines that do not have them.
-ID_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "world_size", "dtype", "rank")
+ID_COLUMNS = ("run_id", "cell_id", "status", "error", "note", "engine", "world_size", "dtype", "rank")
 
 #: Fixed configuration columns that come from the workload, not the matrix.
 CONTEXT_COLUMNS = ("workload", "model", "backend", "device", "batch_size", "steps", "emulation")
@@ -177,6 +177,7 @@ COLUMN_DOCS: dict[str, str] = {
     "cell_id": "engine, world size, dtype and the axes that differ from their defaults",
     "status": "ok, failed or skipped",
     "error": "why the cell failed or was skipped (empty when ok)",
+    "note": "what the engine ignored of the cell's settings on this device (Engine.notes; only where any)",
     "engine": "engine name (`zerobench engines`)",
     "world_size": "ranks in the cell",
     "dtype": "fp32 or bf16",
@@ -193,7 +194,7 @@ COLUMN_DOCS: dict[str, str] = {
 #: Column -> pandas dtype for the columns whose type the schema fixes (see
 #: zerobench.runs.folder.RunFolder.results): strings stay strings, counts stay integers
 #: even when some rows are empty.
-_STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
+_STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "note", "engine", "dtype", "workload", "model", "backend", "device")
 _INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
                     "max_inflight_all_gathers", "all_gathers", "comm_calls", "cuda_alloc_retries", "cuda_ooms",
                     "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
