@@ -230,8 +230,11 @@ class DeepSpeedZeroEngine(Engine):
     # -- what the memory pass tells apart; see memory_roles ------------------------
 
     def parameter_tensors(self):
-        return _tensors(self.optimizer, _PARAMS[self.stage]) + [
-            getattr(p, "ds_tensor", p) for p in self.module.module.parameters()]
+        params = list(self.module.module.parameters())
+        # ZeRO-3: each parameter's partition, and the whole of those it never shards
+        # (stage3_param_persistence_threshold); stages 1-2: the parameters themselves
+        persistent = [p.data for p in params if getattr(p, "ds_persist", False)]
+        return _tensors(self.optimizer, _PARAMS[self.stage]) + [getattr(p, "ds_tensor", p) for p in params] + persistent
 
     def gradient_tensors(self):
         full = [p.grad for p in self.module.module.parameters() if p.grad is not None]
@@ -268,7 +271,8 @@ class DeepSpeedZero3Engine(DeepSpeedZeroEngine):
 # attributes of DeepSpeedZeroOptimizer, stages 1-2, and DeepSpeedZeroOptimizer_Stage3):
 # * parameters: the flat buffers the module's parameters are views of
 #   (``bit16_groups_flat``), or under stage 3 this rank's partitions
-#   (``fp16_partitioned_groups_flat``, of which each ``param.ds_tensor`` is a view);
+#   (``fp16_partitioned_groups_flat``, of which each ``param.ds_tensor`` is a view) and
+#   the whole parameters it never shards (``param.ds_persist``);
 # * gradients: the reduced partition (``averaged_gradients``; stage 2's
 #   ``grads_in_partition``, stage 3's ``grad_partitions_flat_buffer``) and, stage 1, the
 #   full ``param.grad`` until the step;
