@@ -30,12 +30,19 @@ and measurements. What it takes to hand those to DeepSpeed 0.19.8:
   the attribute up at each call (checked on 0.19.8). Every other collective ZeRO
   issues (all-reduce of gradient buckets and norms, broadcast) is looked up at call time
   already (``deepspeed/comm/torch.py``).
+* Device: the harness builds the model on the rank's device already, so DeepSpeed's own
+  ``module.to(device)`` moves nothing; on fake tensors (estimate, predict) it fails
+  ("Couldn't swap Linear.weight"). ``DeepSpeedEngine`` takes ``dont_change_device`` but
+  ``deepspeed.initialize`` does not pass it on: :func:`_keeping_the_device` sets it for
+  the engine ``initialize`` builds (checked on 0.19.8). On the virtual GPU, DeepSpeed's
+  accelerator is zerobench/engines/deepspeed_vgpu.py's, so ZeRO takes its CUDA path.
 * Memory roles: ZeRO-3 gathers several parameters with one all-gather into a flat
   buffer (an all-gather output: "unsharded" to the memory pass), then, in
   ``AllGatherCoalescedHandle.wait``, copies each parameter out of it (``torch.cat`` of
   its slices). Those copies are unsharded parameters too, but no collective or phase
   says so: :func:`label_gathered_copies` runs that ``wait`` inside
-  ``memory.allocated_as("unsharded")``. It changes no behaviour (checked on 0.19.8).
+  ``memory.allocated_as("unsharded")`` (and the virtual GPU's ``label("unsharded")``).
+  It changes no behaviour (checked on 0.19.8).
   Where the other tensors live: [Note: DeepSpeed's tensors by role].
 * Optimizer: the workload's torch optimizer is handed to ``deepspeed.initialize``, so
   the update is the one every other engine and the single-process reference make
@@ -54,6 +61,7 @@ and measurements. What it takes to hand those to DeepSpeed 0.19.8:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import logging
@@ -65,6 +73,7 @@ import torch
 
 from zerobench.engines.base import Axis, Engine
 from zerobench.instruments.memory import allocated_as
+from zerobench.instruments.vgpu import device as vgpu
 
 #: DeepSpeed versions the engines were tested with: [first, last) (pyproject's extra says the same)
 TESTED_VERSIONS = ("0.19.8", "0.20")
@@ -162,7 +171,8 @@ def label_gathered_copies() -> None:
 
     @functools.wraps(wait)
     def labelled_wait(self, *args, **kwargs):
-        with allocated_as("unsharded"):
+        gpu = vgpu.current()
+        with allocated_as("unsharded"), (gpu.label("unsharded") if gpu is not None else contextlib.nullcontext()):
             return wait(self, *args, **kwargs)
 
     labelled_wait.__zerobench_labelled__ = True
@@ -212,8 +222,9 @@ class DeepSpeedZeroEngine(Engine):
         model = self.module
         optimizer = spec.build(model.parameters())
         config = ds_config(self.stage, self.opts, self.dtype)
-        self.module, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
-                                                                 dist_init_required=False)
+        with _keeping_the_device():
+            self.module, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                                     config=config, dist_init_required=False)
         return self.optimizer
 
     def train_step(self, inputs, targets, loss_fn):
@@ -310,6 +321,26 @@ def _tensors(owner, names) -> list[torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def _keeping_the_device():
+    """``deepspeed.initialize`` inside: the engine it builds leaves the module where it is
+    (``dont_change_device``). See [Note: DeepSpeed under the harness]; checked on 0.19.8."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    init = DeepSpeedEngine.__init__
+
+    @functools.wraps(init)
+    def keeping(self, *args, **kwargs):
+        kwargs["dont_change_device"] = True
+        init(self, *args, **kwargs)
+
+    DeepSpeedEngine.__init__ = keeping
+    try:
+        yield
+    finally:
+        DeepSpeedEngine.__init__ = init
+
+
 def _start_deepspeed(ctx):
     """Import DeepSpeed and build its communication backend over the worker's process
     group (see [Note: DeepSpeed under the harness])."""
@@ -320,7 +351,10 @@ def _start_deepspeed(ctx):
     import deepspeed
     import deepspeed.comm.comm as ds_comm
 
+    from zerobench.engines import deepspeed_vgpu
+
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    deepspeed_vgpu.install()  # before DeepSpeed builds anything
     deepspeed.init_distributed(dist_backend=ctx.backend, dist_init_required=False, verbose=False)
     route_through_torch_distributed(ds_comm.cdb)
     label_gathered_copies()
