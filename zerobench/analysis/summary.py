@@ -70,6 +70,24 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
             Text(_text(r.get("note"))[:100]),  # what the engine ignored here (Engine.notes)
         )
     console.print(table)
+    for note in folder_notes(run_dir):
+        console.print(Text(note), style="yellow", soft_wrap=True)  # commands stay whole, for copying
+
+
+def folder_notes(run_dir: Path) -> list[str]:
+    """What a reader of the folder should know that the table does not say: tables shown
+    from cells/ and cells never checked against the reference ([Note: readers have no
+    side effects] in zerobench/runs/folder.py)."""
+    folder = RunFolder(run_dir)
+    notes = []
+    missing = folder.missing_references()
+    if missing:
+        notes.append(f"note: {len(missing)} cell(s) have no single-process loss reference (run under torchrun); "
+                     f"`zerobench reference {run_dir}` computes it")
+    if folder.tables_stale():
+        notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; "
+                     f"`zerobench reference {run_dir}` writes the tables")
+    return notes
 
 
 def _text(value) -> str:

@@ -95,13 +95,13 @@ class RunTables:
 
 def load_run(path: str | Path) -> RunTables:
     """Read ``results/<run-id>/`` (or a results.csv inside one) through
-    :class:`zerobench.runs.folder.RunFolder`: the tables are built from cells/ first when
-    they are missing or stale (cells run under torchrun). Raises RunLoadError."""
+    :class:`zerobench.runs.folder.RunFolder`: the tables are built from cells/ in memory
+    when they are missing or stale (cells run under torchrun); nothing is written.
+    Raises RunLoadError."""
     folder = RunFolder(path)
     results_csv = folder.results_path
     try:
-        folder.ensure_tables()
-        results = folder.results(rebuild=False)
+        results = folder.results()
     except RunFolderError:
         raise RunLoadError(f"{folder.root}: no results.csv (is this a run folder?)") from None
     except DamagedFile as e:

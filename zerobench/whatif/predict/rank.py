@@ -23,7 +23,6 @@ engine configuration, so that process-group state never leaks between cells.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import time
@@ -31,7 +30,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from zerobench.runs.files import write_json_atomic
 from zerobench.instruments.link import Link
@@ -91,65 +89,49 @@ def timeline_metrics(spans, start: float, end: float) -> dict:
 
 def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link | None, node_size: int,
                 trace_path: Path | None = None) -> dict:
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
-
-    from zerobench.engines import OptimizerSpec, RankContext, get_engine
-    from zerobench.whatif.estimate.rank import _batch, _fake_tensor_mode, _single_rank_ddp
-    from zerobench.spec.models import build_for_cell, loss_fn
+    """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
+    tensors, a fake process group: warm-up, then one measured step read off the device."""
     from zerobench.instruments.vgpu import VirtualGpu
+    from zerobench.rank.session import Session
+    from zerobench.rank.worlds import FakeWorld
+    from zerobench.spec.models import samples_to_tokens
 
-    world = cell.world_size
     started = time.perf_counter()
-    dist.init_process_group("fake", world_size=world, rank=0, store=FakeStore())
-    try:
-        ctx = RankContext(0, world, 0, torch.device("cpu"), "fake")
-        spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
-        loss = loss_fn(w.model)
-        vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size)
-        with _fake_tensor_mode(), _single_rank_ddp(), vgpu:
-            engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
-            model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
-            engine.wrap(model, units)
-            engine.build_optimizer(spec)
-            for step in range(max(w.run.memory_warmup_steps, 1)):
-                engine.train_step(*_batch(w, world, 0, step, True), loss)
-            inputs, targets = _batch(w, world, 0, w.run.memory_warmup_steps, True)
-            vgpu.synchronize()
-            vgpu.reset_peak_memory_stats()
-            vgpu.trace.clear()
-            t0 = vgpu.host.now
-            engine.train_step(inputs, targets, loss)
-            vgpu.synchronize()
-            t1 = vgpu.host.now
-            stats = vgpu.memory_stats()
-            extra = engine.extra_metrics() if hasattr(engine, "extra_metrics") else {}
-        if trace_path is not None:
-            trace_path.parent.mkdir(parents=True, exist_ok=True)
-            with gzip.open(trace_path, "wt") as f:
-                json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
-        step_s = t1 - t0
-        from zerobench.spec.models import samples_to_tokens
-
-        tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
-        largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
-        return {
-            "status": "ok", "reason": None,
-            "step_time_s": step_s,
-            **timeline_metrics(vgpu.trace.spans, t0, t1),
-            "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
-            "peak_active_bytes": stats["active_bytes.all.peak"],
-            "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
-            "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
-                                    if largest else 0.0),
-            "host_lead_max_s": vgpu.host_lead_max_s,
-            "host_blocked_s": vgpu.host.blocked_s,
-            "tokens_per_s": tokens / step_s if step_s > 0 else None,
-            "limiter_stalls": extra.get("limiter_stalls"),
-            "num_ooms": stats["num_ooms"],
-            "predict_wall_s": time.perf_counter() - started,
-        }
-    finally:
-        dist.destroy_process_group()
+    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size)
+    with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
+        session = Session(w, cell, world)
+        engine = session.build()
+        session.warm_up(engine, max(w.run.memory_warmup_steps, 1))
+        world.synchronize()
+        world.reset_peak_memory_stats()
+        vgpu.trace.clear()
+        step = session.measured_step(engine, w.run.memory_warmup_steps)
+        t1 = world.clock()
+        stats = world.memory_stats()
+        extra = engine.extra_metrics()
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(trace_path, "wt") as f:
+            json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
+    step_s = step.seconds
+    tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
+    largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
+    return {
+        "status": "ok", "reason": None,
+        "step_time_s": step_s,
+        **timeline_metrics(vgpu.trace.spans, t1 - step_s, t1),
+        "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
+        "peak_active_bytes": stats["active_bytes.all.peak"],
+        "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+        "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
+                                if largest else 0.0),
+        "host_lead_max_s": vgpu.host_lead_max_s,
+        "host_blocked_s": vgpu.host.blocked_s,
+        "tokens_per_s": tokens / step_s if step_s > 0 else None,
+        "limiter_stalls": extra.get("limiter_stalls"),
+        "num_ooms": stats["num_ooms"],
+        "predict_wall_s": time.perf_counter() - started,
+    }
 
 
 def main(argv=None) -> None:
