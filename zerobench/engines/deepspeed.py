@@ -341,6 +341,28 @@ def _keeping_the_device():
         DeepSpeedEngine.__init__ = init
 
 
+#: the default process group DeepSpeed last started on, while it lives (see _forget_an_earlier_world)
+_started_on = None
+
+
+def _forget_an_earlier_world() -> None:
+    """Drop the process groups DeepSpeed keeps (``deepspeed.utils.groups``: its clone of
+    WORLD, data-parallel groups) when the default group is not the one it started on:
+    ``zerobench predict`` and ``estimate`` run one fake world per world size in one
+    process, each destroyed by ``torch.distributed``, which DeepSpeed does not hear of.
+    It is what ``deepspeed.comm.destroy_process_group`` does after a WORLD teardown
+    (checked on 0.19.8)."""
+    global _started_on
+    import weakref
+
+    from deepspeed.utils import groups
+
+    default = torch.distributed.distributed_c10d._get_default_group()
+    if _started_on is not None and _started_on() is not default:
+        groups._release_process_group_references(group=None)
+    _started_on = weakref.ref(default)
+
+
 def _start_deepspeed(ctx):
     """Import DeepSpeed and build its communication backend over the worker's process
     group (see [Note: DeepSpeed under the harness])."""
@@ -355,6 +377,7 @@ def _start_deepspeed(ctx):
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     deepspeed_vgpu.install()  # before DeepSpeed builds anything
+    _forget_an_earlier_world()
     deepspeed.init_distributed(dist_backend=ctx.backend, dist_init_required=False, verbose=False)
     route_through_torch_distributed(ds_comm.cdb)
     label_gathered_copies()
