@@ -83,6 +83,11 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("comm_other_bytes", "B", "bytes of other collectives per step (all_to_all, send/recv, ...)", "deterministic"),
     Metric("comm_total_bytes", "B", "sum of the comm_*_bytes columns", "deterministic"),
     Metric("comm_calls", "", "collective calls per step", "deterministic"),
+    Metric("comm_all_gather_calls", "", "all-gather calls per step (bytes / calls: their mean size)", "deterministic"),
+    Metric("comm_reduce_scatter_calls", "", "reduce-scatter calls per step", "deterministic"),
+    Metric("comm_all_reduce_calls", "", "all-reduce calls per step", "deterministic"),
+    Metric("comm_broadcast_calls", "", "broadcast calls per step", "deterministic"),
+    Metric("comm_other_calls", "", "calls of other collectives per step", "deterministic"),
     # -- set-up --
     Metric("cell_wall_s", "s", "wall time of the whole cell, process start to exit", "context", "none"),
 )
@@ -196,6 +201,8 @@ COLUMN_DOCS: dict[str, str] = {
 #: even when some rows are empty.
 _STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "note", "engine", "dtype", "workload", "model", "backend", "device")
 _INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
-                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "cuda_alloc_retries", "cuda_ooms",
+                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "comm_all_gather_calls",
+                    "comm_reduce_scatter_calls", "comm_all_reduce_calls", "comm_broadcast_calls", "comm_other_calls",
+                    "cuda_alloc_retries", "cuda_ooms",
                     "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
 COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}

@@ -17,7 +17,9 @@ engine configuration, so that process-group state never leaks between cells.
 * ``max_unsharded_units``: peak active bytes of all-gather outputs over the largest
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
-* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most.
+* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
+* ``comm_<kind>_bytes``, ``comm_<kind>_calls``, ``comm_total_bytes``, ``comm_calls``: the
+  measured step's collectives, as the run's memory pass counts them (runs/schema.py).
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
                 trace_path: Path | None = None) -> dict:
     """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
     tensors, a fake process group: warm-up, then one measured step read off the device."""
+    from zerobench.instruments import collectives
+    from zerobench.instruments.collectives import CommCounter
     from zerobench.instruments.vgpu import VirtualGpu
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
@@ -105,7 +109,8 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         world.synchronize()
         world.reset_peak_memory_stats()
         vgpu.trace.clear()
-        step = session.measured_step(engine, w.run.memory_warmup_steps)
+        with collectives.intercepted(CommCounter()) as comm:  # the measured step's collectives
+            step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
         stats = world.memory_stats()
         extra = engine.extra_metrics()
@@ -130,6 +135,7 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         "limiter_stalls": extra.get("limiter_stalls"),
         "num_ooms": stats["num_ooms"],
+        **comm.columns(),
         "predict_wall_s": time.perf_counter() - started,
     }
 
