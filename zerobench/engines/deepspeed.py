@@ -19,7 +19,8 @@ and measurements. What it takes to hand those to DeepSpeed 0.19.8:
   environment, gloo or NCCL). ``deepspeed.init_distributed(dist_init_required=False)``
   then only builds DeepSpeed's communication backend over it (its ``TorchBackend``).
   DeepSpeed refuses to start without ``LOCAL_RANK`` in the environment (its launcher and
-  torchrun set it); ranks started otherwise (tests) get it from the RankContext.
+  torchrun set it); ``LOCAL_RANK``, ``RANK`` and ``WORLD_SIZE`` are set from the
+  RankContext (the same values under torchrun; a fake world's, or a test's, otherwise).
 * Collectives: ``TorchBackend`` keeps the functions ``torch.distributed.
   all_gather_into_tensor`` and ``reduce_scatter_tensor`` it found when it was built
   (``all_gather_function``, ``reduce_scatter_function``) and calls those for ZeRO's
@@ -46,7 +47,7 @@ and measurements. What it takes to hand those to DeepSpeed 0.19.8:
   Where the other tensors live: [Note: DeepSpeed's tensors by role].
 * Optimizer: the workload's torch optimizer is handed to ``deepspeed.initialize``, so
   the update is the one every other engine and the single-process reference make
-  (``zero_allow_untested_optimizer``: DeepSpeed vouches only for Adam/AdamW under ZeRO).
+  (``zero_allow_untested_optimizer``: ZeRO refuses torch's SGD without it).
 * dtype: ``bf16`` is DeepSpeed's ``bf16`` section: the module's parameters and
   gradients become bf16, the optimizer steps an fp32 master copy of its partition.
   Floating-point inputs are cast to bf16 here, as DeepSpeed users' scripts do
@@ -198,16 +199,14 @@ class DeepSpeedZeroEngine(Engine):
 
     @classmethod
     def notes(cls, options, dtype, world_size, device_type):
-        """What DeepSpeed 0.19.8 ignores of the cell (measured: tests/test_deepspeed_knobs.py)."""
+        """What DeepSpeed 0.19.8 ignores of the cell (measured: tests/test_deepspeed_engines.py)."""
         out = []
         if device_type == "cpu" and options.get("overlap_comm"):
-            out.append("overlap_comm: DeepSpeed's CPU accelerator is synchronous, so no side stream is made and "
-                       "communication does not overlap backward"
-                       + (" (the second gradient bucket is still allocated)" if cls.stage < 3 else ""))
+            out.append("overlap_comm: no side stream on CPU (a synchronous device), no overlap"
+                       + ("; its second bucket is still allocated" if cls.stage < 3 else ""))
         default = KNOBS["allgather_bucket_size"].default
         if options.get("allgather_bucket_size", default) != default:
-            out.append("allgather_bucket_size: unused, DeepSpeed all-gathers each parameter group in one "
-                       "all_gather_into_tensor where torch has it (every torch this project supports)")
+            out.append("allgather_bucket_size: unused (one all_gather_into_tensor per parameter group)")
         return "; ".join(out) or None
 
     def wrap(self, model, blocks):
@@ -238,7 +237,7 @@ class DeepSpeedZeroEngine(Engine):
             self.module.step()  # zeroes the gradients too
         return loss.detach().float()
 
-    # -- what the memory pass tells apart; see memory_roles ------------------------
+    # -- what the memory pass tells apart: [Note: DeepSpeed's tensors by role] ------
 
     def parameter_tensors(self):
         params = list(self.module.module.parameters())
@@ -285,8 +284,9 @@ class DeepSpeedZero3Engine(DeepSpeedZeroEngine):
 #   (``fp16_partitioned_groups_flat``, of which each ``param.ds_tensor`` is a view) and
 #   the whole parameters it never shards (``param.ds_persist``);
 # * gradients: the reduced partition (``averaged_gradients``; stage 2's
-#   ``grads_in_partition``, stage 3's ``grad_partitions_flat_buffer``) and, stage 1, the
-#   full ``param.grad`` until the step;
+#   ``grads_in_partition``, sized to the whole parameters overlapping the partition;
+#   stage 3's ``grad_partitions_flat_buffer``) and the full ``param.grad`` not reduced
+#   yet (stage 1 without overlap_comm reduces them all at the end of backward);
 # * optimizer state: the torch optimizer's state and the fp32 master partition it steps
 #   (``single_partition_of_fp32_groups``; stage 3's ``fp32_partitioned_groups_flat``).
 #   Every stage keeps that master as a copy of its parameter partition, in fp32 cells
@@ -366,8 +366,9 @@ def _forget_an_earlier_world() -> None:
 def _start_deepspeed(ctx):
     """Import DeepSpeed and build its communication backend over the worker's process
     group (see [Note: DeepSpeed under the harness])."""
+    # torchrun's values under torchrun; a fake world's (one per world size in a process) otherwise
     for key, value in (("LOCAL_RANK", ctx.local_rank), ("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size)):
-        os.environ.setdefault(key, str(value))
+        os.environ[key] = str(value)
     if ctx.device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # chosen, not guessed: no "Setting accelerator" warning
     import deepspeed
