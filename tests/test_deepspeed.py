@@ -111,3 +111,16 @@ def test_notes_say_what_deepspeed_ignores_here(monkeypatch):
 def test_an_odd_allgather_bucket_size_is_a_skipped_cell():
     why = get_engine("deepspeed-zero1").unsupported({"allgather_bucket_size": 1001}, "fp32", 2, "cpu")
     assert why == "deepspeed-zero1: allgather_bucket_size 1001 is not allowed (allowed: an even int >= 2)"
+
+
+def test_the_papers_convention_counts_deepspeeds_master_copy_as_optimizer_state():
+    """`zerobench estimate`'s model states in the ZeRO paper's convention: DeepSpeed's
+    optimizer state includes the fp32 master partition, which the paper's K = 12 counts."""
+    from zerobench.engines.stages import keeps_master_copy, model_state_bytes, paper_bytes_from_counts
+
+    psi, n = 8000, 8
+    master_m_v = 3 * psi // n  # a stage-3 rank's optimizer-state elements with AdamW
+    counted = paper_bytes_from_counts(psi // n, psi // n, master_m_v, "adamw",
+                                      master_copy=keeps_master_copy("deepspeed-zero3"))
+    assert counted == model_state_bytes(psi, n, 3, "mixed", "adamw")["total"]
+    assert not keeps_master_copy("torch-fsdp2") and not keeps_master_copy("impl-zero2")
