@@ -1,5 +1,5 @@
 """Test-suite wiring: the repository root on ``sys.path``, the options of the optional
-plugins, and the ``world_size`` mark.
+plugins, the ``world_size`` mark, and the fast tests' budget.
 
 ``@pytest.mark.world_size(2, 4)`` runs a test once per world size, as DeepSpeed's
 ``DistributedTest`` does with its ``world_size`` attribute: the test takes a
@@ -10,7 +10,9 @@ read ``ws2``, ``ws4``, so ``pytest -k ws4`` selects the larger worlds.
 from __future__ import annotations
 
 import os
+import resource
 import sys
+import time
 
 import pytest
 
@@ -54,3 +56,57 @@ def pytest_generate_tests(metafunc):
     if "world_size" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: a world_size-marked test must take a `world_size` argument")
     metafunc.parametrize("world_size", sizes, ids=[f"ws{n}" for n in sizes])
+
+
+# [Note: test budgets]
+# The suite has two parts. Fast tests (`pytest -m "not slow"`): unit tests and small
+# distributed ones, for the edit-test loop. Slow tests (`-m slow`): end-to-end runs of the
+# harness and the what-if tools on real workloads. The budgets, stated in README.md:
+#   * a fast test spends at most FAST_TEST_CPU_S seconds of CPU, its rank processes and
+#     other children included (CPU time, not wall time: a loaded machine slows a test
+#     down, it does not make it use more CPU);
+#   * the fast suite finishes in about 4 minutes on 2 quiet cores, the whole suite in
+#     about 10 (README.md: "Run the tests").
+# Every run reports the fast tests over their budget at the end; with
+# ZEROBENCH_TEST_BUDGETS=strict (.ci/run sets it) the run fails on them: such a test
+# belongs under @pytest.mark.slow.
+
+#: CPU seconds a test not marked slow may spend (setup, call and teardown, children included).
+FAST_TEST_CPU_S = float(os.environ.get("ZEROBENCH_FAST_TEST_CPU_S", 30.0))
+_cpu_spent: dict[str, float] = {}
+_slow: set[str] = set()  # node ids of the collected tests marked slow
+
+
+def pytest_collection_modifyitems(session, config, items):
+    _slow.update(item.nodeid for item in items if item.get_closest_marker("slow"))
+
+
+def _cpu_now() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = _cpu_now()
+    yield
+    _cpu_spent[item.nodeid] = _cpu_now() - start
+
+
+def over_budget(spent: dict[str, float], slow: set[str], budget: float = FAST_TEST_CPU_S) -> list[tuple[str, float]]:
+    """The tests not marked slow that spent more than ``budget`` CPU seconds, worst first."""
+    return sorted(((node, cpu) for node, cpu in spent.items() if node not in slow and cpu > budget),
+                  key=lambda x: -x[1])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    over = over_budget(_cpu_spent, _slow)
+    if over:
+        terminalreporter.section("fast tests over their budget")
+        for node, cpu in over:
+            terminalreporter.write_line(f"{cpu:6.1f} CPU-s > {FAST_TEST_CPU_S:g}: {node} (mark it slow)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("ZEROBENCH_TEST_BUDGETS") == "strict" and over_budget(_cpu_spent, _slow):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -44,8 +44,8 @@ def test_allocator_metrics_read_any_device_module():
     fake = _FakeAllocator()
     metrics = allocator_metrics(fake.memory_stats(torch.device("cuda", 1)))
     assert fake.asked == [torch.device("cuda", 1)]
-    assert metrics == {"cuda_peak_allocated_bytes": 3 << 20, "cuda_peak_active_bytes": 7 << 20,
-                       "cuda_peak_reserved_bytes": 8 << 20, "cuda_alloc_retries": 1, "cuda_ooms": 0}
+    assert metrics == {"peak_allocated_bytes": 3 << 20, "peak_active_bytes": 7 << 20,
+                       "peak_reserved_bytes": 8 << 20, "num_alloc_retries": 1, "num_ooms": 0}
     assert set(metrics) <= set(METRIC_BY_NAME)  # every column is documented in the schema
 
 
@@ -82,9 +82,9 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
             return {}
 
     metrics = runner.timing_pass(Engine())["metrics"]
-    assert metrics["cuda_peak_active_bytes"] == 7 << 20
-    assert metrics["cuda_peak_allocated_bytes"] == 3 << 20
-    assert metrics["cuda_peak_reserved_bytes"] == 8 << 20
+    assert metrics["peak_active_bytes"] == 7 << 20
+    assert metrics["peak_allocated_bytes"] == 3 << 20
+    assert metrics["peak_reserved_bytes"] == 8 << 20
     assert fake.asked == [torch.device("cuda", 0)]
 
 
@@ -92,14 +92,14 @@ def test_active_peak_is_compared_like_the_allocated_peak():
     from zerobench.analysis.compare.rules import default_rule, resolve_metric
     from zerobench.runs.schema import COLUMN_DTYPES, METRIC_BY_NAME
 
-    active, allocated = METRIC_BY_NAME["cuda_peak_active_bytes"], METRIC_BY_NAME["cuda_peak_allocated_bytes"]
+    active, allocated = METRIC_BY_NAME["peak_active_bytes"], METRIC_BY_NAME["peak_allocated_bytes"]
     assert (active.unit, active.kind, active.better) == (allocated.unit, allocated.kind, allocated.better)
     rule, reference = default_rule(active.name), default_rule(allocated.name)
     assert (rule.rel, rule.abs, rule.k, rule.gates) == (reference.rel, reference.abs, reference.k, reference.gates)
-    assert resolve_metric("cuda_peak_active", [m for m in METRIC_BY_NAME]) == ["cuda_peak_active_bytes"]
-    assert COLUMN_DTYPES["cuda_peak_active_bytes"] == "Int64"
+    assert resolve_metric("peak_active", [m for m in METRIC_BY_NAME]) == ["peak_active_bytes"]
+    assert COLUMN_DTYPES["peak_active_bytes"] == "Int64"
     readme = (ROOT / "README.md").read_text()
-    assert "`cuda_peak_active_bytes`" in readme
+    assert "`peak_active_bytes`" in readme
 
 
 # -- scripts/gpu-check's Python side -------------------------------------------------------

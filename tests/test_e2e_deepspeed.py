@@ -62,7 +62,7 @@ def test_deepspeed_cells_run_measure_and_match_the_reference(run_dir):
     for cell in FP32:
         rows = results.loc[cell]
         assert (rows["loss_max_abs_diff_ref"] < 1e-5).all(), cell  # fp32: single-process training's losses
-        assert (rows["step_time_median_s"] > 0).all() and (rows["peak_mem_optim_bytes"] > 0).all()
+        assert (rows["step_time_s"] > 0).all() and (rows["peak_mem_optim_bytes"] > 0).all()
         assert (rows["comm_all_gather_bytes"] > 0).all(), cell
     assert (results.loc[FP32[0], "comm_all_reduce_bytes"] > 0).all()  # stages 1-2 all-reduce gradient buckets
     assert (results.loc[FP32[2], "comm_reduce_scatter_bytes"] > 0).all()  # stage 3 reduce-scatters them

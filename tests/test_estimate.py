@@ -64,6 +64,7 @@ def test_hybrid_shard_group_must_divide_world_size():
     assert "world size 0" in why_not(cell, 0, None)
 
 
+@pytest.mark.slow
 def test_estimate_matches_curated_memory_pass(tmp_path):
     """ws2 estimate of two quickstart engines vs the committed baseline run.s real peak (rank 0)."""
     import pandas as pd
@@ -103,6 +104,7 @@ dtype = ["bf16"]
 """
 
 
+@pytest.mark.slow
 def test_fake_tensors_estimate_as_real_tensors_do(tmp_path):
     """Under fake tensors DDP's reducer, impl's first-iteration order check and fully_shard's
     device mesh run with their small integer bookkeeping kept real: the model states
@@ -177,6 +179,7 @@ def test_gloo_backend_holds_the_reduce_scatter_buffer_from_wait_until_the_work_d
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_gloo_backend_estimate_matches_the_gloo_memory_pass(tmp_path):
     """impl-zero2 and bf16 FSDP1 at ws2: the default estimate (no backend buffers, as
     NCCL) is low against the gloo baseline by gloo's reduce-scatter buffer (11 % and 8 %);

@@ -21,6 +21,7 @@ WORKLOAD = parse_workload({
 })
 
 
+@pytest.mark.slow
 def test_extrapolated_estimate_equals_the_full_depth_one():
     engine = "torch-fsdp2"
     (cell,) = [c for c in expand(WORKLOAD) if c.engine == engine]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.helpers.fsdp import MLP, unit_policy, warm_up_imports
+from tests.helpers.fsdp import DEFAULTS_1_13, MLP, unit_policy, warm_up_imports
 from zerobench.instruments.memory import StorageTracker
 from zerobench.harness.testing import run_ranks
 
@@ -76,7 +76,7 @@ def memory_body(rank, world_size):
     for name, (kwargs, _) in CONFIGS.items():
         torch.manual_seed(0)
         raw = MLP(width=WIDTH, depth=DEPTH, out=WIDTH)
-        model = FSDP(raw, auto_wrap_policy=unit_policy(raw), **kwargs)
+        model = FSDP(raw, auto_wrap_policy=unit_policy(raw), **{**DEFAULTS_1_13, **kwargs})
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
         for _ in range(2):  # the optimizer state exists and the execution order is recorded

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.helpers.fsdp import warm_up_imports
+from tests.helpers.fsdp import DEFAULTS_1_13, warm_up_imports
 from zerobench.harness.testing import run_ranks
 
 from impl import comm
@@ -55,7 +55,7 @@ class SleepyBlock(nn.Module):
 def step_time(rank, world_size, **kwargs):
     torch.manual_seed(0)
     model = nn.Sequential(*[SleepyBlock() for _ in range(4)], nn.Linear(8, 1))
-    fsdp = FSDP(model, auto_wrap_policy=lambda module, recurse, unwrapped_params: recurse or isinstance(module, SleepyBlock), **kwargs)
+    fsdp = FSDP(model, auto_wrap_policy=lambda module, recurse, unwrapped_params: recurse or isinstance(module, SleepyBlock), **{**DEFAULTS_1_13, **kwargs})
     x = torch.randn(4, 8)
     times = []
     for _ in range(4):

@@ -32,3 +32,40 @@ def test_with_the_plugins_benchmarks_run_once_and_tests_have_a_timeout():
     assert "1 passed" in proc.stdout
     assert "timeout: 300.0s" in proc.stdout  # pytest-timeout's header line
     assert "Legend:" not in proc.stdout  # --benchmark-disable: no table of measurements
+
+
+BURN = """
+import time, pytest
+
+def _burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+def test_quick():
+    pass
+
+def test_heavy():
+    _burn(0.6)
+
+@pytest.mark.slow
+def test_heavy_but_slow():
+    _burn(0.6)
+"""
+
+
+def test_a_fast_test_over_its_cpu_budget_is_reported_and_fails_in_strict_mode(tmp_path):
+    """[Note: test budgets] in tests/conftest.py: the budget is CPU time; a test marked
+    slow has none."""
+    (tmp_path / "test_burn.py").write_text(BURN)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "ZEROBENCH_FAST_TEST_CPU_S": "0.3"}
+    env.pop("ZEROBENCH_TEST_BUDGETS", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-c", os.devnull,
+           "--rootdir", str(tmp_path), str(tmp_path / "test_burn.py")]
+    relaxed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert relaxed.returncode == 0, relaxed.stdout[-2000:]
+    report = relaxed.stdout.split("fast tests over their budget", 1)[1]
+    assert "test_burn.py::test_heavy " in report and "test_quick" not in report and "but_slow" not in report
+    strict = subprocess.run(cmd, env={**env, "ZEROBENCH_TEST_BUDGETS": "strict"}, capture_output=True, text=True,
+                            timeout=120)
+    assert strict.returncode == 1 and "3 passed" in strict.stdout

@@ -290,6 +290,7 @@ def test_impl_trains_to_the_same_losses_on_the_virtual_gpu(engine):
         assert "compute" in streams and len(streams) >= 3 and any(s.startswith("comm") for s in streams)
 
 
+@pytest.mark.slow
 def test_gpu_check_overlap_on_the_virtual_gpu():
     """Defect 1 of #18: without prefetch the host already runs ahead, so most all-gather
     time is hidden either way; the check compares against the all-gather time itself."""
@@ -317,6 +318,7 @@ def test_gpu_check_limiter_on_the_virtual_gpu():
     assert on["limiter_stalls"] > 0 and off["limiter_stalls"] == 0
 
 
+@pytest.mark.slow
 def test_gpu_check_limiter_does_not_empty_the_cache_before_its_measured_forward():
     """Defect 7 of #18. Where cudaMalloc synchronises (``malloc_synchronizes``), an
     ``empty_cache()`` before the measured forward makes gathered buffers new segments, and

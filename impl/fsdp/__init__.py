@@ -1,6 +1,7 @@
-"""A reference FSDP (ZeRO stage 3) with PyTorch 1.13's API, on CPU/gloo and CUDA/NCCL.
+"""A reference FSDP (ZeRO stage 3) with PyTorch 2.x FSDP1's API, on CPU/gloo and CUDA/NCCL.
 
 Read in this order: api.py (policies), flat_param.py (one flat parameter's tensors),
+orig_params.py (use_orig_params: the original parameters as views of the shard),
 collectives.py (the collectives), unit.py (unshard / wait_for_unshard / reshard),
 rate_limiter.py ([Note: rate limiter]), exec_order.py (prefetch order and its check),
 state.py (what each instance and each root's tree keep), traversal.py (finding the
@@ -12,12 +13,18 @@ together.
 from impl.fsdp.api import (
     BackwardPrefetch,
     CPUOffload,
+    FullOptimStateDictConfig,
     FullStateDictConfig,
+    LocalOptimStateDictConfig,
     LocalStateDictConfig,
     MixedPrecision,
+    OptimStateDictConfig,
     OptimStateKeyType,
+    ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
     ShardingStrategy,
+    StateDictConfig,
+    StateDictSettings,
     StateDictType,
     TrainingState,
 )
@@ -32,6 +39,8 @@ from impl.fsdp.optim_state import (
     sharded_optim_state_dict,
 )
 from impl.fsdp.wrap import (
+    CustomPolicy,
+    ModuleWrapPolicy,
     always_wrap_policy,
     lambda_auto_wrap_policy,
     size_based_auto_wrap_policy,
@@ -49,6 +58,12 @@ __all__ = [
     "FullStateDictConfig",
     "LocalStateDictConfig",
     "ShardedStateDictConfig",
+    "StateDictConfig",
+    "OptimStateDictConfig",
+    "FullOptimStateDictConfig",
+    "LocalOptimStateDictConfig",
+    "ShardedOptimStateDictConfig",
+    "StateDictSettings",
     "OptimStateKeyType",
     "full_optim_state_dict",
     "sharded_optim_state_dict",
@@ -57,6 +72,8 @@ __all__ = [
     "scatter_full_optim_state_dict",
     "rekey_optim_state_dict",
     "ShardedState",
+    "ModuleWrapPolicy",
+    "CustomPolicy",
     "always_wrap_policy",
     "lambda_auto_wrap_policy",
     "size_based_auto_wrap_policy",

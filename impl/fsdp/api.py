@@ -1,7 +1,9 @@
 """Public policies of the reference FSDP: small enums and frozen dataclasses.
 
-They mirror PyTorch 1.13's ``torch.distributed.fsdp`` configuration objects
-(docs/behaviour.md §F1) so that code written against that API reads the same here.
+They mirror ``torch.distributed.fsdp``'s configuration objects: PyTorch 1.13's
+(docs/behaviour.md §F1) and the ones PyTorch 2.x added (``_HYBRID_SHARD_ZERO2``,
+``MixedPrecision.cast_forward_inputs``, the optimizer state-dict configs,
+``StateDictSettings``), so that code written against either API reads the same here.
 Every other module of the package may import this one; it imports none of them.
 """
 
@@ -28,6 +30,9 @@ class ShardingStrategy(enum.Enum):
     """FULL_SHARD within a shard group, replicated across groups: gradients are
     reduce-scattered in the shard group, then all-reduced across replicas. Not in 1.13
     (its docstring only announces it); behaves as PyTorch 2.x documents it."""
+    _HYBRID_SHARD_ZERO2 = enum.auto()
+    """HYBRID_SHARD's groups with SHARD_GRAD_OP's schedule: parameters stay unsharded
+    from forward to the end of the unit's backward (PyTorch 2.x)."""
 
 
 class BackwardPrefetch(enum.Enum):
@@ -53,9 +58,17 @@ class MixedPrecision:
     buffer_dtype: torch.dtype | None = None
     """Dtype buffers are cast to, once, at lazy initialization."""
     keep_low_precision_grads: bool = False
-    """Round the reduced gradients to ``param_dtype``. The ``.grad`` tensor keeps the
-    parameter's dtype (PyTorch refuses a gradient of another dtype on a parameter), so
-    only its values are low precision. See docs/fsdp.md."""
+    """Leave the reduced gradients in ``param_dtype``: ``.grad`` is a low-precision tensor
+    on a full-precision parameter, as in PyTorch 2.x (set through ``.grad.data``)."""
+    cast_forward_inputs: bool = False
+    """Cast the floating-point forward inputs of every instance (not only the root's) to
+    ``param_dtype`` (PyTorch 2.x)."""
+    cast_root_forward_inputs: bool = True
+    """Cast the root's floating-point forward inputs to ``param_dtype`` (PyTorch 2.x;
+    1.13 always did)."""
+    _module_classes_to_ignore: tuple = ()
+    """Accepted for PyTorch 2.x's signature; auto-wrap does not wrap these classes apart
+    here (docs/fsdp.md)."""
 
     def __post_init__(self):
         for field in ("param_dtype", "reduce_dtype", "buffer_dtype"):
@@ -80,7 +93,8 @@ class CPUOffload:
 
 
 class TrainingState(enum.Enum):
-    """Where one FSDP instance is in the iteration; checked by the hooks and utilities."""
+    """Where one FSDP instance is in the iteration; checked by the hooks and utilities.
+    (PyTorch 2.x folds FORWARD and the backward states into one FORWARD_BACKWARD.)"""
 
     IDLE = enum.auto()
     FORWARD = enum.auto()
@@ -106,23 +120,79 @@ class StateDictType(enum.Enum):
 
 
 @dataclass(frozen=True)
-class FullStateDictConfig:
-    """Options of ``StateDictType.FULL_STATE_DICT``."""
+class StateDictConfig:
+    """What every state-dict config has (PyTorch 2.x's base class)."""
 
     offload_to_cpu: bool = False
-    """Copy the full tensors to the CPU."""
+    """Copy the returned tensors to the CPU."""
+
+
+@dataclass(frozen=True)
+class FullStateDictConfig(StateDictConfig):
+    """Options of ``StateDictType.FULL_STATE_DICT``."""
+
     rank0_only: bool = False
     """Only rank 0 returns (and keeps in memory) the full state dict; others get ``{}``."""
 
 
 @dataclass(frozen=True)
-class LocalStateDictConfig:
-    """Options of ``StateDictType.LOCAL_STATE_DICT`` (none)."""
+class LocalStateDictConfig(StateDictConfig):
+    """Options of ``StateDictType.LOCAL_STATE_DICT``."""
 
 
 @dataclass(frozen=True)
-class ShardedStateDictConfig:
-    """Options of ``StateDictType.SHARDED_STATE_DICT`` (none)."""
+class ShardedStateDictConfig(StateDictConfig):
+    """Options of ``StateDictType.SHARDED_STATE_DICT``."""
+
+    _use_dtensor: bool = True
+    """Accepted for PyTorch 2.x's signature: impl's sharded values are always DTensors."""
+
+
+@dataclass(frozen=True)
+class OptimStateDictConfig:
+    """What every optimizer state-dict config has (PyTorch 2.x)."""
+
+    offload_to_cpu: bool = True
+    """Copy the returned optimizer state to the CPU (PyTorch's default)."""
+
+
+@dataclass(frozen=True)
+class FullOptimStateDictConfig(OptimStateDictConfig):
+    """Options of ``FSDP.optim_state_dict`` under FULL_STATE_DICT."""
+
+    rank0_only: bool = False
+    """Only rank 0 returns the state; others get ``{}``."""
+
+
+@dataclass(frozen=True)
+class LocalOptimStateDictConfig(OptimStateDictConfig):
+    """Options under LOCAL_STATE_DICT (which ``optim_state_dict`` refuses)."""
+
+    offload_to_cpu: bool = False
+
+
+@dataclass(frozen=True)
+class ShardedOptimStateDictConfig(OptimStateDictConfig):
+    """Options of ``FSDP.optim_state_dict`` under SHARDED_STATE_DICT."""
+
+    _use_dtensor: bool = True
+
+
+@dataclass(frozen=True)
+class StateDictSettings:
+    """What ``FSDP.set_state_dict_type`` set and ``get_state_dict_type`` returns."""
+
+    state_dict_type: StateDictType
+    state_dict_config: StateDictConfig
+    optim_state_dict_config: OptimStateDictConfig
+
+
+STATE_DICT_CONFIGS = {
+    StateDictType.FULL_STATE_DICT: (FullStateDictConfig, FullOptimStateDictConfig),
+    StateDictType.LOCAL_STATE_DICT: (LocalStateDictConfig, LocalOptimStateDictConfig),
+    StateDictType.SHARDED_STATE_DICT: (ShardedStateDictConfig, ShardedOptimStateDictConfig),
+}
+"""The (model, optimizer) config classes of each state-dict type."""
 
 
 class OptimStateKeyType(enum.Enum):

@@ -7,11 +7,29 @@ iteration and, reversed, drives backward prefetch. Both prefetch one unit ahead.
 On the first iteration each unit's pre-forward also checks that every rank is about to
 all-gather the same unit: a rank that all-gathers in another order would otherwise
 pair its collectives with the wrong ones on the other ranks and hang or corrupt data.
+
+[Note: order check after the first iteration]
+PyTorch's FSDP1 compares later iterations with the first only under
+``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and only locally: it warns "Forward order differs
+from that of the first iteration on rank R. Collectives are unchecked and may give
+incorrect results or hang" and carries on. Ranks that took different paths then pair
+their collectives silently when the sizes happen to agree (its own test relies on
+that), and hang until the backend's timeout when they do not.
+Here every training-mode pre-forward of a sharded unit warns as FSDP1 does (once,
+always, not only under DETAIL) when this rank's order departs from the first
+iteration's, and all-reduces the shard size it is about to all-gather over the unit's
+group, before that all-gather (max and max of the negation: equal when every rank agrees).
+Ranks at different units whose all-gathers have the same size carry on, as FSDP1
+does; ranks whose all-gathers would not match all raise the same RuntimeError instead
+of hanging. The price is one 16-byte all-reduce per unit and forward.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+import torch.distributed as dist
 
 from impl import comm
 
@@ -26,6 +44,11 @@ class ExecutionOrder:
         self._forward_index: dict[int, int] = {}  # id(instance) -> position in forward_order
         # True until the first iteration ends: record and check.
         self.is_first_iteration = True
+        # Later iterations: pre-forwards so far this iteration, and whether the
+        # departure from the first iteration's order was already reported.
+        # See [Note: order check after the first iteration].
+        self._position = 0
+        self._warned = False
         # This iteration's post-forward order; backward runs (roughly) in its reverse.
         self._post_forward: list = []
         self._post_forward_index: dict[int, int] = {}
@@ -34,13 +57,34 @@ class ExecutionOrder:
 
     def record_pre_forward(self, instance, unit, check: bool) -> None:
         """Record ``instance`` on the first iteration; with ``check`` (the module is in
-        training mode), first check that every rank is at the same unit."""
-        if not self.is_first_iteration or id(instance) in self._forward_index:
+        training mode), first check that every rank is at the same unit, on every
+        iteration (See [Note: order check after the first iteration])."""
+        checked = check and unit.sharded and unit.handle.shard_world > 1
+        if self.is_first_iteration:
+            if id(instance) in self._forward_index:
+                return
+            if checked:
+                self._check_same_across_ranks(unit, len(self.forward_order))
+            self._forward_index[id(instance)] = len(self.forward_order)
+            self.forward_order.append(instance)
             return
-        if unit.sharded and unit.handle.shard_world > 1 and check:
-            self._check_same_across_ranks(unit, len(self.forward_order))
-        self._forward_index[id(instance)] = len(self.forward_order)
-        self.forward_order.append(instance)
+        position, self._position = self._position, self._position + 1
+        if not checked:
+            return
+        expected = self.forward_order[position] if position < len(self.forward_order) else None
+        if expected is not instance and not self._warned:
+            self._warned = True
+            what = (f"Expected to all-gather the unit with index {expected.unit.index} but trying to all-gather "
+                    f"the unit with index {unit.index}") if expected is not None else (
+                    f"Expected to not all-gather any more parameters in the forward but trying to all-gather the "
+                    f"unit with index {unit.index}")
+            warnings.warn(
+                f"Forward order differs from that of the first iteration on rank {dist.get_rank()}. Collectives "
+                f"are unchecked and may give incorrect results or hang.\n{what}\n(impl.fsdp checks that the "
+                "all-gathers of every rank have the same size, and raises instead of hanging when they do not.)",
+                stacklevel=2,
+            )
+        self._check_sizes_across_ranks(unit, position)
 
     def next_forward(self, instance):
         """The instance whose forward came after ``instance``'s in the first iteration."""
@@ -73,17 +117,41 @@ class ExecutionOrder:
     def end_iteration(self) -> None:
         if self.forward_order:
             self.is_first_iteration = False
+        self._position = 0
         self._post_forward.clear()
         self._post_forward_index.clear()
 
-    # -- the first-iteration check ---------------------------------------------------
+    # -- the checks ---------------------------------------------------------------
+
+    @staticmethod
+    def _check_sizes_across_ranks(unit, position: int) -> None:
+        """Later iterations: raise on every rank if the all-gathers about to be issued
+        differ in size (they would hang). See [Note: order check after the first iteration]."""
+        group = unit.shard_group
+        numel = unit.handle.shard_numel
+        agree = torch.tensor([numel, -numel], dtype=torch.int64, device=unit.handle.device)
+        comm.all_reduce(agree, op=dist.ReduceOp.MAX, group=group, async_op=False)
+        if agree[0] != -agree[1]:
+            raise RuntimeError(
+                f"Forward order differs across ranks: at all-gather #{position} of this iteration the ranks are "
+                f"about to all-gather shards of different sizes (between {int(-agree[1])} and {int(agree[0])} "
+                f"elements; this rank: the unit with index {unit.index}, {numel}). The collectives would hang; "
+                "every rank must run the FSDP units in the same order."
+            )
 
     @staticmethod
     def _check_same_across_ranks(unit, position: int) -> None:
         group = unit.shard_group
         n = unit.handle.shard_world
-        device = unit.handle.device  # NCCL only gathers device tensors
-        mine = torch.tensor([position, unit.index, len(unit.handle.infos)], dtype=torch.int64, device=device)
+        device = unit.handle.device  # NCCL only reduces device tensors
+        # One small all-reduce says whether all ranks agree (max == -max(-x)); only
+        # then, to name the ranks, an all-gather.
+        index, count = unit.index, len(unit.handle.infos)
+        agree = torch.tensor([index, -index, count, -count], dtype=torch.int64, device=device)
+        comm.all_reduce(agree, op=dist.ReduceOp.MAX, group=group, async_op=False)
+        if agree[0] == -agree[1] and agree[2] == -agree[3]:
+            return
+        mine = torch.tensor([position, index, count], dtype=torch.int64, device=device)
         everyone = torch.empty(n * 3, dtype=torch.int64, device=device)
         comm.all_gather(everyone, mine, group=group, async_op=False)
         rows = everyone.view(n, 3).tolist()

@@ -16,6 +16,9 @@ Tensors, for a unit of ``numel`` parameters at shard group size ``n``::
                        original parameter; their .grad are the unsharded gradients,
                        copied into one padded flat reduce_scatter_input after backward
 
+With ``use_orig_params=True`` the original parameters also stay on their modules, as
+views of ``sharded_flat`` (orig_params.py, [Note: use_orig_params]).
+
 [Note: one autograd leaf per parameter]
 The unsharded parameters are leaves of their own, not differentiable views of one flat
 leaf. A view made in pre-forward (``torch.split``) gets an early autograd sequence
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from impl.fsdp.orig_params import OrigParamViews
 from impl.streams import accelerator
 
 
@@ -116,26 +120,41 @@ class FlatParamHandle:
         compute_dtype: torch.dtype | None,
         keep_unsharded_alias: bool,
         offload_to_cpu: bool = False,
+        use_orig_params: bool = False,
     ):
         """``keep_unsharded_alias``: NO_SHARD without a cast, where the unsharded
         parameters are the sharded ones and are never freed. ``offload_to_cpu``: keep
         ``sharded_flat`` in pinned host memory while the unsharded parameters live on
         the parameters' device, when that device is an accelerator (on plain CPU there
-        is nowhere else to put it)."""
+        is nowhere else to put it). ``use_orig_params``: keep the original parameters
+        on their modules as views of the shard ([Note: use_orig_params])."""
         self.infos: list[ParamInfo] = []
         self.shared: list[SharedParamInfo] = []
+        self.use_orig_params = use_orig_params
         seen: dict[int, int] = {}  # id(parameter) -> index into self.infos
+        # A module registered under two names (``self.b = self.a``) is one module: its
+        # parameters are flattened once, and the second name is only an alias (state dicts
+        # list it, as nn.Module.state_dict does).
+        first_ref: dict[tuple[int, str], ParamInfo | SharedParamInfo] = {}
+        self.aliases: list[tuple[str, ParamInfo | SharedParamInfo]] = []
         unique: list[nn.Parameter] = []
         offset = 0
         for fqn, module, name, param in params:
+            if (id(module), name) in first_ref:
+                self.aliases.append((fqn, first_ref[(id(module), name)]))
+                continue
             if id(param) in seen:
                 self.shared.append(SharedParamInfo(fqn, module, name, seen[id(param)]))
+                first_ref[(id(module), name)] = self.shared[-1]
                 continue
             seen[id(param)] = len(self.infos)
             unique.append(param)
             self.infos.append(ParamInfo(fqn, module, name, param.shape, param.numel(), offset))
+            first_ref[(id(module), name)] = self.infos[-1]
             offset += param.numel()
         requires_grad = {p.requires_grad for p in unique}
+        if len(requires_grad) > 1 and use_orig_params:
+            requires_grad = {True}  # frozen parameters simply get no gradient (as FSDP1 with use_orig_params)
         if len(requires_grad) > 1:
             names = [f"{i.fqn}(requires_grad={p.requires_grad})" for i, p in zip(self.infos, unique)]
             raise ValueError(
@@ -189,17 +208,25 @@ class FlatParamHandle:
         self.unsharded_params: list[torch.Tensor] = [
             torch.empty(0, dtype=self.compute_dtype, device=self.device)
             .set_(storage, info.offset, info.shape, _contiguous_strides(info.shape))
-            .requires_grad_(self.requires_grad)
-            for info in self.infos
+            .requires_grad_(param.requires_grad)
+            for info, param in zip(self.infos, unique)
         ]
+        # id() of the unsharded parameters with a gradient hook (sync_requires_grad adds them).
+        self._hooked: set[int] = set()
         # Where the unsharded storage is in its life; unit.py moves it, the hooks read it.
         self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
 
-        # The original parameters leave the module; unsharded_params replace them while unsharded.
-        for info in self.infos:
-            del info.module._parameters[info.name]
-        for s in self.shared:
-            del s.module._parameters[s.name]
+        # The original parameters leave the module (unsharded_params replace them while
+        # unsharded), or, with use_orig_params, stay as views of the shard.
+        self.orig: OrigParamViews | None = None
+        if use_orig_params:
+            self.orig = OrigParamViews(self, unique)
+            self.orig.use_sharded_views()
+        else:
+            for info in self.infos:
+                del info.module._parameters[info.name]
+            for s in self.shared:
+                del s.module._parameters[s.name]
 
     # -- storage -------------------------------------------------------------------
 
@@ -236,17 +263,58 @@ class FlatParamHandle:
         for s in self.shared:
             s.module.__dict__[s.name] = self.unsharded_params[s.primary]
 
+    def use_orig_param_attributes(self) -> None:
+        """With use_orig_params, let ``module.<name>`` be the original parameter again
+        (the instance dict entry shadowing ``_parameters`` goes); else nothing."""
+        if self.orig is None:
+            return
+        for ref in [*self.infos, *self.shared]:
+            ref.module.__dict__.pop(ref.name, None)
+
+    def sync_requires_grad(self, on_grad_ready) -> None:
+        """Let each unsharded parameter require grad as its original does now: the
+        original parameter with use_orig_params, else the flat shard (``requires_grad_``
+        on ``model.parameters()`` reaches only that). ``on_grad_ready`` is hooked on a
+        parameter's gradient accumulation the first time it requires grad."""
+        if self.orig is not None:
+            wants = [p.requires_grad for p in self.orig.params]
+        else:
+            wants = [self.sharded_flat.requires_grad] * len(self.unsharded_params)
+        for param, want in zip(self.unsharded_params, wants):
+            if param.requires_grad != want:
+                param.requires_grad_(want)
+            if want and id(param) not in self._hooked:
+                param.register_post_accumulate_grad_hook(on_grad_ready)
+                self._hooked.add(id(param))
+
+    @property
+    def flat_param(self) -> nn.Parameter:
+        """``sharded_flat`` under the name PyTorch 2.x's ``FlatParamHandle`` gives it."""
+        return self.sharded_flat
+
+    @property
+    def uses_sharded_strategy(self) -> bool:
+        return self.shard_world > 1
+
+    @property
+    def requires_grad_count(self) -> int:
+        """Unsharded parameters that get a gradient in backward (frozen ones do not)."""
+        return sum(p.requires_grad for p in self.unsharded_params)
+
     def expose_full_params(self, full: torch.Tensor) -> list[nn.Parameter]:
         """Register the original parameters again, as ``nn.Parameter`` views of ``full``
         (1-D, at least ``numel``): ``module.weight`` and ``named_parameters()`` see them,
         with their original names and shapes, as on the unwrapped model
         (``summon_full_params``). Tied names get the same object. Returns the parameters,
         in ``infos`` order; ``hide_full_params`` undoes this."""
-        pieces = torch.split(full[: self.padded_numel], self._split_sizes)
-        params = [
-            nn.Parameter(piece.view(info.shape), requires_grad=self.requires_grad)
-            for piece, info in zip(pieces, self.infos)
-        ]
+        if self.orig is not None:  # the same parameter objects, pointed at the full copy
+            params = self.orig.use_full_views(full)
+        else:
+            pieces = torch.split(full[: self.padded_numel], self._split_sizes)
+            params = [
+                nn.Parameter(piece.view(info.shape), requires_grad=self.requires_grad)
+                for piece, info in zip(pieces, self.infos)
+            ]
         for param, info in zip(params, self.infos):
             info.module._parameters[info.name] = param
             info.module.__dict__[info.name] = param
@@ -266,8 +334,15 @@ class FlatParamHandle:
             current = info.module._parameters.get(info.name, param)
             if current is not param or current.data_ptr() != piece.data_ptr():
                 piece.copy_(current.detach().reshape(-1))
-        for ref in [*self.infos, *self.shared]:
-            ref.module._parameters.pop(ref.name, None)
+        if self.orig is not None:
+            for ref, param in zip(self.infos, params):  # a replaced parameter object: the original returns
+                ref.module._parameters[ref.name] = param
+            for s in self.shared:
+                s.module._parameters[s.name] = params[s.primary]
+            self.orig.use_sharded_views()
+        else:
+            for ref in [*self.infos, *self.shared]:
+                ref.module._parameters.pop(ref.name, None)
         self.restore_views(snapshot)
 
     # -- gradients -------------------------------------------------------------------

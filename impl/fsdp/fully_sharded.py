@@ -1,12 +1,13 @@
-"""The public entry point: ``FullyShardedDataParallel``, PyTorch 1.13's constructor.
+"""The public entry point: ``FullyShardedDataParallel``, PyTorch 2.x FSDP1's constructor.
 
 Construction (docs/behaviour.md §F2) validates the arguments, wraps children as the
 auto-wrap policy says, and flattens and shards the parameters this instance manages:
 those of its module that are neither inside a nested instance nor ignored ("the outer
 unit takes the leftovers"). Everything that needs the whole tree (which instance is
 the root, the shared rate limiter and execution order) waits for the first forward
-(``_lazy_init``). The optimizer must be built after wrapping: it sees ``flat_param``,
-each instance's shard.
+(``_lazy_init``). The optimizer must be built after wrapping: it sees ``_flat_param``,
+each instance's shard, or with ``use_orig_params=True`` the original parameters as
+views of it (orig_params.py, [Note: use_orig_params]).
 
 What the hooks and utilities need of an instance lives in its ``FSDPState``
 (state.py, kept as ``_fsdp_state``); the attributes PyTorch 1.13 exposes on the module
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.modules.module import _IncompatibleKeys
 
 from impl import comm
@@ -65,9 +67,14 @@ def _state_attribute(name: str, doc: str | None = None) -> property:
 class FullyShardedDataParallel(nn.Module):
     """Shard a module's parameters, gradients and optimizer state across ranks (ZeRO-3).
 
-    Arguments as in PyTorch 1.13; ``limiter_depth`` (keyword-only, an extension) sets how
-    many unsharded units ``limit_all_gathers`` allows in flight (PyTorch fixes it at 2).
-    ``process_group`` may be a ``(shard_group, replicate_group)`` pair for HYBRID_SHARD.
+    Arguments as in PyTorch 2.x's FSDP1, with its defaults (``backward_prefetch=
+    BACKWARD_PRE``, ``limit_all_gathers=True``; 1.13 had None and False);
+    ``limiter_depth`` (keyword-only, an extension) sets how many unsharded units
+    ``limit_all_gathers`` allows in flight (PyTorch fixes it at 2). ``process_group``
+    may be a ``(shard_group, replicate_group)`` pair for HYBRID_SHARD, or give
+    ``device_mesh``: 1-D for the other strategies, 2-D ``(replicate, shard)`` for hybrid.
+    ``ignored_states`` takes modules or parameters (not both kinds); ``ignored_modules``
+    is its older form.
     """
 
     def __init__(
@@ -77,14 +84,17 @@ class FullyShardedDataParallel(nn.Module):
         sharding_strategy: ShardingStrategy | None = None,
         cpu_offload: CPUOffload | None = None,
         auto_wrap_policy: Callable[..., bool] | None = None,
-        backward_prefetch: BackwardPrefetch | None = None,
+        backward_prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE,
         mixed_precision: MixedPrecision | None = None,
         ignored_modules: Iterable[nn.Module] | None = None,
         param_init_fn: Callable[[nn.Module], None] | None = None,
         device_id: int | torch.device | None = None,
         sync_module_states: bool = False,
         forward_prefetch: bool = False,
-        limit_all_gathers: bool = False,
+        limit_all_gathers: bool = True,
+        use_orig_params: bool = False,
+        ignored_states: Iterable[nn.Parameter] | Iterable[nn.Module] | None = None,
+        device_mesh: DeviceMesh | None = None,
         *,
         limiter_depth: int = DEFAULT_LIMITER_DEPTH,
     ):
@@ -97,11 +107,33 @@ class FullyShardedDataParallel(nn.Module):
             raise ValueError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
         if sharding_strategy is not None and not isinstance(sharding_strategy, ShardingStrategy):
             raise ValueError(f"sharding_strategy must be a ShardingStrategy or None, got {sharding_strategy!r}")
+        if not isinstance(use_orig_params, bool):
+            raise ValueError(f"use_orig_params must be True or False, got {use_orig_params!r}")
+        if device_mesh is not None and not isinstance(device_mesh, DeviceMesh):
+            raise ValueError(f"device_mesh must be a torch.distributed.device_mesh.DeviceMesh or None, got {device_mesh!r}")
+        if process_group is not None and device_mesh is not None:
+            raise ValueError(
+                "Cannot pass both process_group and device_mesh at the same time. Please just pass only one of them."
+            )
+
+        # The process group(s), resolved before wrapping so that auto-wrapped children share them.
+        hybrid = sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+        child_process_group = process_group
+        if device_mesh is not None:
+            process_group = process_groups.groups_of_mesh(device_mesh, hybrid)
+        elif hybrid and process_group is None:
+            if auto_wrap_policy is None:  # as PyTorch 2.x: instances wrapped one by one may not agree on groups
+                raise ValueError(f"Manual wrapping with {sharding_strategy} requires explicit specification of "
+                                 "process group or device_mesh.")
+            process_group = child_process_group = process_groups.hybrid_groups(None)
 
         # Steps in the order docs/behaviour.md §F2 lists them.
-        # 1. ignored modules, expanded over their subtrees and nested instances' sets.
+        # 1. ignored modules (and parameters), expanded over subtrees and nested instances' sets.
+        ignored_modules, ignored_param_list = _ignored_states(ignored_modules, ignored_states)
         ignored = _ignored_modules(module, ignored_modules)
-        ignored_params = {id(p) for m in ignored for p in m.parameters()}
+        ignored_params = {id(p) for m in ignored for p in m.parameters()} | {id(p) for p in ignored_param_list}
+        for state in traversal.fsdp_states(module):
+            ignored_params |= state.ignored_params
 
         # 2. auto-wrap the children; each child instance gets the same arguments.
         if auto_wrap_policy is not None:
@@ -111,7 +143,7 @@ class FullyShardedDataParallel(nn.Module):
                     "`auto_wrap_policy`"
                 )
             child_kwargs = dict(
-                process_group=process_group,
+                process_group=child_process_group,
                 sharding_strategy=sharding_strategy,
                 cpu_offload=cpu_offload,
                 backward_prefetch=backward_prefetch,
@@ -121,18 +153,26 @@ class FullyShardedDataParallel(nn.Module):
                 sync_module_states=sync_module_states,
                 forward_prefetch=forward_prefetch,
                 limit_all_gathers=limit_all_gathers,
+                use_orig_params=use_orig_params,
+                device_mesh=device_mesh,
                 limiter_depth=limiter_depth,
             )
+            overrides_of = getattr(auto_wrap_policy, "wrap_kwargs", None)  # CustomPolicy's per-module arguments
 
             def wrap_child(child: nn.Module) -> nn.Module:
-                child_ignored = [m for m in ignored if any(m is c for c in child.modules())]
-                return FullyShardedDataParallel(child, ignored_modules=child_ignored, **child_kwargs)
+                inside = set(child.modules())
+                child_ignored = [m for m in ignored if m in inside]
+                child_params = [p for p in ignored_param_list if any(p is q for q in child.parameters())]
+                kwargs = {**child_kwargs, **(overrides_of(child) if overrides_of else {})}
+                if child_params:
+                    return FullyShardedDataParallel(child, ignored_states=child_params, **kwargs)
+                return FullyShardedDataParallel(child, ignored_modules=child_ignored, **kwargs)
 
             recursive_wrap(module, auto_wrap_policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
 
         # 3-6. devices: materialize meta modules, move to device_id.
         _materialize(module, param_init_fn, device_id, ignored)
-        managed = list(_managed_params(module, ignored))
+        managed = list(_managed_params(module, ignored, ignored_params))
         devices = {p.device for _, _, _, p in managed}
         if len(devices) > 1:
             raise RuntimeError(f"FSDP only supports single device modules but got params on {sorted(map(str, devices))}")
@@ -146,8 +186,9 @@ class FullyShardedDataParallel(nn.Module):
 
         # 7. groups and the effective strategy.
         strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
-        if strategy is ShardingStrategy.HYBRID_SHARD:
+        if hybrid:
             shard_group, replicate_group = process_groups.hybrid_groups(process_group)
+            self._inter_node_pg = replicate_group  # PyTorch 2.x's name for the replicate group (even of one rank)
             if dist.get_world_size(replicate_group) == 1:
                 replicate_group = None
             world = dist.get_world_size(shard_group) * (dist.get_world_size(replicate_group) if replicate_group else 1)
@@ -155,7 +196,7 @@ class FullyShardedDataParallel(nn.Module):
             if isinstance(process_group, tuple):
                 raise ValueError(f"a (shard_group, replicate_group) pair is only valid with HYBRID_SHARD, not {strategy.name}")
             shard_group = process_group if process_group is not None else dist.group.WORLD
-            replicate_group = None
+            replicate_group = self._inter_node_pg = None
             world = dist.get_world_size(shard_group)
             if world == 1:
                 strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
@@ -164,6 +205,7 @@ class FullyShardedDataParallel(nn.Module):
         self.process_group = shard_group
         self.rank = dist.get_rank(shard_group)
         self.world_size = dist.get_world_size(shard_group)
+        self._device_mesh = device_mesh  # PyTorch 2.x's attribute
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
             _broadcast_module_states(module, ignored, managed)
@@ -180,8 +222,15 @@ class FullyShardedDataParallel(nn.Module):
             limit_all_gathers=limit_all_gathers,
             limiter_depth=limiter_depth,
             ignored_modules=ignored,
+            ignored_params=ignored_params,
+            use_orig_params=use_orig_params,
+            device_mesh=device_mesh,
         )
         self._fsdp_state = state
+
+        # Loading under a plain (non-FSDP) parent goes through nn.Module's own walk.
+        self._register_load_state_dict_pre_hook(state_dict_module.pre_load_hook, with_module=True)
+        self.register_load_state_dict_post_hook(state_dict_module.post_load_hook)
 
         # 9. flatten and shard.
         self._fsdp_wrapped_module = module
@@ -204,6 +253,7 @@ class FullyShardedDataParallel(nn.Module):
                 and (param_dtype is None or param_dtype == managed[0][3].dtype)
                 and not (state.cpu_offload.offload_params and accelerator(compute_device) is not None),
                 offload_to_cpu=state.cpu_offload.offload_params,
+                use_orig_params=use_orig_params,
             )
             for _, _, _, p in managed:
                 p._impl_fsdp_flattened = True
@@ -212,11 +262,15 @@ class FullyShardedDataParallel(nn.Module):
                 handle, strategy, shard_group, replicate_group, world, mixed_precision, _next_unit_index
             )
             _next_unit_index += 1
-            self.flat_param = handle.sharded_flat
+            # On the wrapped module, under PyTorch 2.x's name: a registered parameter, or
+            # with use_orig_params a plain attribute (the original parameters are the module's).
+            handle.sharded_flat._impl_fsdp_flat = True  # what state dicts and clipping skip
+            if use_orig_params:
+                module.__dict__[utils.FLAT_PARAM] = handle.sharded_flat
+            else:
+                module.register_parameter(utils.FLAT_PARAM, handle.sharded_flat)
             self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
-            if handle.requires_grad:
-                for param in handle.unsharded_params:
-                    param.register_post_accumulate_grad_hook(functools.partial(runtime.post_accumulate_grad, state))
+            handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
             if handle.keeps_unsharded:
                 handle.use_unsharded_params()
 
@@ -235,6 +289,14 @@ class FullyShardedDataParallel(nn.Module):
         me = self._fsdp_state
         instances = traversal.fsdp_modules(self)
         states = [inst._fsdp_state for inst in instances]
+        for other in states:
+            unit = other.unit
+            if unit is not None and other.cpu_offload.offload_params and unit.handle.sharded_flat.device.type != "cpu":
+                raise RuntimeError(  # the module was moved after construction (as PyTorch's FSDP1 checks)
+                    "An FSDP-managed module with parameter CPU offloading enabled has parameters on "
+                    f"{unit.handle.sharded_flat.device}. Make sure to not move the module from CPU when offloading "
+                    "parameters."
+                )
         for other in states[1:]:
             if other.root_state is not None and other.is_root:
                 raise RuntimeError("an FSDP instance that already ran as a root cannot be nested under another root")
@@ -314,9 +376,34 @@ class FullyShardedDataParallel(nn.Module):
         return self._fsdp_state.root_state
 
     @property
+    def _handle(self):
+        """This instance's FlatParamHandle (its ``flat_param`` is the shard), or None:
+        the attribute PyTorch 2.x's FSDP1 has, which much user and test code reads."""
+        unit = self._fsdp_state.unit
+        return unit.handle if unit is not None else None
+
+    @property
     def _unit(self) -> FlatParamUnit | None:
         """This instance's flat parameter and its collectives; None if it manages none."""
         return self._fsdp_state.unit
+
+    @property
+    def flat_param(self) -> nn.Parameter | None:
+        """This instance's flat shard (PyTorch 1.13's name; 2.x calls it ``_flat_param``)."""
+        unit = self._fsdp_state.unit
+        return unit.handle.sharded_flat if unit is not None else None
+
+    @property
+    def _use_orig_params(self) -> bool:
+        return self._fsdp_state.use_orig_params
+
+    def _assert_state(self, state) -> None:
+        """Raise ValueError unless in ``state`` (or one of a list): PyTorch's check, which
+        common test code calls. States compare by name, so PyTorch's enum works too."""
+        allowed = state if isinstance(state, (list, tuple)) else [state]
+        if self.training_state.name not in {s.name for s in allowed}:
+            raise ValueError(f"expected to be in states {[s.name for s in allowed]} but current state is "
+                             f"{self.training_state.name}")
 
     @property
     def module(self) -> nn.Module:
@@ -393,10 +480,26 @@ class FullyShardedDataParallel(nn.Module):
     # -- state dicts (state_dict.py) ----------------------------------------------------
 
     @staticmethod
-    def state_dict_type(module: nn.Module, state_dict_type: StateDictType, state_dict_config=None):
+    def state_dict_type(module: nn.Module, state_dict_type: StateDictType, state_dict_config=None,
+                        optim_state_dict_config=None):
         """Context manager: what ``state_dict()`` / ``load_state_dict()`` of every FSDP
-        instance in ``module`` produce and accept (FULL by default)."""
-        return state_dict_module.state_dict_type(module, state_dict_type, state_dict_config)
+        instance in ``module`` produce and accept (FULL by default), and the optimizer
+        state-dict config ``optim_state_dict`` follows; the previous settings return on exit."""
+        return state_dict_module.state_dict_type(module, state_dict_type, state_dict_config, optim_state_dict_config)
+
+    @staticmethod
+    def set_state_dict_type(module: nn.Module, state_dict_type: StateDictType, state_dict_config=None,
+                            optim_state_dict_config=None):
+        """Set the state-dict type and configs of every FSDP instance in ``module`` (PyTorch
+        2.x); returns the previous ``StateDictSettings``."""
+        return state_dict_module.set_state_dict_type(module, state_dict_type, state_dict_config,
+                                                     optim_state_dict_config)
+
+    @staticmethod
+    def get_state_dict_type(module: nn.Module):
+        """The ``StateDictSettings`` of the FSDP instances in ``module``; ValueError if they
+        differ (PyTorch 2.x)."""
+        return state_dict_module.get_state_dict_type(module)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         if self.training_state is not TrainingState.IDLE:
@@ -430,11 +533,44 @@ class FullyShardedDataParallel(nn.Module):
         writeback: bool = True,
         rank0_only: bool = False,
         offload_to_cpu: bool = False,
+        with_grads: bool = False,
     ):
-        return utils.summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu)
+        return utils.summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu, with_grads)
 
 
 # -- construction helpers ----------------------------------------------------------------
+
+
+def _ignored_states(ignored_modules, ignored_states) -> tuple[list | None, list[nn.Parameter]]:
+    """(ignored modules, ignored parameters) from the two ways of giving them, checked as
+    PyTorch 2.x checks them (ValueError for a mix of kinds, or for both arguments)."""
+    if ignored_modules is not None and ignored_states is not None:
+        raise ValueError(
+            "Cannot pass both ignored_modules and ignored_states at the same time. Please just pass ignored_states."
+        )
+    if ignored_states is None:
+        if ignored_modules is not None and not isinstance(ignored_modules, nn.Module):
+            try:
+                given = list(ignored_modules)
+            except TypeError:
+                return ignored_modules, []  # _ignored_modules names the wrong type
+            if not all(isinstance(m, nn.Module) for m in given):
+                kinds = sorted({type(m) for m in given}, key=repr)
+                raise ValueError(f"ignored_modules expects nn.Module list elements but got types {kinds}")
+            return given, []
+        return ignored_modules, []
+    try:
+        states = list(ignored_states)
+    except TypeError:
+        raise TypeError(
+            f"ignored_states must be an iterable of nn.Parameter or of nn.Module, got {type(ignored_states)}"
+        ) from None
+    if all(isinstance(x, nn.Parameter) for x in states):
+        return None, states
+    if all(isinstance(x, nn.Module) for x in states):
+        return states, []
+    kinds = sorted({type(x) for x in states}, key=repr)
+    raise ValueError(f"ignored_states expects all nn.Parameter or all nn.Module list elements but got types {kinds}")
 
 
 def _ignored_modules(root: nn.Module, ignored_modules) -> set[nn.Module]:
@@ -455,20 +591,33 @@ def _ignored_modules(root: nn.Module, ignored_modules) -> set[nn.Module]:
                 raise ValueError("`ignored_modules` should not include FSDP modules")
             ignored.update(m.modules())
     if root in ignored:
-        warnings.warn("Trying to ignore the top-level module passed to FSDP: its parameters stay unmanaged")
+        warnings.warn(
+            "Trying to ignore the top-level module passed into the FSDP constructor itself will result in all "
+            f"parameters being ignored and is not well-supported: {root}",
+            stacklevel=3,
+        )
     for state in traversal.fsdp_states(root):
         ignored.update(state.ignored_modules)
     return ignored
 
 
-def _managed_params(module: nn.Module, ignored: set[nn.Module]):
-    """(fqn, owner module, attribute name, parameter) of the parameters this unit flattens."""
-    names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
-    for m in traversal.managed_modules(module, ignored):
-        prefix = names.get(id(m), "")
+def _managed_params(module: nn.Module, ignored: set[nn.Module], ignored_params: set[int] = frozenset()):
+    """(fqn, owner module, attribute name, parameter) of the parameters this unit flattens,
+    depth first in registration order, stopping at nested instances and ignored modules.
+    A module registered under two names is visited under both (FlatParamHandle keeps the
+    second as an alias)."""
+
+    def walk(prefix: str, m: nn.Module):
+        if m in ignored:
+            return
         for name, p in m._parameters.items():
-            if p is not None:
+            if p is not None and id(p) not in ignored_params:
                 yield (f"{prefix}.{name}" if prefix else name), m, name, p
+        for child_name, child in m._modules.items():
+            if child is not None and not traversal.is_fsdp(child):
+                yield from walk(f"{prefix}.{child_name}" if prefix else child_name, child)
+
+    yield from walk("", module)
 
 
 def _default_device(device_id) -> torch.device:

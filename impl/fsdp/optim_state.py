@@ -44,9 +44,16 @@ def _param_map(model: nn.Module) -> dict[int, tuple[Any, list[str]]]:
     for mod_name, mod in model.named_modules():
         state = state_of(mod)
         if state is not None:  # an FSDP instance: the optimizer sees its flat shard
+            if state.unit is not None and state.use_orig_params:
+                raise NotImplementedError(
+                    "impl.fsdp has no optimizer state dicts for units built with use_orig_params=True (the optimizer "
+                    "holds each original parameter's slice of the shard). Save optim.state_dict() on every rank and "
+                    "load it with the same world size and wrapping, or build the model with use_orig_params=False "
+                    "(docs/fsdp.md, \"What still differs from PyTorch 2.x's FSDP1\")."
+                )
             if state.unit is not None:
                 h = state.unit.handle
-                out[id(h.sharded_flat)] = (state.unit, [_join(_clean(mod_name), i.fqn) for i in h.infos])
+                out[id(h.sharded_flat)] = (state.unit, [_clean(_join(mod_name, i.fqn)) for i in h.infos])
             continue
         for name, p in mod._parameters.items():
             if p is not None and id(p) not in out:
@@ -284,15 +291,22 @@ def scatter_full_optim_state_dict(full_osd, model: nn.Module, optim_input=None, 
 
 def optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict=None, group=None) -> dict:
     """PyTorch 2.x's entry point (``FSDP.optim_state_dict``): the optimizer state dict of
-    the kind ``state_dict_type`` set on ``model``. FULL: ``full_optim_state_dict`` on every
-    rank (PyTorch's default ``FullOptimStateDictConfig`` has ``rank0_only=False``);
+    the kind ``state_dict_type`` set on ``model``, following its optimizer config
+    (``rank0_only``, ``offload_to_cpu``). FULL: ``full_optim_state_dict``, on every rank
+    by default (PyTorch's default ``FullOptimStateDictConfig`` has ``rank0_only=False``);
     SHARDED: ``sharded_optim_state_dict``, which ``torch.distributed.checkpoint`` saves and
     loads like PyTorch FSDP1's. ``optim_state_dict`` (a precomputed ``optim.state_dict()``)
     is accepted and ignored: the state is read from ``optim``."""
     kind = _state_dict_kind(model, "optim_state_dict")
+    config = state_of(model).optim_state_dict_config  # set with state_dict_type / set_state_dict_type
     if kind is StateDictType.FULL_STATE_DICT:
-        return full_optim_state_dict(model, optim, rank0_only=False, group=group)
-    return sharded_optim_state_dict(model, optim, group=group)
+        out = full_optim_state_dict(model, optim, rank0_only=getattr(config, "rank0_only", False), group=group)
+    else:
+        out = sharded_optim_state_dict(model, optim, group=group)
+    if getattr(config, "offload_to_cpu", False) and out:
+        out["state"] = {k: {n: v.cpu() if torch.is_tensor(v) else v for n, v in st.items()} if isinstance(st, dict) else st
+                        for k, st in out["state"].items()}
+    return out
 
 
 def optim_state_dict_to_load(

@@ -30,9 +30,10 @@ def hybrid_groups(process_group) -> tuple:
     """(shard_group, replicate_group) from a given pair, or built over the default group."""
     if process_group is not None:
         if not (isinstance(process_group, tuple) and len(process_group) == 2):
-            raise ValueError(
-                "HYBRID_SHARD expects process_group to be None or a (shard_group, replicate_group) tuple, "
-                f"got {type(process_group).__name__}"
+            raise ValueError(  # PyTorch 2.x's words, then ours
+                "Expected process_group to be passed in as either None or Tuple[dist.ProcessGroup, "
+                f"dist.ProcessGroup] but got {type(process_group)}: HYBRID_SHARD expects process_group to be None "
+                "or a (shard_group, replicate_group) tuple"
             )
         shard, replicate = process_group
         if dist.get_world_size(shard) * dist.get_world_size(replicate) != dist.get_world_size():
@@ -50,6 +51,19 @@ def hybrid_groups(process_group) -> tuple:
         _hybrid_cache[key] = (shard_groups, replicate_groups, size)
     shard_groups, replicate_groups, size = _hybrid_cache[key]
     return shard_groups[rank // size], replicate_groups[rank % size]
+
+
+def groups_of_mesh(mesh, hybrid: bool):
+    """The process group(s) of a ``device_mesh`` argument, as PyTorch 2.x reads it: a 1-D
+    mesh's group, or for HYBRID_SHARD a 2-D mesh's ``(shard, replicate)`` pair (dim 1
+    shards, dim 0 replicates)."""
+    if hybrid:
+        if mesh.ndim != 2:
+            raise ValueError(f"Expected device_mesh to have ndim=2 but got {mesh.ndim}")
+        return mesh.get_group(mesh_dim=1), mesh.get_group(mesh_dim=0)
+    if mesh.ndim != 1:
+        raise ValueError(f"device_mesh must be 1-D for a strategy other than HYBRID_SHARD, got ndim={mesh.ndim}")
+    return mesh.get_group(mesh_dim=0)
 
 
 def forget_cached_groups() -> None:

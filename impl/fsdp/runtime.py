@@ -52,6 +52,7 @@ last one and synchronises the post-backward stream once before the gradients are
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 import torch
@@ -75,7 +76,8 @@ def check_state(state: FSDPState, *allowed: TrainingState) -> None:
 
 def frees_after_forward(state: FSDPState) -> bool:
     """FULL_SHARD (and HYBRID_SHARD) free after forward, except the root, whose
-    parameters backward needs first (PyTorch 1.13)."""
+    parameters backward needs first (PyTorch 1.13). SHARD_GRAD_OP and
+    _HYBRID_SHARD_ZERO2 keep them until backward."""
     return state.unit.strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and (
         not state.is_root
     )
@@ -85,7 +87,7 @@ def frees_after_backward(state: FSDPState, sync: bool) -> bool:
     strategy = state.unit.strategy
     if strategy is ShardingStrategy.NO_SHARD:
         return True  # only a mixed-precision copy, if any, is freed
-    return sync or strategy is not ShardingStrategy.SHARD_GRAD_OP
+    return sync or strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
 def _tensors(obj):
@@ -117,15 +119,26 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
         if not shared.end_of_backward_queued and shared.exec_order.forward_pending_backward:
             # The previous forward had no backward (evaluation): start a new iteration.
             _finish_iteration(shared)
+        for other in shared.states:  # See [Note: use_orig_params]: what the user replaced
+            if other.unit is not None and other.unit.handle.orig is not None:
+                other.unit.handle.orig.writeback()
         if state.compute_device.type != "cpu":
             args, kwargs = to_device((args, kwargs), state.compute_device)
-        mp = state.mixed_precision
-        if mp is not None and mp.param_dtype is not None:
-            args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
+    mp = state.mixed_precision
+    if mp is not None and mp.param_dtype is not None and (
+        mp.cast_root_forward_inputs if state.is_root else mp.cast_forward_inputs
+    ):
+        args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
     state.training_state = TrainingState.FORWARD
     unit = state.unit
     if unit is None:
         return args, kwargs
+    if unit.handle.sharded_flat.dtype != unit.handle.dtype:  # e.g. model.half() after wrapping
+        raise TypeError(
+            f"impl.fsdp: a flat parameter built as {unit.handle.dtype} is now {unit.handle.sharded_flat.dtype} "
+            "(the module was cast after wrapping, e.g. with .half()); impl does not re-cast its unsharded buffers: "
+            "cast the module before wrapping it, or use MixedPrecision(param_dtype=...)"
+        )
     with record_function("impl::fsdp::pre_forward"):
         shared.exec_order.record_pre_forward(state, unit, check=training)
         unit.unshard(prefetch=False, ticketed=frees_after_forward(state))
@@ -134,6 +147,7 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
             nxt = shared.exec_order.next_forward(state)
             if nxt is not None:
                 nxt.unit.unshard(prefetch=True, ticketed=frees_after_forward(nxt))
+        unit.handle.sync_requires_grad(functools.partial(post_accumulate_grad, state))
         unit.handle.use_unsharded_params()
     return args, kwargs
 
@@ -145,6 +159,7 @@ def post_forward(state: FSDPState, output):
         with record_function("impl::fsdp::post_forward"):
             shared.exec_order.record_post_forward(state)
             unit.reshard(free=frees_after_forward(state) or not torch.is_grad_enabled())
+            unit.handle.use_orig_param_attributes()
     if torch.is_grad_enabled():
         hook = _make_pre_backward_hook(state)
         for t in _tensors(output):
@@ -180,6 +195,7 @@ def pre_backward(state: FSDPState) -> None:
     with record_function("impl::fsdp::pre_backward"):
         unit.unshard(prefetch=False)
         unit.wait_for_unshard()
+        unit.handle.use_unsharded_params()  # a checkpointed forward may run again in backward
         if state.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
             _prefetch_backward(shared, state)
 
@@ -195,7 +211,7 @@ def post_accumulate_grad(state: FSDPState, _param: torch.Tensor) -> None:
     parameters has its gradient; the unit's post-backward runs with the last one (or,
     for parameters that get none, at the end of backward)."""
     state.grads_ready += 1
-    if state.grads_ready == len(state.unit.handle.unsharded_params):
+    if state.grads_ready == state.unit.handle.requires_grad_count:
         post_backward(state)
 
 
@@ -255,9 +271,12 @@ def end_of_backward(shared: RootState) -> None:
             shared.streams.post_backward.synchronize()
         for unit, reduced in finished:
             unit.accumulate_sharded_grad(reduced)
+            if unit.handle.orig is not None:  # See [Note: use_orig_params]
+                unit.handle.orig.use_sharded_grad_views()
         for state in shared.states:
             if state.unit is not None:  # catch-all: frozen or unused units
                 state.unit.reshard(free=frees_after_backward(state, shared.sync_gradients))
+                state.unit.handle.use_orig_param_attributes()
             state.training_state = TrainingState.IDLE
             state.ran_pre_backward = False
             state.grads_ready = 0

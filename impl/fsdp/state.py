@@ -25,6 +25,7 @@ from impl.fsdp.api import (
     DEFAULT_LIMITER_DEPTH,
     BackwardPrefetch,
     CPUOffload,
+    FullOptimStateDictConfig,
     FullStateDictConfig,
     MixedPrecision,
     ShardingStrategy,
@@ -60,6 +61,12 @@ class FSDPState:
     """As ``limit_all_gathers``: the root's value applies."""
     ignored_modules: set[nn.Module] = field(default_factory=set)
     """Modules whose parameters stay unmanaged, expanded over subtrees and nested instances."""
+    ignored_params: set[int] = field(default_factory=set)
+    """id() of every parameter left unmanaged (of ignored modules, or given in ``ignored_states``)."""
+    use_orig_params: bool = False
+    """Whether the original parameters stay the module's parameters ([Note: use_orig_params])."""
+    device_mesh: Any = None
+    """The DeviceMesh given to the constructor, if any (SHARDED state dicts are DTensors on it)."""
 
     # -- where the instance is in the iteration --------------------------------------
     training_state: TrainingState = TrainingState.IDLE
@@ -80,6 +87,11 @@ class FSDPState:
     """What ``state_dict()`` returns; set with ``FSDP.state_dict_type``."""
     state_dict_config: Any = field(default_factory=FullStateDictConfig)
     """The config matching ``state_dict_type``."""
+    optim_state_dict_config: Any = field(default_factory=FullOptimStateDictConfig)
+    """The optimizer config matching ``state_dict_type`` (``FSDP.optim_state_dict`` reads it)."""
+    load_summon: Any = None
+    """While a plain parent's ``load_state_dict`` walks this instance: the summon context
+    its load pre-hook entered and its post-hook leaves (state_dict.py)."""
     original_buffer_dtypes: dict[tuple[int, str], torch.dtype] = field(default_factory=dict)
     """(id(module), buffer name) -> dtype before mixed precision cast it: FULL state dicts
     save buffers in their original dtype."""

@@ -1,20 +1,28 @@
 """Model state dicts of an FSDP tree: FULL, LOCAL and SHARDED (docs/behaviour.md §F11).
 
 Keys are those of the unwrapped model (FSDP's ``_fsdp_wrapped_module.`` prefixes are
-stripped), except LOCAL's ``<unit>.flat_param`` entries:
+stripped), except LOCAL's ``<unit>._flat_param`` entries (PyTorch 2.x's name):
 
 * FULL: every original parameter and buffer, unsharded, full precision (buffers back in
   their original dtype under mixed precision). ``rank0_only`` returns ``{}`` elsewhere;
-  ``offload_to_cpu`` copies to the CPU.
-* LOCAL: each unit's ``flat_param`` shard as this rank holds it (padded, 1-D), plus
+  ``offload_to_cpu`` copies to the CPU. Parameters outside every unit (ignored) and
+  buffers are the module's own tensors (detached, not copied), as in PyTorch.
+* LOCAL: each unit's ``_flat_param`` shard as this rank holds it (padded, 1-D), plus
   buffers and unmanaged parameters. Sharded strategies only.
 * SHARDED: each original parameter as a ``DTensor`` sharded on dim 0 over the unit's
-  shard group (torch.chunk's split, as 1.13's ShardedTensor), plus buffers. Sharded
-  strategies only. PyTorch 1.13 used ShardedTensor, since deprecated in favour of DTensor.
+  shard group (torch.chunk's split, as 1.13's ShardedTensor), plus buffers. A unit that
+  is not sharded (NO_SHARD, a one-rank group) is chunked over its group the same way.
+  PyTorch 1.13 used ShardedTensor, since deprecated in favour of DTensor.
 
 Loading SHARDED also takes PyTorch FSDP1's ShardedTensor values, gathered over their
 group; PyTorch's LOCAL dicts are refused (docs/fsdp.md, "Checkpoints across PyTorch's
 FSDP and impl").
+
+An FSDP root's ``load_state_dict`` loads the whole tree here. When the root is a plain
+module with FSDP children, ``nn.Module.load_state_dict`` walks the tree itself; each
+instance's load pre-hook (``pre_load_hook``) then renames the keys under it to the
+wrapped module's (adding ``_fsdp_wrapped_module.``) and exposes its own parameters with
+``summon_full_params``, and the post-hook writes them back (as PyTorch's FSDP1 does).
 
 Use it as in PyTorch::
 
@@ -35,47 +43,79 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from impl import comm
 from impl.fsdp.api import (  # the policies are defined in api.py, re-exported here
+    STATE_DICT_CONFIGS,
     FullStateDictConfig,
     LocalStateDictConfig,
     ShardedStateDictConfig,
+    StateDictSettings,
     StateDictType,
 )
 from impl.fsdp.traversal import fsdp_states, named_fsdp_states, state_of
-from impl.fsdp.utils import summon_full_params
+from impl.fsdp.utils import FLAT_PARAM, summon_full_params  # FLAT_PARAM: LOCAL's key
 
-_CONFIG_OF = {
-    StateDictType.FULL_STATE_DICT: FullStateDictConfig,
-    StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
-    StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig,
-}
+_CONFIG_OF = {kind: configs[0] for kind, configs in STATE_DICT_CONFIGS.items()}
+
+
+def set_state_dict_type(module: nn.Module, type: StateDictType, config=None, optim_config=None) -> StateDictSettings:
+    """Set the state-dict type and configs of every FSDP instance in ``module``; returns
+    the previous settings (PyTorch 2.x's ``FSDP.set_state_dict_type``)."""
+    if not isinstance(type, StateDictType):
+        raise ValueError(f"Unknown StateDictType {type!r}; expected one of {[t.name for t in StateDictType]}")
+    model_class, optim_class = STATE_DICT_CONFIGS[type]
+    config = config if config is not None else model_class()
+    optim_config = optim_config if optim_config is not None else optim_class()
+    if not isinstance(config, model_class):
+        raise RuntimeError(f"Expected state_dict_config of type {model_class.__name__} but got {config.__class__.__name__}")
+    if not isinstance(optim_config, optim_class):
+        raise RuntimeError(
+            f"Expected optim_state_dict_config of type {optim_class.__name__} but got {optim_config.__class__.__name__}"
+        )
+    previous = get_state_dict_type(module)
+    for s in fsdp_states(module):
+        s.state_dict_type, s.state_dict_config, s.optim_state_dict_config = type, config, optim_config
+    return previous
+
+
+def get_state_dict_type(module: nn.Module) -> StateDictSettings:
+    """The settings every FSDP instance in ``module`` shares (ValueError if none, or if they differ)."""
+    settings = {
+        StateDictSettings(s.state_dict_type, s.state_dict_config, s.optim_state_dict_config)
+        for s in fsdp_states(module)
+    }
+    if not settings:
+        raise ValueError(f"get_state_dict_type: no FSDP instance in {type(module).__name__}")
+    if len(settings) > 1:
+        raise ValueError(f"All FSDP modules must have the same state dict settings. Got {settings}")
+    return settings.pop()
 
 
 @contextlib.contextmanager
-def state_dict_type(module: nn.Module, type: StateDictType, config=None):
-    """Set the state dict type (and config) of every FSDP instance in ``module``."""
-    if not isinstance(type, StateDictType):
-        raise ValueError(f"Unknown StateDictType {type!r}")
-    config = config if config is not None else _CONFIG_OF[type]()
-    if not isinstance(config, _CONFIG_OF[type]):
-        raise RuntimeError(f"Expected state_dict_config of type {_CONFIG_OF[type].__name__} but got {config.__class__.__name__}")
+def state_dict_type(module: nn.Module, type: StateDictType, config=None, optim_config=None):
+    """Set the state dict type (and configs) of every FSDP instance in ``module`` while inside."""
     states = fsdp_states(module)
-    previous = [(s.state_dict_type, s.state_dict_config) for s in states]
-    if len({t for t, _ in previous}) > 1:
+    previous = [(s.state_dict_type, s.state_dict_config, s.optim_state_dict_config) for s in states]
+    if len({t for t, _, _ in previous}) > 1:
         raise RuntimeError("All FSDP module should the same state_dict_type.")
-    for s in states:
-        s.state_dict_type, s.state_dict_config = type, config
+    set_state_dict_type(module, type, config, optim_config)
     try:
         yield
     finally:
-        for s, (t, c) in zip(states, previous):
-            s.state_dict_type, s.state_dict_config = t, c
+        for s, (t, c, o) in zip(states, previous):
+            s.state_dict_type, s.state_dict_config, s.optim_state_dict_config = t, c, o
 
 
 # -- naming ---------------------------------------------------------------------------
 
 
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+"""What FSDP and torch's checkpoint_wrapper add to names; state-dict keys leave both out,
+as PyTorch's ``clean_tensor_name`` does."""
+
+
 def _clean(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "").strip(".")
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix + ".", "").replace(prefix, "")
+    return name.strip(".")
 
 
 def _join(prefix: str, name: str) -> str:
@@ -95,19 +135,22 @@ class _Entries:
                 if state.unit is not None:
                     h = state.unit.handle
                     for ref in [*h.infos, *h.shared]:
-                        self.managed.append((_join(_clean(mod_name), ref.fqn), state, ref))
+                        self.managed.append((_clean(_join(mod_name, ref.fqn)), state, ref))
+                    for fqn, ref in h.aliases:  # a module registered under a second name
+                        self.managed.append((_clean(_join(mod_name, fqn)), state, ref))
                 continue
             prefix = _clean(mod_name)
             for name, p in mod._parameters.items():
-                if p is not None:
+                # Skip the units' own: flat shards, and original parameters under use_orig_params.
+                if p is not None and not getattr(p, "_impl_fsdp_flattened", False) and not getattr(p, "_impl_fsdp_flat", False):
                     self.unmanaged.append((_join(prefix, name), mod, name))
             for name, b in mod._buffers.items():
                 if b is not None and name not in mod._non_persistent_buffers_set:
                     self.buffers.append((_join(prefix, name), mod, name))
         self.states = fsdp_states(root)
-        # LOCAL's entries: (name, state) of each unit's flat_param.
+        # LOCAL's entries: (name, state) of each unit's flat shard.
         self.flat_params = [
-            (_join(_clean(name), "flat_param"), state)
+            (_join(_clean(name), FLAT_PARAM), state)
             for name, state in named_fsdp_states(root)
             if state.unit is not None
         ]
@@ -115,9 +158,11 @@ class _Entries:
         self.buffer_dtypes = {k: v for state in self.states for k, v in state.original_buffer_dtypes.items()}
 
     def buffer_value(self, mod: nn.Module, name: str) -> torch.Tensor:
+        """The buffer itself (detached, as ``nn.Module.state_dict`` gives it), or a copy in
+        its original dtype where mixed precision cast it."""
         b = mod._buffers[name].detach()
         original = self.buffer_dtypes.get((id(mod), name))
-        return b.to(original) if original is not None and original != b.dtype else b.clone()
+        return b.to(original) if original is not None and original != b.dtype else b
 
 
 def _check_sharded(states, what: str) -> None:
@@ -144,7 +189,7 @@ def model_state_dict(root) -> dict[str, torch.Tensor]:
             for name, _, ref in entries.managed:
                 out[name] = ref.module.__dict__[ref.name].detach().clone()
             for name, mod, attr in entries.unmanaged:
-                out[name] = mod._parameters[attr].detach().clone()
+                out[name] = mod._parameters[attr].detach()
             for name, mod, attr in entries.buffers:
                 out[name] = entries.buffer_value(mod, attr)
         if config.offload_to_cpu:
@@ -155,16 +200,17 @@ def model_state_dict(root) -> dict[str, torch.Tensor]:
         for name, state in entries.flat_params:
             out[name] = state.unit.handle.sharded_flat.detach().clone()
     elif kind is StateDictType.SHARDED_STATE_DICT:
-        _check_sharded(entries.states, "SHARDED_STATE_DICT")
         with summon_full_params(root, writeback=False):
             for name, state, ref in entries.managed:
                 out[name] = _to_dtensor(ref.module.__dict__[ref.name].detach(), state.unit)
     else:
         raise ValueError(f"Unknown StateDictType {kind!r}")
     for name, mod, attr in entries.unmanaged:
-        out[name] = mod._parameters[attr].detach().clone()
+        out[name] = mod._parameters[attr].detach()
     for name, mod, attr in entries.buffers:
         out[name] = entries.buffer_value(mod, attr)
+    if getattr(config, "offload_to_cpu", False):
+        out = {k: v.cpu() if torch.is_tensor(v) else v for k, v in out.items()}
     return out
 
 
@@ -180,7 +226,8 @@ def _to_dtensor(full: torch.Tensor, unit):
 
     if full.dim() == 0:
         return full.clone()
-    world, rank = unit.handle.shard_world, unit.handle.shard_rank
+    # The unit's group: its shard group when sharded, the ranks that replicate it otherwise.
+    world, rank = dist.get_world_size(unit.shard_group), dist.get_rank(unit.shard_group)
     chunks = torch.chunk(full, world, dim=0)
     local = chunks[rank].clone() if rank < len(chunks) else full.new_empty((0, *full.shape[1:]))
     return DTensor.from_local(local, _mesh(unit), [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
@@ -243,7 +290,7 @@ def _refuse_foreign_local(state_dict: dict) -> None:
     """PyTorch FSDP1's LOCAL_STATE_DICT (``<unit>._flat_param`` ShardedTensors) holds
     PyTorch's flat-parameter layout, which impl's flat shards need not share: refuse it
     with the way that works, rather than copying bytes that may mean other parameters."""
-    foreign = [k for k, v in state_dict.items() if _is_sharded_tensor(v) or k.rsplit(".", 1)[-1] == "_flat_param"]
+    foreign = [k for k, v in state_dict.items() if _is_sharded_tensor(v)]
     if foreign:
         raise RuntimeError(
             f"LOCAL_STATE_DICT entries {foreign[:3]}{' ...' if len(foreign) > 3 else ''} come from PyTorch's FSDP "
@@ -261,8 +308,6 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
         _refuse_foreign_local(state_dict)
         expected = dict(entries.flat_params)
     elif kind in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
-        if kind is StateDictType.SHARDED_STATE_DICT:
-            _check_sharded(entries.states, "SHARDED_STATE_DICT")
         expected = {name: (state, ref) for name, state, ref in entries.managed}
     else:
         raise ValueError(f"Unknown StateDictType {kind!r}")
@@ -288,3 +333,32 @@ def load_model_state_dict(root, state_dict: dict, strict: bool = True):
             if name in state_dict:
                 mod._buffers[attr].copy_(full_tensor(state_dict[name]))
     return missing, unexpected
+
+
+# -- loading under a plain root (nn.Module's own walk) ---------------------------------
+
+_WRAPPED = "_fsdp_wrapped_module."
+
+
+def pre_load_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    """Before ``nn.Module`` loads this instance's part of a parent's state dict: give the
+    keys under ``prefix`` the wrapped module's names, gather sharded values, and expose
+    this instance's own parameters (``summon_full_params(recurse=False)``) so the walk
+    copies into them. ``post_load_hook`` writes them back into the shard."""
+    state = state_of(module)
+    kind = state.state_dict_type
+    for key in [k for k in state_dict if k.startswith(prefix) and not k[len(prefix):].startswith(_WRAPPED)]:
+        rest = key[len(prefix):]
+        value = state_dict.pop(key)
+        state_dict[prefix + _WRAPPED + rest] = full_tensor(value) if kind is StateDictType.SHARDED_STATE_DICT else value
+    if kind is not StateDictType.LOCAL_STATE_DICT:
+        summon = summon_full_params(module, recurse=False, writeback=True)
+        summon.__enter__()
+        state.load_summon = summon
+
+
+def post_load_hook(module, incompatible_keys) -> None:
+    summon = getattr(state_of(module), "load_summon", None)
+    if summon is not None:
+        state_of(module).load_summon = None
+        summon.__exit__(None, None, None)

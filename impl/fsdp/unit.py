@@ -17,7 +17,12 @@ from impl.fsdp.flat_param import FlatParamHandle, ShardedState
 from impl.fsdp.rate_limiter import RateLimiter
 from impl.streams import Streams
 
-_SHARDED = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.HYBRID_SHARD)
+_SHARDED = (
+    ShardingStrategy.FULL_SHARD,
+    ShardingStrategy.SHARD_GRAD_OP,
+    ShardingStrategy.HYBRID_SHARD,
+    ShardingStrategy._HYBRID_SHARD_ZERO2,
+)
 
 
 class FlatParamUnit:
@@ -234,13 +239,18 @@ class FlatParamUnit:
     def accumulate_sharded_grad(self, reduced: torch.Tensor) -> None:
         """Store a reduced gradient shard as ``sharded_flat.grad`` (adding to an existing one)."""
         param = self.handle.sharded_flat
-        if self.mp is not None and self.mp.keep_low_precision_grads and self.mp.param_dtype is not None:
-            reduced = reduced.to(self.mp.param_dtype)
-        if reduced.dtype != param.dtype:
-            reduced = reduced.to(param.dtype)
+        low = self.mp is not None and self.mp.keep_low_precision_grads and self.mp.param_dtype is not None
+        grad_dtype = self.mp.param_dtype if low else param.dtype
+        if reduced.dtype != grad_dtype:
+            reduced = reduced.to(grad_dtype)
         if reduced.device != param.device:  # a device shard for a host parameter: copy it over
             reduced = reduced.to(param.device)
         if param.grad is None:
-            param.grad = reduced.clone() if reduced is self._pinned_grad else reduced
+            reduced = reduced.clone() if reduced is self._pinned_grad else reduced
+            if reduced.dtype == param.dtype:
+                param.grad = reduced
+            else:  # keep_low_precision_grads: a low-precision .grad, set through .data as FSDP1 does
+                param.grad = torch.empty_like(param)
+                param.grad.data = reduced
         else:
-            param.grad += reduced
+            param.grad.add_(reduced.to(param.grad.dtype))  # in place: .grad may be low precision

@@ -7,7 +7,10 @@ A policy is called as ``policy(module=..., recurse=..., unwrapped_params=...)``:
   parameters not already taken by wrapped descendants.
 
 Bind a policy's own arguments with ``functools.partial``, e.g.
-``partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``.
+``partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``, or use
+PyTorch 2.x's policy objects, ``ModuleWrapPolicy({Block})`` and ``CustomPolicy(fn)``;
+a ``CustomPolicy`` function may return a dict of constructor arguments for that
+module's instance instead of ``True``.
 Wrapping applies to children only; the constructor wraps the root itself, which takes
 whatever the children left.
 """
@@ -62,6 +65,37 @@ def lambda_auto_wrap_policy(
     if recurse:
         return True
     return lambda_fn(module)
+
+
+class ModuleWrapPolicy:
+    """Wrap every module whose class is one of ``module_classes`` (PyTorch 2.x), as
+    ``transformer_auto_wrap_policy`` does; callable with the 1.13 policy signature."""
+
+    def __init__(self, module_classes: Iterable[type]):
+        self._module_classes = tuple(set(module_classes))
+
+    def __call__(self, module: nn.Module, recurse: bool, *args, **kwargs) -> bool:
+        return True if recurse else isinstance(module, self._module_classes)
+
+    def __repr__(self) -> str:
+        return f"ModuleWrapPolicy({', '.join(c.__name__ for c in self._module_classes)})"
+
+
+class CustomPolicy:
+    """Wrap the modules for which ``lambda_fn(module)`` is truthy (PyTorch 2.x). A dict
+    return value wraps the module with those constructor arguments overriding the
+    root's (for example ``{"sharding_strategy": ShardingStrategy.NO_SHARD}``)."""
+
+    def __init__(self, lambda_fn: Callable[[nn.Module], bool | dict]):
+        self._lambda_fn = lambda_fn
+
+    def __call__(self, module: nn.Module, recurse: bool, *args, **kwargs) -> bool:
+        return True if recurse else bool(self._lambda_fn(module))
+
+    def wrap_kwargs(self, module: nn.Module) -> dict:
+        """The constructor arguments this module's instance overrides."""
+        out = self._lambda_fn(module)
+        return dict(out) if isinstance(out, dict) else {}
 
 
 def recursive_wrap(

@@ -115,6 +115,10 @@ def rank_slice(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 LR, MOMENTUM = 0.05, 0.9
 
+DEFAULTS_1_13 = {"backward_prefetch": None, "limit_all_gathers": False}
+"""PyTorch 1.13's constructor defaults (2.x, and impl now, use BACKWARD_PRE and
+limit_all_gathers=True): the tests written against them pass these explicitly."""
+
 
 def make_optimizer(params):
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)

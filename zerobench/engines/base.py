@@ -84,6 +84,7 @@ class OptimizerSpec:
     kind: str  # "adam" | "adamw" | "sgd"
     lr: float
     hyper: dict[str, Any]  # the remaining keyword arguments of the torch.optim class
+    no_decay: str = "none"  # "none" | "norms_and_biases" (workload.OptimizerConfig.no_decay)
 
     @property
     def cls(self) -> type[torch.optim.Optimizer]:
@@ -94,6 +95,45 @@ class OptimizerSpec:
 
     def build(self, params) -> torch.optim.Optimizer:
         return self.cls(params, **self.kwargs())
+
+    def build_for(self, module: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer over ``module``'s parameters: one group, or with
+        ``no_decay="norms_and_biases"`` two, weight decay off for the parameters of norm
+        modules and for biases (the usual recipe for transformers)."""
+        if self.no_decay == "none":
+            return self.build(module.parameters())
+        return self.cls(no_decay_groups(module), **self.kwargs())
+
+    def refuse_groups(self, engine: str) -> None:
+        """For engines whose optimizer wrapper takes one flat list of parameters."""
+        if self.no_decay != "none":
+            raise ValueError(f"optimizer.no_decay = {self.no_decay!r} is not supported by {engine}: its optimizer "
+                             "takes one parameter list (allowed there: \"none\")")
+
+
+def no_decay_groups(module: nn.Module) -> list[dict[str, Any]]:
+    """``[{"params": decayed}, {"params": norms and biases, "weight_decay": 0.0}]``, told
+    apart by module type and attribute name, not by shape: under FSDP's
+    ``use_orig_params=True`` a parameter's local shape is its 1-D slice of the shard.
+    Flat parameters (FSDP with ``use_orig_params=False``) cannot be split by role."""
+    flat = [n for n, p in module.named_parameters()
+            if type(p).__name__ == "FlatParameter" or getattr(p, "_impl_fsdp_flat", False)]
+    if flat:
+        raise ValueError(
+            f"optimizer.no_decay = \"norms_and_biases\" needs the original parameters, but the optimizer would see "
+            f"flat parameters ({flat[0]}, ...): set the engine option use_orig_params = true"
+        )
+    no_decay: set[int] = set()
+    for m in module.modules():
+        is_norm = "norm" in type(m).__name__.lower()
+        for name, p in m.named_parameters(recurse=False):
+            if is_norm or name == "bias":
+                no_decay.add(id(p))
+    params = list(module.parameters())
+    return [
+        {"params": [p for p in params if id(p) not in no_decay]},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
+    ]
 
 
 class Engine:
@@ -166,7 +206,7 @@ class Engine:
 
     def build_optimizer(self, spec: OptimizerSpec) -> torch.optim.Optimizer:
         assert self.module is not None, "wrap() first"
-        self.optimizer = spec.build(self.module.parameters())
+        self.optimizer = spec.build_for(self.module)
         return self.optimizer
 
     def autocast(self):

@@ -26,9 +26,8 @@ class FSDPEngine(Engine):
             "FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
             doc="HYBRID_SHARD shards within groups of world/2 ranks (or LOCAL_WORLD_SIZE) and replicates across them",
         ),
-        # Defaults follow torch-fsdp1's (PyTorch 2.x FSDP: BACKWARD_PRE, limit_all_gathers=True), so
-        # a workload that leaves these axes out compares the same schedule on both. impl's class
-        # itself keeps the 1.13 signature (None / False): docs/behaviour.md §F1.
+        # Defaults follow torch-fsdp1's (PyTorch 2.x FSDP: BACKWARD_PRE, limit_all_gathers=True), as
+        # impl's class does, so a workload that leaves these axes out compares the same schedule on both.
         "backward_prefetch": Axis("pre", choices=("none", "pre", "post"),
                                   doc="BACKWARD_PRE / BACKWARD_POST / no backward prefetch"),
         "forward_prefetch": Axis(False, choices=(False, True),
@@ -37,6 +36,9 @@ class FSDPEngine(Engine):
                                   doc="bound the unsharded units in flight to limiter_depth"),
         "limiter_depth": Axis(2, type=int, minimum=1, applies_when=("limit_all_gathers", True),
                               doc="units in flight allowed by limit_all_gathers"),
+        "use_orig_params": Axis(False, choices=(False, True),
+                                doc="the optimizer sees the original parameters (views of each unit's shard) "
+                                    "instead of flat shards: per-parameter groups (optimizer.no_decay)"),
         "cpu_offload": Axis(False, choices=(False, True),
                             doc="keep sharded parameters and gradients in host memory "
                                 "(on a GPU or the virtual GPU; a no-op on a CPU device)"),
@@ -69,6 +71,7 @@ class FSDPEngine(Engine):
             forward_prefetch=bool(self.opts.get("forward_prefetch", False)),
             limit_all_gathers=bool(self.opts.get("limit_all_gathers", False)),
             limiter_depth=int(self.opts.get("limiter_depth", 2)),
+            use_orig_params=bool(self.opts.get("use_orig_params", False)),
         )
         return self.module
 
@@ -76,12 +79,16 @@ class FSDPEngine(Engine):
         return [m._unit for m in self.module.fsdp_instances() if m._unit is not None]
 
     def parameter_tensors(self):
-        """The sharded flat parameters (``sharded_flat``), plus any unmanaged parameters."""
-        return list(self.module.parameters())
+        """The sharded flat parameters (``sharded_flat``), plus any unmanaged parameters
+        (with use_orig_params the optimizer's parameters are views of these)."""
+        flats = [unit.handle.sharded_flat for unit in self._units()]
+        ids = {id(p) for p in flats}
+        return flats + [p for p in self.module.parameters()
+                        if id(p) not in ids and not getattr(p, "_impl_fsdp_flattened", False)]
 
     def gradient_tensors(self):
-        """The sharded gradients the optimizer reads."""
-        return [p.grad for p in self.module.parameters() if p.grad is not None]
+        """The sharded gradients the optimizer reads (with use_orig_params, through views)."""
+        return [p.grad for p in self.parameter_tensors() if p.grad is not None]
 
     def extra_metrics(self):
         """Rate-limiter counters since the previous call: limiter_stall_s (time blocked on

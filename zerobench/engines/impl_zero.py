@@ -64,6 +64,7 @@ class Zero1Engine(TorchZero1Engine):
         return bool(self.opts.get("overlap_with_ddp", False))
 
     def build_optimizer(self, spec):
+        spec.refuse_groups(self.name)
         if not self._overlap:
             return super().build_optimizer(spec)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -123,6 +124,7 @@ class Zero2Engine(AutocastEngine):
         return self.module
 
     def build_optimizer(self, spec):
+        spec.refuse_groups(self.name)
         self.optimizer = ZeroStage2Optimizer(
             self.module.parameters(),
             optimizer_class=spec.cls,

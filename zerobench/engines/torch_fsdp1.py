@@ -17,6 +17,8 @@ class TorchFSDP1Engine(Engine):
         "backward_prefetch": Axis("pre", choices=tuple(_PREFETCH)),
         "forward_prefetch": Axis(False, choices=(False, True)),
         "limit_all_gathers": Axis(True, choices=(True, False)),
+        "use_orig_params": Axis(False, choices=(False, True),
+                                doc="the optimizer sees the original parameters (per-parameter groups)"),
     }
 
     @classmethod
@@ -42,6 +44,7 @@ class TorchFSDP1Engine(Engine):
             forward_prefetch=self.opts["forward_prefetch"],
             limit_all_gathers=self.opts["limit_all_gathers"],
             mixed_precision=mp,
+            use_orig_params=bool(self.opts.get("use_orig_params", False)),
             # FSDP1 refuses CPU-only execution unless told the device explicitly.
             device_id=self.ctx.device if self.ctx.device.type == "cuda" else torch.device("cpu"),
         )

@@ -22,6 +22,7 @@ class TorchZero1Engine(AutocastEngine):
         return self.module
 
     def build_optimizer(self, spec):
+        spec.refuse_groups(self.name)
         self.optimizer = self.zero_class(
             self.module.parameters(),
             optimizer_class=spec.cls,

@@ -37,7 +37,7 @@ def _train(workload: Workload, world_size: int, deadline: float | None, timeout_
     d = workload.data
     model = build_model(workload.model, workload.seed)
     o = workload.optimizer
-    opt = OptimizerSpec(o.kind, o.lr, o.hyper()).build(model.parameters())
+    opt = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay).build_for(model)
     loss_of = loss_fn(workload.model)
     losses = []
     for step in range(d.warmup_steps + d.steps):

@@ -337,7 +337,7 @@ def _one_line(record: dict) -> str:
         first = (record["error"] or "").splitlines()
         return f"[red]FAIL[/] {escape(cid)}: {escape(' | '.join(first[:1] + first[-1:]))}"
     m = [r["metrics"] for r in record["ranks"]]
-    step = sorted(x["step_time_median_s"] for x in m)[len(m) // 2] * 1e3
+    step = sorted(x["step_time_s"] for x in m)[len(m) // 2] * 1e3
     peaks = [p for p in (x.get("peak_mem_bytes") for x in m) if p is not None and p == p and p > 0]
     peak_s = f"peak {max(peaks) / 2**20:.1f} MiB" if peaks else "no memory pass"
     dev = record.get("loss_max_abs_diff_ref")

@@ -34,11 +34,11 @@ from zerobench.spec.workload import Workload
 #: for a GPU's ``torch.cuda`` and the virtual GPU alike. See [Note: allocator peaks] in
 #: zerobench/runs/schema.py.
 ALLOCATOR_COLUMNS = {
-    "cuda_peak_allocated_bytes": "allocated_bytes.all.peak",
-    "cuda_peak_active_bytes": "active_bytes.all.peak",
-    "cuda_peak_reserved_bytes": "reserved_bytes.all.peak",
-    "cuda_alloc_retries": "num_alloc_retries",
-    "cuda_ooms": "num_ooms",
+    "peak_allocated_bytes": "allocated_bytes.all.peak",
+    "peak_active_bytes": "active_bytes.all.peak",
+    "peak_reserved_bytes": "reserved_bytes.all.peak",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
 }
 
 
@@ -90,7 +90,7 @@ class Session:
         self.engine_cls = get_engine(cell.engine)
         self.loss = loss_fn(workload.model)
         o = workload.optimizer
-        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper())
+        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
 
     # -- building ---------------------------------------------------------------------
 

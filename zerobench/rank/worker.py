@@ -236,7 +236,7 @@ def _time_metrics(times: list[float], global_batch: int, tokens_per_sample: int)
 
     median = statistics.median(times)
     return {
-        "step_time_median_s": median,
+        "step_time_s": median,
         "step_time_p10_s": pct(0.10),
         "step_time_p90_s": pct(0.90),
         "step_time_mad_s": statistics.median(abs(t - median) for t in times),

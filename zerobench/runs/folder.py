@@ -26,7 +26,7 @@ import pandas as pd
 
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.instruments.link import link_from_config
-from zerobench.runs.schema import COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
 
 #: traces/<cell_id>/rank<r>.json.gz: one folder per cell, so that trace tools which read a
 #: folder as one job (Holistic Trace Analysis) never mix cells.
@@ -230,7 +230,7 @@ class RunFolder:
         if not self.results_path.exists():
             raise RunFolderError(f"{self.root}: no results.csv and no cells/ to build it from "
                                  "(is this a zerobench run folder?)")
-        return read_table(self.results_path, self._dtypes())
+        return read_table(self.results_path, self._dtypes(), COLUMN_ALIASES)
 
     def steps(self) -> pd.DataFrame | None:
         """steps.csv (one row per cell x rank x measured step), built from cells/ in memory
@@ -254,7 +254,8 @@ class RunFolder:
             recorded = read_json(sidecar) if sidecar.exists() else {}
         except DamagedFile:
             recorded = {}  # dtypes only refine how columns read back
-        return {**(recorded if isinstance(recorded, dict) else {}), **COLUMN_DTYPES}
+        recorded = {COLUMN_ALIASES.get(k, k): v for k, v in (recorded if isinstance(recorded, dict) else {}).items()}
+        return {**recorded, **COLUMN_DTYPES}
 
     # -- building and updating ----------------------------------------------------------
 
@@ -308,7 +309,8 @@ class RunFolder:
                     rows.append({**base, "rank": rank, "cell_wall_s": rec.get("cell_wall_s")})
                 continue
             for r in ranks:
-                row = {**base, "rank": r["rank"], **r["metrics"], "cell_wall_s": rec.get("cell_wall_s")}
+                metrics = {COLUMN_ALIASES.get(k, k): v for k, v in r["metrics"].items()}
+                row = {**base, "rank": r["rank"], **metrics, "cell_wall_s": rec.get("cell_wall_s")}
                 row["loss_max_abs_diff_ref"] = rec.get("loss_max_abs_diff_ref")
                 rows.append(row)
                 for i, (t, loss) in enumerate(zip(r["step_times"], r["losses"])):
@@ -339,7 +341,8 @@ class RunFolder:
         earlier values of the same columns. False (nothing written) without results.csv."""
         if not self.results_path.exists():
             return False
-        write_csv_atomic(self.results_path, merge_columns(self.results(), columns))
+        current = read_table(self.results_path, self._dtypes(), COLUMN_ALIASES)  # the file as it is
+        write_csv_atomic(self.results_path, merge_columns(current, columns))
         return True
 
     def emulation(self, cell_id: str):
@@ -356,11 +359,12 @@ def merge_columns(results: pd.DataFrame, columns: pd.DataFrame) -> pd.DataFrame:
     return results.merge(columns, on=["cell_id", "rank"], how="left")
 
 
-def read_table(path: Path, dtypes: dict[str, str]) -> pd.DataFrame:
-    """A CSV of the run folder with the given column dtypes (see :func:`apply_dtypes`)."""
+def read_table(path: Path, dtypes: dict[str, str], aliases: dict[str, str] | None = None) -> pd.DataFrame:
+    """A CSV of the run folder, its columns renamed by ``aliases`` (old name -> new), with
+    the given column dtypes (see :func:`apply_dtypes`)."""
     frame = pd.read_csv(path, dtype={c: "string" for c, d in dtypes.items() if d == "string"},
                         keep_default_na=True)
-    return apply_dtypes(frame, dtypes)
+    return apply_dtypes(frame.rename(columns=aliases or {}), dtypes)
 
 
 def apply_dtypes(frame: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:

@@ -259,8 +259,15 @@ class OptimizerConfig:
     """adam/adamw only."""
     momentum: float = 0.0
     """sgd only."""
+    no_decay: Literal["none", "norms_and_biases"] = "none"
+    """``norms_and_biases``: two parameter groups, weight decay off for the parameters of
+    norm modules and for biases. Needs the original parameters: FSDP1 engines
+    (torch-fsdp1, impl-fsdp) with ``use_orig_params = true``, ddp, torch-fsdp2."""
 
     def check(self) -> None:
+        if self.no_decay not in ("none", "norms_and_biases"):
+            raise WorkloadError(f"optimizer.no_decay: {self.no_decay!r} is not allowed "
+                                "(allowed: \"none\", \"norms_and_biases\")")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise WorkloadError(f"optimizer.lr: {self.lr} is not allowed (allowed: a finite float > 0)")
         for name in ("weight_decay", "eps"):

@@ -2,8 +2,8 @@
 
 The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/engines),
 against a fake process group of the cell's world size, with fake tensors (shapes only)
-and the virtual GPU installed (zerobench/vgpu, [Note: virtual device]): warm-up steps,
-then one measured step whose timeline and memory are read off the virtual device.
+and the virtual GPU installed (zerobench/instruments/vgpu, [Note: virtual device]): the
+rank session (zerobench/rank/session.py) warms up and runs one measured step whose timeline and memory are read off the virtual device.
 Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, one process per
 engine configuration, so that process-group state never leaks between cells.
 
@@ -12,8 +12,9 @@ engine configuration, so that process-group state never leaks between cells.
   done with it (the host synchronises at both ends, as the harness's timing pass does);
 * ``compute_s``: busy time of the compute stream in the step;
 * ``exposed_comm_s``: time in which a collective runs and the compute stream is idle;
-  ``overlap_ratio`` = 1 - exposed / total collective time;
-* ``peak_{allocated,active,reserved}_bytes``: the caching-allocator model's peaks;
+  ``overlap_ratio`` = 1 - exposed / total collective time (NaN without communication);
+* ``peak_{allocated,active,reserved}_bytes``, ``num_alloc_retries``, ``num_ooms``: the
+  caching-allocator model's figures, under the names a run on a GPU gives them;
 * ``max_unsharded_units``: peak active bytes of all-gather outputs over the largest
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
@@ -43,50 +44,17 @@ from zerobench.spec.workload import parse_workload
 EMULATION_OPTIONS = ("emulate_link", "emulate_gbps", "emulate_latency_us")
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
-def _length(intervals) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of union ``a`` not covered by union ``b`` (both sorted, disjoint)."""
-    total, j = 0.0, 0
-    for start, end in a:
-        cursor = start
-        while j < len(b) and b[j][1] <= cursor:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cursor:
-                total += b[k][0] - cursor
-            cursor = max(cursor, b[k][1])
-            k += 1
-        if cursor < end:
-            total += end - cursor
-    return total
-
-
 def timeline_metrics(spans, start: float, end: float) -> dict:
-    """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]."""
-    compute, comm = [], []
-    for lane, _name, a, b, _args in spans:
-        if b <= start or a >= end:
-            continue
-        (compute if lane == "compute" else comm if lane.startswith("comm") else []).append((max(a, start), min(b, end)))
-    compute, comm = _union(compute), _union(comm)
-    comm_s = _length(comm)
-    exposed = _minus(comm, compute)
-    return {"compute_s": _length(compute), "comm_s": comm_s, "exposed_comm_s": exposed,
-            "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else 1.0}
+    """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
+    (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/runs/schema.py)."""
+    from zerobench.analysis.profiling import intervals as iv
+
+    compute = iv.clip([(a, b) for lane, _name, a, b, _args in spans if lane == "compute"], start, end)
+    comm = iv.clip([(a, b) for lane, _name, a, b, _args in spans if lane.startswith("comm")], start, end)
+    comm_s = iv.total(comm)
+    exposed = iv.total(iv.subtract(comm, compute))
+    return {"compute_s": iv.total(compute), "comm_s": comm_s, "exposed_comm_s": exposed,
+            "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else float("nan")}
 
 
 def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link | None, node_size: int,
@@ -112,7 +80,7 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         with collectives.intercepted(CommCounter()) as comm:  # the measured step's collectives
             step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
-        stats = world.memory_stats()
+        allocator = session.allocator_metrics()
         extra = engine.extra_metrics()
     if trace_path is not None:
         trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,16 +93,13 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         "status": "ok", "reason": None,
         "step_time_s": step_s,
         **timeline_metrics(vgpu.trace.spans, t1 - step_s, t1),
-        "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
-        "peak_active_bytes": stats["active_bytes.all.peak"],
-        "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+        **allocator,
         "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
                                 if largest else 0.0),
         "host_lead_max_s": vgpu.host_lead_max_s,
         "host_blocked_s": vgpu.host.blocked_s,
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         "limiter_stalls": extra.get("limiter_stalls"),
-        "num_ooms": stats["num_ooms"],
         **comm.columns(),
         "predict_wall_s": time.perf_counter() - started,
     }
