@@ -66,7 +66,8 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
             Text(str(r["cell_id"])), "ok",
             _num(r.get("step_time_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
             _num(r.get("peak_mem_bytes"), 2**-20, "{:.1f}"), _num(r.get("peak_mem_x_ref"), 1, "{:.2f}"),
-            _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"), "",
+            _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"),
+            Text(_text(r.get("note"))[:100]),  # what the engine ignored here (Engine.notes)
         )
     console.print(table)
     for note in folder_notes(run_dir):
@@ -87,6 +88,10 @@ def folder_notes(run_dir: Path) -> list[str]:
         notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; "
                      f"`zerobench reference {run_dir}` writes the tables")
     return notes
+
+
+def _text(value) -> str:
+    return "" if value is None or pd.isna(value) else str(value)
 
 
 def _num(value, scale, fmt) -> str:

@@ -20,5 +20,6 @@ def main(args) -> int:
         print(f"# note: {note}")
     for cell in expand(workload):
         note = f"   # skipped: {cell.skip_reason}" if cell.skip_reason else ""
+        note += f"   # note: {cell.note}" if cell.note else ""
         print(f"{cell.id}{note}")
     return 0

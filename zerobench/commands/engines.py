@@ -10,11 +10,12 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
-    from zerobench.engines import ENGINES
+    from zerobench.engines import ENGINES, get_engine
     from zerobench.spec.matrix import engine_axes
 
     for name in ENGINES:
-        print(name)
+        why = get_engine(name).unavailable()
+        print(f"{name}   (unavailable: {why})" if why else name)
         for axis, spec in engine_axes(name).items():
             doc = f"  ({spec.doc})" if spec.doc else ""
             print(f"    {axis} = {spec.default!r}   allowed: {spec.allowed()}{doc}")

@@ -17,6 +17,10 @@ ENGINES: dict[str, str] = {
     "impl-zero1": "zerobench.engines.impl_zero:Zero1Engine",
     "impl-zero2": "zerobench.engines.impl_zero:Zero2Engine",
     "impl-fsdp": "zerobench.engines.impl_fsdp:FSDPEngine",
+    # the optional extra `deepspeed`: importable without it, then unavailable (engines/deepspeed.py)
+    "deepspeed-zero1": "zerobench.engines.deepspeed:DeepSpeedZero1Engine",
+    "deepspeed-zero2": "zerobench.engines.deepspeed:DeepSpeedZero2Engine",
+    "deepspeed-zero3": "zerobench.engines.deepspeed:DeepSpeedZero3Engine",
 }
 
 

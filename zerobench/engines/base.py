@@ -174,10 +174,27 @@ class Engine:
     # -- what the harness asks before launching ranks -----------------------------
 
     @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this engine cannot run in this environment at all (an optional dependency
+        missing, with the command that installs it), or None. ``zerobench engines`` lists
+        it; every cell of the engine is skipped with it."""
+        return None
+
+    @classmethod
     def unsupported(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
         """Why this combination cannot run, or None. Checked before any rank starts."""
+        why = cls.unavailable()
+        if why is not None:
+            return f"{cls.name} is unavailable: {why}"
         if dtype not in cls.dtypes:
             return f"{cls.name} does not support dtype {dtype!r} (supported: {', '.join(cls.dtypes)})"
+        return None
+
+    @classmethod
+    def notes(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
+        """What of this combination the engine ignores on this device, or None: the cell
+        runs, and its record and table row carry the note (``note``), so that a figure is
+        never read as the effect of a setting that had none."""
         return None
 
     # -- per-rank lifecycle --------------------------------------------------------

@@ -66,6 +66,8 @@ def engine_stage(engine: str, options: dict, world_size: int) -> tuple[int, int]
         return 1, world_size
     if engine == "impl-zero2":
         return 2, world_size
+    if engine.startswith("deepspeed-zero"):  # deepspeed-zero1, -zero2, -zero3
+        return int(engine[-1]), world_size
     strategy = options.get("sharding_strategy", "FULL_SHARD")
     if strategy == "NO_SHARD":
         return 0, 1
@@ -91,16 +93,25 @@ def figure1(psi: float = 7.5e9, world_size: int = 64) -> dict[str, float]:
 FIGURE1_PAPER_GB = {"baseline": 120.0, "P_os": 31.4, "P_os+g": 16.6, "P_os+g+p": 1.9}
 
 
+def keeps_master_copy(engine: str) -> bool:
+    """Whether the engine's optimizer state includes an fp32 master copy of its parameter
+    partition besides the optimizer's own tensors: DeepSpeed's ZeRO does, in every dtype
+    (zerobench/engines/deepspeed.py, [Note: DeepSpeed's tensors by role])."""
+    return engine.startswith("deepspeed-zero")
+
+
 def paper_bytes_from_counts(params_numel: int, grads_numel: int, optim_numel: int,
-                            optimizer: str = "adam") -> float:
+                            optimizer: str = "adam", master_copy: bool = False) -> float:
     """Model-state bytes with the paper's mixed-precision convention, from the elements a
     rank holds (as the estimator measures them): 2 bytes per parameter and gradient
     element, K = 12 bytes per parameter element whose optimizer state the rank owns.
+    ``master_copy``: the optimizer state counted includes a master copy of the owned
+    parameters (:func:`keeps_master_copy`), one more element per owned element.
 
     The engines here store fp32 parameters and gradients in both dtypes, so their real
     bytes differ from the paper's layout; the element counts (how each engine shards)
     are what the comparison with Figure 1 checks."""
-    states = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1}[optimizer]
+    states = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1}[optimizer] + (1 if master_copy else 0)
     owned = optim_numel / states if states else 0
     p, g, k = bytes_per_element("mixed", optimizer)
     return p * params_numel + g * grads_numel + k * owned

@@ -343,6 +343,8 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             record["reference_error"] = reference_error  # why loss_max_abs_diff_ref is empty
         if concurrent:
             record["concurrent_runs"] = list(concurrent)
+    if cell.note:
+        record["note"] = cell.note  # what the engine ignored here (Engine.notes)
     write_json_atomic(path, record)
     return record
 
@@ -362,4 +364,6 @@ def _one_line(record: dict) -> str:
     peak_s = f"peak {max(peaks) / 2**20:.1f} MiB" if peaks else "no memory pass"
     dev = record.get("loss_max_abs_diff_ref")
     dev_s = f", loss dev {dev:.1e}" if dev is not None else ""
-    return f"[green]ok[/]   {escape(cid)}: {step:.1f} ms/step, {peak_s}{dev_s} ({record.get('cell_wall_s', 0):.1f} s)"
+    note = f"\n     note: {escape(record['note'])}" if record.get("note") else ""
+    return (f"[green]ok[/]   {escape(cid)}: {step:.1f} ms/step, {peak_s}{dev_s} "
+            f"({record.get('cell_wall_s', 0):.1f} s){note}")

@@ -290,11 +290,12 @@ class CommCounter(Layer):
         return issue()
 
     def columns(self) -> dict[str, int]:
-        """``comm_<kind>_bytes`` for every kind, ``comm_total_bytes`` and ``comm_calls``
-        (runs/schema.py)."""
+        """``comm_<kind>_bytes`` and ``comm_<kind>_calls`` for every kind,
+        ``comm_total_bytes`` and ``comm_calls`` (runs/schema.py)."""
         out = {f"comm_{kind}_bytes": self.bytes.get(kind, 0) for kind in KINDS}
         out["comm_total_bytes"] = sum(self.bytes.values())
         out["comm_calls"] = sum(self.calls.values())
+        out.update({f"comm_{kind}_calls": self.calls.get(kind, 0) for kind in KINDS})
         return out
 
 

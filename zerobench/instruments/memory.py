@@ -16,7 +16,9 @@ decided at the end of the step, in this order:
   1. parameters, gradients, optimizer state: identity with what the engine reports
      (``Engine.parameter_tensors`` ...; gradients are read as the optimizer phase starts,
      before ``zero_grad`` drops them);
-  2. "unsharded": outputs of all-gather collectives (unsharded parameters under FSDP);
+  2. "unsharded": outputs of all-gather collectives (unsharded parameters under FSDP),
+     and storages an engine allocates inside ``allocated_as("unsharded")`` (DeepSpeed
+     ZeRO-3 copies each parameter out of its all-gather buffer: engines/deepspeed.py);
   3. "activations": storages first allocated during the forward phase, and those a
      checkpointed block allocates while its forward is recomputed in backward
      (zerobench/spec/checkpointing.py marks the recomputation);
@@ -83,6 +85,24 @@ from zerobench.instruments.collectives import CommCounter, Layer
 from zerobench.instruments.storages import Listener
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def allocated_as(role: str):
+    """Storages first seen on this thread inside the block have ``role`` (e.g. "unsharded"),
+    unless identity with the engine's tensors decides otherwise (see [Note: telling
+    storages apart]). For what an engine allocates that no collective or phase tells apart."""
+    if role not in CATEGORIES:
+        raise ValueError(f"role: {role!r} is not allowed (allowed: {', '.join(map(repr, CATEGORIES))})")
+    outer = getattr(_scope, "role", None)
+    _scope.role = role
+    try:
+        yield
+    finally:
+        _scope.role = outer
+
 
 # -- the recomputation mark: set by activation checkpointing (zerobench/spec/checkpointing.py)
 #    around a unit's forward recomputed in backward, read by the tracker ----------------
@@ -184,7 +204,7 @@ class StorageTracker(Listener, Layer):
     def on_new(self, sid: int, storage, nbytes: int) -> None:
         with self._lock:
             self._live[sid] = nbytes
-            self._born_in[sid] = "recompute" if recomputing() else self._phase
+            self._born_in[sid] = getattr(_scope, "role", None) or ("recompute" if recomputing() else self._phase)
             if self.module is not None:
                 self._allocated_on[sid] = self.module.current_stream()
                 self._release_passed()
@@ -346,9 +366,12 @@ class StorageTracker(Listener, Layer):
         uid = self._stand_in_for.get(uid, uid)
         if uid in self._roles:
             return self._roles[uid]
+        born = self._born_in.get(uid)
+        if born in CATEGORIES:  # allocated inside allocated_as(role)
+            return born
         if uid in self._gathered:
             return "unsharded"
-        if self._born_in.get(uid) in ("forward", "recompute"):
+        if born in ("forward", "recompute"):
             return "activations"
         return "other"
 

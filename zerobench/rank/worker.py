@@ -317,6 +317,8 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
             }
             if harness is not None:  # accepted by the harness, which adds cell_wall_s, or rerun by --resume
                 record["harness_pid"] = harness
+            if cell.note:
+                record["note"] = cell.note  # what the engine ignored here (Engine.notes)
             write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
 
 

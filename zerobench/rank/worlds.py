@@ -222,8 +222,15 @@ def fake_tensor_mode():
     inputs that are all such real tensors. A few hundred bytes, outside the tracked
     (meta) storages. Every floating-point tensor, whatever its size, and every tensor
     derived from a fake one (the token ids of a fake batch included) stays fake.
+
+    A value read back to the host from a fake tensor (``.item()``, ``bool(t)``) that
+    fake tensors cannot answer (one that is not a constant they carry) reads 0:
+    DeepSpeed's ZeRO reads its gradient norm every step (``is_invalid_grad_norm``) and,
+    at stages 1-2 in bf16, an overflow flag; 0 says "finite, no overflow", the answer of a
+    healthy step. The virtual GPU still makes the host wait for the device at that read,
+    as a real one does.
     """
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
     from torch.utils._mode_utils import no_dispatch
     from torch.utils._pytree import tree_leaves
 
@@ -238,7 +245,12 @@ def fake_tensor_mode():
             if tensors and all(not isinstance(t, FakeTensor) and small_host_int(t, t.device) for t in tensors):
                 with no_dispatch():
                     return func(*args, **kwargs)
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            try:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+            except DataDependentOutputException:
+                if func is not torch.ops.aten._local_scalar_dense.default:
+                    raise
+                return False if args[0].dtype == torch.bool else 0  # a host read: see the docstring
             if (not tensors and func.overloadpacket in HOST_CONTROL_FACTORIES and isinstance(out, FakeTensor)
                     and small_host_int(out, out.fake_device)):
                 with no_dispatch():  # the fake result said what it is: a small integer host tensor

@@ -310,7 +310,8 @@ class RunFolder:
         rows, step_rows = [], []
         for rec in self.cell_records():
             base = {"run_id": self.name, "cell_id": rec["cell_id"], "status": rec["status"],
-                    "error": rec.get("error"), **rec["config"], **context,
+                    "error": rec.get("error"), **({"note": rec["note"]} if rec.get("note") else {}),
+                    **rec["config"], **context,
                     "backend": rec.get("backend"), "device": rec.get("device")}
             ranks = rec.get("ranks") or []
             if not ranks:  # failed or skipped: one row per rank, metrics empty

@@ -28,7 +28,7 @@ from typing import Literal
 # Columns that identify a cell and its configuration. Engine-specific axes
 # (sharding_strategy, backward_prefetch, ...) are added as further columns, empty for
 # engines that do not have them.
-ID_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "world_size", "dtype", "rank")
+ID_COLUMNS = ("run_id", "cell_id", "status", "error", "note", "engine", "world_size", "dtype", "rank")
 
 #: Fixed configuration columns that come from the workload, not the matrix.
 CONTEXT_COLUMNS = ("workload", "model", "backend", "device", "batch_size", "steps", "emulation")
@@ -93,6 +93,11 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("comm_other_bytes", "B", "bytes of other collectives per step (all_to_all, send/recv, ...)", "deterministic"),
     Metric("comm_total_bytes", "B", "sum of the comm_*_bytes columns", "deterministic"),
     Metric("comm_calls", "", "collective calls per step", "deterministic"),
+    Metric("comm_all_gather_calls", "", "all-gather calls per step (bytes / calls: their mean size)", "deterministic"),
+    Metric("comm_reduce_scatter_calls", "", "reduce-scatter calls per step", "deterministic"),
+    Metric("comm_all_reduce_calls", "", "all-reduce calls per step", "deterministic"),
+    Metric("comm_broadcast_calls", "", "broadcast calls per step", "deterministic"),
+    Metric("comm_other_calls", "", "calls of other collectives per step", "deterministic"),
     # -- set-up --
     Metric("cell_wall_s", "s", "wall time of the whole cell, process start to exit", "context", "none"),
 )
@@ -224,6 +229,7 @@ COLUMN_DOCS: dict[str, str] = {
     "cell_id": "engine, world size, dtype and the axes that differ from their defaults",
     "status": "ok, failed or skipped",
     "error": "why the cell failed or was skipped (empty when ok)",
+    "note": "what the engine ignored of the cell's settings on this device (Engine.notes; only where any)",
     "engine": "engine name (`zerobench engines`)",
     "world_size": "ranks in the cell",
     "dtype": "fp32 or bf16",
@@ -258,8 +264,10 @@ COLUMN_DOCS: dict[str, str] = {
 # column holds (its logical type), so that writers put 4, not 4.0, in an integer column
 # with gaps (zerobench.runs.folder.integers_as_written).
 
-_STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
+_STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "note", "engine", "dtype", "workload", "model", "backend", "device")
 _INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "memory_steps", "limiter_stalls", "limiter_overruns",
-                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "num_alloc_retries", "num_ooms",
+                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "comm_all_gather_calls",
+                    "comm_reduce_scatter_calls", "comm_all_reduce_calls", "comm_broadcast_calls", "comm_other_calls",
+                    "num_alloc_retries", "num_ooms",
                     "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
 COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}

@@ -52,6 +52,8 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
     if results.empty:
         return results
     agg = {"status": "first", "engine": "first", "error": "first"}
+    if "note" in results.columns:
+        agg["note"] = "first"
     for col, how in (("step_time_s", "median"), ("peak_mem_bytes", "max"), ("comm_total_bytes", "max"),
                      ("loss_max_abs_diff_ref", "max"), ("throughput_samples_s", "median")):
         if col in results.columns:

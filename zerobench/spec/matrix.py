@@ -72,6 +72,8 @@ class Cell:
     options: tuple[tuple[str, Any], ...] = ()
     """Every axis of the engine with its value, in the engine's declared order."""
     skip_reason: str | None = field(default=None, compare=False)
+    note: str | None = field(default=None, compare=False)
+    """What the engine ignores of this configuration on this device (``Engine.notes``)."""
 
     @property
     def opts(self) -> dict[str, Any]:
@@ -158,10 +160,11 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
                 cell = Cell(engine, ws, dtype, tuple(values))
                 if reason is None:
                     reason = cls.unsupported(cell.opts, dtype, ws, device_type)
+                note = cls.notes(cell.opts, dtype, ws, device_type) if reason is None else None
                 if cell in seen:
                     continue
                 seen.add(cell)
-                cells.append(Cell(engine, ws, dtype, tuple(values), skip_reason=reason))
+                cells.append(Cell(engine, ws, dtype, tuple(values), skip_reason=reason, note=note))
     return cells
 
 

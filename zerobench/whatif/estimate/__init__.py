@@ -142,7 +142,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
     import pandas as pd
 
-    from zerobench.engines.stages import engine_model_state_bytes, engine_stage, paper_bytes_from_counts
+    from zerobench.engines.stages import engine_model_state_bytes, engine_stage, keeps_master_copy, paper_bytes_from_counts
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.estimate import depth
@@ -207,7 +207,8 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
             paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed")
             if res.get("status") == "ok":
                 res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
-                    res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind)}
+                    res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,
+                    master_copy=keeps_master_copy(cell.engine))}
             rows.append({
                 "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                 "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions(),

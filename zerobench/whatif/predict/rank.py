@@ -19,8 +19,8 @@ engine configuration, so that process-group state never leaks between cells.
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
 * ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
-* ``comm_{kind}_bytes``, ``comm_total_bytes``, ``comm_calls``: the collectives the rank
-  issued in the step, as a run's memory pass counts them.
+* ``comm_<kind>_bytes``, ``comm_<kind>_calls``, ``comm_total_bytes``, ``comm_calls``: the
+  measured step's collectives, as the run's memory pass counts them (runs/schema.py).
 """
 
 from __future__ import annotations
