@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -32,7 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.modules.module import _IncompatibleKeys
 
 from impl import comm
-from impl.fsdp import optim_state, process_groups, runtime, traversal, utils
+from impl.fsdp import optim_state, process_groups, runtime, traversal, utils, wrap
 from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.api import (
     DEFAULT_LIMITER_DEPTH,
@@ -53,9 +54,6 @@ from impl.streams import Streams, accelerator
 # What each nesting level adds to parameter names; summon_full_params strips it.
 _WRAPPED_PREFIX = "_fsdp_wrapped_module."
 
-# Construction order of units in this process, for the first-iteration order check.
-# Every rank builds the same model the same way, so equal indices mean the same unit.
-_next_unit_index = 0
 
 
 def _state_attribute(name: str, doc: str | None = None) -> property:
@@ -158,17 +156,30 @@ class FullyShardedDataParallel(nn.Module):
                 limiter_depth=limiter_depth,
             )
             overrides_of = getattr(auto_wrap_policy, "wrap_kwargs", None)  # CustomPolicy's per-module arguments
+            # See [Note: modules exempt from mixed precision] (wrap.py).
+            exempt = tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
+            found = wrap.exempt_from_mixed_precision(module, exempt, ignored)
+            policy = wrap.or_classes_policy(auto_wrap_policy, exempt) if found else auto_wrap_policy
+            if found:
+                warnings.warn(
+                    "Both mixed precision and an auto_wrap_policy were specified to FSDP, where the wrapped module "
+                    f"has submodules of type:\n{found}\nThese modules will be wrapped as separate FSDP instances "
+                    "with mixed precision disabled.",
+                    stacklevel=2,
+                )
 
             def wrap_child(child: nn.Module) -> nn.Module:
                 inside = set(child.modules())
                 child_ignored = [m for m in ignored if m in inside]
                 child_params = [p for p in ignored_param_list if any(p is q for q in child.parameters())]
                 kwargs = {**child_kwargs, **(overrides_of(child) if overrides_of else {})}
+                if found and isinstance(child, exempt):
+                    kwargs["mixed_precision"] = None
                 if child_params:
                     return FullyShardedDataParallel(child, ignored_states=child_params, **kwargs)
                 return FullyShardedDataParallel(child, ignored_modules=child_ignored, **kwargs)
 
-            recursive_wrap(module, auto_wrap_policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
+            recursive_wrap(module, policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
 
         # 3-6. devices: materialize meta modules, move to device_id.
         _materialize(module, param_init_fn, device_id, ignored)
@@ -257,11 +268,7 @@ class FullyShardedDataParallel(nn.Module):
             )
             for _, _, _, p in managed:
                 p._impl_fsdp_flattened = True
-            global _next_unit_index
-            state.unit = FlatParamUnit(
-                handle, strategy, shard_group, replicate_group, world, mixed_precision, _next_unit_index
-            )
-            _next_unit_index += 1
+            state.unit = FlatParamUnit(handle, strategy, shard_group, replicate_group, world, mixed_precision)
             # On the wrapped module, under PyTorch 2.x's name: a registered parameter, or
             # with use_orig_params a plain attribute (the original parameters are the module's).
             handle.sharded_flat._impl_fsdp_flat = True  # what state dicts and clipping skip
@@ -271,7 +278,9 @@ class FullyShardedDataParallel(nn.Module):
                 module.register_parameter(utils.FLAT_PARAM, handle.sharded_flat)
             self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
             handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
-            if handle.keeps_unsharded:
+            if not use_orig_params:
+                # The attributes exist from the start, as in PyTorch (``repr``, ``hasattr``): the
+                # unsharded parameters, whose storage is freed while sharded (stale until used).
                 handle.use_unsharded_params()
 
     # -- forward ---------------------------------------------------------------------
@@ -307,6 +316,10 @@ class FullyShardedDataParallel(nn.Module):
         limiter = RateLimiter(me.limit_all_gathers, me.limiter_depth, use_events=streams.cuda,
                               clock=getattr(streams.module, "host_clock", None))
         shared = RootState(states, limiter, streams)
+        # Each unit's index is its position in this root's tree: the same on every rank
+        # that builds the same tree, however many other FSDP modules each rank has built.
+        for index, state in enumerate(s for s in states if s.unit is not None):
+            state.unit.index = index
         for inst, state in zip(instances, states):
             state.is_root = state is me
             state.root_state = shared
@@ -361,7 +374,12 @@ class FullyShardedDataParallel(nn.Module):
     compute_device = _state_attribute("compute_device")
     sharding_strategy = _state_attribute("sharding_strategy",
                                          "The effective strategy (NO_SHARD when the shard group has a single rank).")
-    mixed_precision = _state_attribute("mixed_precision")
+    @property
+    def mixed_precision(self) -> MixedPrecision:
+        """The instance's mixed precision; ``MixedPrecision()`` (nothing cast) when none was
+        given, as PyTorch 2.x reports it."""
+        return self._fsdp_state.mixed_precision or MixedPrecision()
+
     cpu_offload = _state_attribute("cpu_offload")
     backward_prefetch = _state_attribute("backward_prefetch")
     forward_prefetch = _state_attribute("forward_prefetch")
@@ -506,7 +524,7 @@ class FullyShardedDataParallel(nn.Module):
             runtime.check_state(self._fsdp_state, TrainingState.IDLE)
         out = state_dict_module.model_state_dict(self)
         if destination is None:
-            return out
+            destination = OrderedDict()
         for k, v in out.items():
             destination[prefix + k] = v
         return destination

@@ -75,6 +75,9 @@ class FSDPState:
     """Whether this backward already ran the pre-backward hook (one per instance and backward)."""
     grads_ready: int = 0
     """Parameters of the unit whose gradient has landed; post-backward runs when all have."""
+    recomputing: bool = False
+    """Between pre- and post-forward of a forward run inside backward (activation
+    checkpointing's recomputation; runtime.py, [Note: recomputed forward])."""
 
     # -- set at the root's lazy init ---------------------------------------------------
     is_root: bool | None = None

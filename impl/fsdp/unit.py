@@ -36,7 +36,6 @@ class FlatParamUnit:
         replicate_group,
         world_size: int,
         mixed_precision: MixedPrecision | None,
-        index: int,
     ):
         self.handle = handle
         self.strategy = strategy
@@ -47,7 +46,9 @@ class FlatParamUnit:
         self.group_size = torch.distributed.get_world_size(shard_group)
         self.world_size = world_size  # ranks the gradient is averaged over (shard x replicate)
         self.mp = mixed_precision
-        self.index = index  # construction order; identical on every rank, used by the order check
+        # Position among the units of the root's tree, set at lazy init; identical on
+        # every rank, named by the order check.
+        self.index = -1
         # Set at lazy init to the root's limiter, shared by every unit under it.
         self.limiter: RateLimiter | None = None
         # Set at lazy init to the root's streams (made here only if used before that).
