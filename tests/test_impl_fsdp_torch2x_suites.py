@@ -316,3 +316,60 @@ def test_plain_root_with_rank_local_parameters_and_named_optimizer_like_torch(wo
         # torch 2.13's FULL optimizer state of use_orig_params units is wrong on CPU (exp_avg holds
         # exp_avg_sq; tests/test_impl_fsdp_orig_optim_state.py), so only impl's round trip is exact.
         assert impl["restored"]
+
+
+# -- FSDP_USE_FULL_PREC_IN_EVAL -------------------------------------------------------
+
+
+class SeesDtypes(nn.Module):
+    """Records the dtypes its forward sees: input, parameter, buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+        self.register_buffer("scale", torch.ones(5, dtype=torch.float64))
+
+    def forward(self, x):
+        self.seen = (x.dtype, self.lin.weight.dtype, self.scale.dtype)
+        return self.lin(x)
+
+
+def full_precision_in_eval_body(rank, world_size):
+    import os
+
+    import torch.distributed.fsdp as tfsdp
+
+    import impl.fsdp as ifsdp
+
+    out = {}
+    for env in ("0", "1"):
+        os.environ["FSDP_USE_FULL_PREC_IN_EVAL"] = env  # read when the model is built
+        for name, lib in libraries().items():
+            api = {"torch": tfsdp, "impl": ifsdp}[name]
+            mp = api.MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16)
+            torch.manual_seed(0)
+            inner = SeesDtypes()
+            model = build(lib, nn.Sequential(build(lib, inner, mixed_precision=mp)), mixed_precision=mp)
+            steps = []
+            for mode in ("train", "eval", "train"):
+                getattr(model, mode)()
+                torch.manual_seed(rank)
+                y = model(torch.randn(3, 5))
+                y.float().sum().backward()
+                steps.append((mode, inner.seen, y.dtype, next(iter(model.parameters())).grad.dtype, y.detach().float()))
+            out[(env, name)] = steps
+    os.environ.pop("FSDP_USE_FULL_PREC_IN_EVAL")
+    return out
+
+
+@pytest.mark.world_size(2)
+def test_full_precision_in_eval_matches_torch(world_size):
+    result = run_ranks(full_precision_in_eval_body, world_size)[0]
+    for env in ("0", "1"):
+        impl, torch_ = result[(env, "impl")], result[(env, "torch")]
+        for (mode, seen, out_dtype, grad_dtype, y), (_, t_seen, t_out_dtype, t_grad_dtype, t_y) in zip(impl, torch_):
+            assert (seen, out_dtype, grad_dtype) == (t_seen, t_out_dtype, t_grad_dtype), (env, mode)
+            assert torch.allclose(y, t_y, atol=1e-3), (env, mode)
+    # Evaluation under FSDP_USE_FULL_PREC_IN_EVAL=1: input, parameters, buffer in full precision.
+    assert result[("1", "impl")][1][1] == (torch.float32, torch.float32, torch.float64)
+    assert result[("0", "impl")][1][1] == (torch.float16, torch.float16, torch.float16)

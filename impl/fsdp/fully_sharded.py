@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator
@@ -236,6 +237,8 @@ class FullyShardedDataParallel(nn.Module):
             ignored_params=ignored_params,
             use_orig_params=use_orig_params,
             device_mesh=device_mesh,
+            # As PyTorch's FSDP1, read at construction ([Note: full precision in evaluation]).
+            full_precision_in_eval=os.environ.get("FSDP_USE_FULL_PREC_IN_EVAL", "") == "1",
         )
         self._fsdp_state = state
 
@@ -337,6 +340,7 @@ class FullyShardedDataParallel(nn.Module):
             for name, buf in module._buffers.items():
                 if buf is not None and buf.is_floating_point() and buf.dtype != mp.buffer_dtype:
                     state.original_buffer_dtypes[(id(module), name)] = buf.dtype
+                    state.cast_buffers.append((module, name))
                     module._buffers[name] = buf.to(mp.buffer_dtype)
 
     def __getattr__(self, name: str) -> Any:

@@ -116,6 +116,9 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
     shared: RootState = state.root_state
     if torch._C._current_graph_task_id() != -1:  # inside backward: See [Note: recomputed forward]
         return _pre_recomputed_forward(state, args, kwargs)
+    mp = state.mixed_precision
+    # See [Note: full precision in evaluation] (unit.py).
+    full = state.full_precision_in_eval and not training and mp is not None
     if state.is_root:
         check_state(state, TrainingState.IDLE)
         # The sharded parameters are ready when what compute has queued so far is done
@@ -129,8 +132,8 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
                 other.unit.handle.orig.writeback()
         if state.compute_device.type != "cpu":
             args, kwargs = to_device((args, kwargs), state.compute_device)
-    mp = state.mixed_precision
-    if mp is not None and mp.param_dtype is not None and (
+        _set_buffer_precision(shared, state.full_precision_in_eval and not training)
+    if not full and mp is not None and mp.param_dtype is not None and (
         mp.cast_root_forward_inputs if state.is_root else mp.cast_forward_inputs
     ):
         args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
@@ -146,6 +149,7 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
         )
     with record_function("impl::fsdp::pre_forward"):
         shared.exec_order.record_pre_forward(state, unit, check=training)
+        unit.use_full_precision(full)
         unit.unshard(prefetch=False, ticketed=frees_after_forward(state))
         unit.wait_for_unshard()
         if state.forward_prefetch:
@@ -155,6 +159,18 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
         unit.handle.sync_requires_grad(functools.partial(post_accumulate_grad, state))
         unit.handle.use_unsharded_params()
     return args, kwargs
+
+
+def _set_buffer_precision(shared: RootState, full: bool) -> None:
+    """Buffers cast by mixed precision: back to their original dtypes for a
+    full-precision evaluation, to the mixed-precision dtype otherwise
+    ([Note: full precision in evaluation], unit.py)."""
+    for state in shared.states:
+        for module, name in state.cast_buffers:
+            buf = module._buffers[name]
+            dtype = state.original_buffer_dtypes[(id(module), name)] if full else state.mixed_precision.buffer_dtype
+            if buf is not None and buf.dtype != dtype:
+                module._buffers[name] = buf.to(dtype)
 
 
 def _pre_recomputed_forward(state: FSDPState, args, kwargs):
