@@ -373,3 +373,33 @@ def test_full_precision_in_eval_matches_torch(world_size):
     # Evaluation under FSDP_USE_FULL_PREC_IN_EVAL=1: input, parameters, buffer in full precision.
     assert result[("1", "impl")][1][1] == (torch.float32, torch.float32, torch.float64)
     assert result[("0", "impl")][1][1] == (torch.float16, torch.float16, torch.float16)
+
+
+# -- parameters frozen after wrapping, seen inside summon_full_params -------------------
+
+
+def frozen_after_wrap_body(rank, world_size):
+    out = {}
+    for name, lib in libraries().items():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        model[0] = build(lib, model[0])
+        model = build(lib, model)
+        for p in model.module[0].parameters():  # the child unit's parameters: frozen after wrapping
+            p.requires_grad = False
+        optim = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        model(torch.randn(3, 4) + rank).sum().backward()
+        optim.step()
+        with lib.FullyShardedDataParallel.summon_full_params(model):
+            out[name] = [(_clean(n), p.requires_grad, p.detach().clone()) for n, p in model.named_parameters()]
+    return out
+
+
+@pytest.mark.world_size(2)
+def test_parameters_frozen_after_wrapping_stay_frozen_in_summon_like_torch(world_size):
+    result = run_ranks(frozen_after_wrap_body, world_size)[0]
+    impl, torch_ = result["impl"], result["torch"]
+    assert [(n, r) for n, r, _ in impl] == [(n, r) for n, r, _ in torch_]
+    assert [r for _, r, _ in impl] == [False, False, True, True]
+    for (_, _, a), (_, _, b) in zip(impl, torch_):
+        assert torch.allclose(a, b, atol=1e-6)

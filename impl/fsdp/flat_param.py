@@ -330,8 +330,9 @@ class FlatParamHandle:
             params = self.orig.use_full_views(full)
         else:
             pieces = torch.split(full[: self.padded_numel], self._split_sizes)
+            # requires_grad as the flat shard has it now (it may have been frozen after wrapping).
             params = [
-                nn.Parameter(piece.view(info.shape), requires_grad=self.requires_grad)
+                nn.Parameter(piece.view(info.shape), requires_grad=self.sharded_flat.requires_grad)
                 for piece, info in zip(pieces, self.infos)
             ]
         for param, info in zip(params, self.infos):
