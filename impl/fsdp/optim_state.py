@@ -8,11 +8,11 @@ by its name in the unwrapped model.
 * ``full_optim_state_dict``: all-gather each positive-dimension state over the unit's
   shard group, trim the padding, split per original parameter; scalars and non-tensors
   are replicated to each parameter. Rank 0 only by default.
-* ``sharded_optim_state_dict``: the same per-parameter states as DTensors sharded on
-  dim 0 (1.13 used ShardedTensor, since deprecated).
+* ``sharded_optim_state_dict``: the same per-parameter states sharded on dim 0, as
+  ShardedTensors (DTensors for an instance built with a device_mesh), as PyTorch 2.x.
 * ``shard_full_optim_state_dict`` / ``flatten_sharded_optim_state_dict``: back to this
   rank's flat shards, ready for ``optim.load_state_dict`` (no communication, except
-  DTensor's gather in the sharded case). Missing positive-dimension states become zeros
+  the gather of sharded values). Missing positive-dimension states become zeros
   (right for Adam's moments); scalars must agree across a unit's parameters.
 * ``scatter_full_optim_state_dict``: rank 0 holds the full dict and broadcasts it (as
   one pickled object: simpler than 1.13's skeleton-then-tensors broadcast, at the cost
@@ -36,7 +36,7 @@ import torch.nn as nn
 from impl import comm
 from impl.fsdp import orig_optim_state
 from impl.fsdp.api import OptimStateKeyType, StateDictType  # defined in api.py; OptimStateKeyType re-exported here
-from impl.fsdp.state_dict import _clean, _join, _to_dtensor, full_tensor
+from impl.fsdp.state_dict import _clean, _join, full_tensor, to_sharded
 from impl.fsdp.traversal import fsdp_states, state_of
 
 
@@ -230,17 +230,19 @@ def sharded_optim_state_dict(
     model: nn.Module, optim: torch.optim.Optimizer, group=None,
     *, optim_input=None, optim_state_dict: dict | None = None,
 ) -> dict:
-    """Like ``full_optim_state_dict`` on every rank, positive-dimension states as DTensors
+    """Like ``full_optim_state_dict`` on every rank, positive-dimension states sharded
+    (``state_dict.to_sharded``: ShardedTensors, or DTensors under a device_mesh)
     (PyTorch 2.x's signature; 1.13's ``optim_input`` is keyword-only and ignored)."""
     pmap = _param_map(model)
     full = full_optim_state_dict(model, optim, rank0_only=False, group=group, optim_state_dict=optim_state_dict)
+    state_of_unit = {id(s.unit): s for s in fsdp_states(model) if s.unit is not None}
     unit_of = {n: entry.unit for entry in pmap.values() for n in entry.names}
     for name, st in full["state"].items():
         unit = unit_of[name]
         if unit is not None and unit.sharded:
             for k, v in st.items():
                 if torch.is_tensor(v) and v.dim() > 0:
-                    st[k] = _to_dtensor(v, unit)
+                    st[k] = to_sharded(v, state_of_unit[id(unit)])
     return full
 
 
@@ -352,8 +354,8 @@ def _flatten_state(unit, names, entries, param) -> dict:
 
 
 def flatten_sharded_optim_state_dict(sharded_osd: dict, model: nn.Module, optim=None, *, optim_input=None) -> dict:
-    """This rank's flat state from a sharded optimizer state dict: impl's (DTensors) or
-    PyTorch FSDP1's (ShardedTensors), gathered entry by entry on every rank (PyTorch
+    """This rank's flat state from a sharded optimizer state dict (ShardedTensors or
+    DTensors, impl's or PyTorch FSDP1's), gathered entry by entry on every rank (PyTorch
     2.x's signature: ``optim`` third; 1.13's ``optim_input`` is keyword-only)."""
     full = {
         "state": {
