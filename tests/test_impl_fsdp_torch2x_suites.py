@@ -94,6 +94,12 @@ def api_body(rank, world_size):
         # The inner modules' attributes exist before the first forward (repr reads them).
         r["repr_ok"] = "Linear(in_features=4, out_features=4, bias=True)" in repr(seq)
         r["has_weight"] = hasattr(seq.module[0], "weight") if hasattr(seq, "module") else None
+        # Activation checkpointing applied after wrapping puts a wrapper around a unit's
+        # module: summon_full_params still shows exactly the original parameters.
+        nested = build(lib, nn.Sequential(build(lib, nn.Linear(4, 4, bias=False)), nn.Linear(4, 4, bias=False)))
+        apply_activation_checkpointing(nested, check_fn=lambda m: isinstance(m, nn.Linear))
+        with fsdp_cls.summon_full_params(nested):
+            r["summoned_after_ac"] = [_clean(n) for n, _ in nested.named_parameters()]
     return out
 
 
@@ -110,6 +116,8 @@ def test_prefix_wrap_api_policies_and_attributes_match_torch(world_size):
     assert impl["units"] == torch_["units"] == ["", "0"]  # the 4x4 linear (20 parameters) and the root
     assert impl["repr_ok"] and torch_["repr_ok"]
     assert impl["has_weight"] is torch_["has_weight"] is True
+    assert impl["summoned_after_ac"] == torch_["summoned_after_ac"] == [
+        "0._checkpoint_wrapped_module.weight", "1._checkpoint_wrapped_module.weight"]
 
 
 # -- activation checkpointing applied around FSDP units -----------------------------

@@ -419,6 +419,11 @@ class FullyShardedDataParallel(nn.Module):
     def _use_orig_params(self) -> bool:
         return self._fsdp_state.use_orig_params
 
+    @property
+    def _state_dict_type(self) -> StateDictType:
+        """The state-dict type this instance is set to (PyTorch 2.x's attribute)."""
+        return self._fsdp_state.state_dict_type
+
     def _assert_state(self, state) -> None:
         """Raise ValueError unless in ``state`` (or one of a list): PyTorch's check, which
         common test code calls. States compare by name, so PyTorch's enum works too."""
