@@ -18,8 +18,8 @@ and the gloo backend by itself, but every test still skips or is never instantia
 What it takes, all applied in the test process before the test file is imported
 (forked ranks inherit it):
 
-* ``torch.accelerator.device_count()`` and common_fsdp's ``DEVICE_COUNT`` report
-  ``--devices`` (2), so the "not enough GPUs" exits do not fire and tests without their
+* ``torch.accelerator.device_count()``, ``torch.cuda.device_count()`` and common_fsdp's
+  ``DEVICE_COUNT`` report ``--devices`` (2), so the "not enough GPUs" exits do not fire and tests without their
   own ``world_size`` run on that many ranks; ``skip_if_lt_x_gpu(n)`` skips only when
   ``n`` exceeds it.
 * ``instantiate_device_type_tests(..., only_for=("cuda", "hpu", "xpu"))`` also
@@ -27,8 +27,13 @@ What it takes, all applied in the test process before the test file is imported
 * Ranks are forked (0.1 s) instead of spawned (3-4 s each on two cores), after
   ``torch.set_num_threads(1)``, as zerobench.harness.testing does.
 * Tests that still say ``"cuda"`` (``torch.device("cuda")`` inputs, ``.cuda()``) get
-  CPU tensors: a TorchFunctionMode rewrites a CUDA ``device`` argument to ``cpu`` and makes
-  ``Tensor.cuda()`` the identity. ``torch.cuda.synchronize`` becomes a no-op.
+  CPU tensors: a TorchFunctionMode rewrites a CUDA ``device`` argument (or an accelerator
+  index given as ``device=``) to ``cpu`` and makes ``Tensor.cuda()`` the identity.
+  ``torch.cuda.synchronize`` and the device setters (``torch.cuda.set_device``,
+  ``torch.accelerator.set_device_index``) become no-ops; the current-device getters
+  (``torch.cuda.current_device``, ``torch.accelerator.current_device_index``) say 0.
+* An accelerator index as FSDP's ``device_id`` (``device_id=torch.accelerator.
+  current_device_index()``) becomes ``device_id=cpu``, for both bindings alike.
 * ``FSDPTestContinuous`` skips the rest of a class after one failure (its ranks may be
   stuck in a collective): here the ranks are killed and new ones started instead, so
   each test counts on its own. A test's ranks time out after ``--test-timeout`` s.
@@ -39,7 +44,8 @@ FullyShardedDataParallel as FSDP``, ``...fully_sharded_data_parallel import ...`
 ``...fsdp.wrap import ModuleWrapPolicy``, ``...fsdp.api import ...``, and common_fsdp
 imports them at its own import. So before anything imports them, each public name of
 ``torch.distributed.fsdp`` (and its ``fully_sharded_data_parallel``, ``api`` and
-``wrap`` modules) that impl.fsdp also defines is replaced by impl's; then, after the
+``wrap`` modules) that impl.fsdp (impl.fsdp.wrap for ``wrap``) also defines, other than
+a module, is replaced by impl's; then, after the
 test file is imported, any module-level name or constant of the test file and of
 torch.testing's helper modules that still holds one of torch's objects (a class, an
 enum member, a policy function, a tuple of them) is mapped to impl's as well.
@@ -71,9 +77,12 @@ _ENV_BIND = "ZEROBENCH_FSDP_SUITE_BIND"
 # -- the CPU patches (see [Note: running PyTorch's FSDP tests on CPU]) ----------------
 
 
-def _is_cuda(device) -> bool:
+def _is_cuda(device, index_too: bool = False) -> bool:
+    """``device`` names a CUDA device (or, with ``index_too``, is an accelerator index)."""
     import torch
 
+    if index_too and isinstance(device, int) and not isinstance(device, bool):
+        return True
     if isinstance(device, torch.device):
         return device.type == "cuda"
     return isinstance(device, str) and device.split(":")[0] == "cuda"
@@ -90,7 +99,7 @@ def _cuda_as_cpu_mode():
             kwargs = dict(kwargs or {})
             if getattr(func, "__name__", "") == "cuda" and args and isinstance(args[0], torch.Tensor):
                 return args[0]
-            if _is_cuda(kwargs.get("device")):
+            if _is_cuda(kwargs.get("device"), index_too=True):
                 kwargs["device"] = "cpu"
             args = tuple("cpu" if _is_cuda(a) else a for a in args)
             return func(*args, **kwargs)
@@ -106,6 +115,12 @@ def install_cpu_patches(devices: int, test_timeout: int) -> None:
     torch.accelerator.device_count = lambda: devices
     if not torch.cuda.is_available():
         torch.cuda.synchronize = lambda *a, **k: None
+        torch.cuda.set_device = lambda *a, **k: None
+        torch.cuda.current_device = lambda: 0
+        torch.cuda.device_count = lambda: devices
+    if torch.accelerator.current_accelerator() is None:
+        torch.accelerator.set_device_index = lambda *a, **k: None
+        torch.accelerator.current_device_index = lambda: 0
     import torch.multiprocessing as mp
     from torch.testing._internal import common_device_type, common_distributed
 
@@ -188,30 +203,35 @@ def install_cpu_patches(devices: int, test_timeout: int) -> None:
 
 # -- binding impl (see [Note: binding impl in place of torch's FSDP]) -----------------
 
-_TORCH_MODULES = (
-    "torch.distributed.fsdp",
-    "torch.distributed.fsdp.fully_sharded_data_parallel",
-    "torch.distributed.fsdp.api",
-    "torch.distributed.fsdp.wrap",
-)
+_TORCH_MODULES = {  # torch's module -> impl's module that defines the same public names
+    "torch.distributed.fsdp": "impl.fsdp",
+    "torch.distributed.fsdp.fully_sharded_data_parallel": "impl.fsdp",
+    "torch.distributed.fsdp.api": "impl.fsdp",
+    "torch.distributed.fsdp.wrap": "impl.fsdp.wrap",
+}
 
 
 def _torch_to_impl() -> dict[int, tuple[object, object]]:
     """id(torch's object) -> (torch's object, impl's): the public classes and functions
-    impl.fsdp defines under the same name, the members of their enums, and torch's
-    private TrainingState (common_fsdp's ``_assert_state`` uses it)."""
+    impl.fsdp defines under the same name in the corresponding module (never a module:
+    ``impl.fsdp.wrap`` the module is not ``torch.distributed.fsdp.wrap.wrap`` the
+    function), the members of their enums, and torch's private TrainingState
+    (common_fsdp's ``_assert_state`` uses it)."""
     import importlib
+    import types
 
-    import impl.fsdp as ifsdp
     from torch.distributed.fsdp import _common_utils
 
+    ifsdp = importlib.import_module("impl.fsdp")
     pairs = {}
-    for module_name in _TORCH_MODULES:
-        module = importlib.import_module(module_name)
+    for module_name, impl_name in _TORCH_MODULES.items():
+        module, impl_module = importlib.import_module(module_name), importlib.import_module(impl_name)
         for name in dir(module):
-            if name.startswith("__") or not hasattr(ifsdp, name):
+            if name.startswith("__") or not hasattr(impl_module, name):
                 continue
-            theirs, ours = getattr(module, name), getattr(ifsdp, name)
+            theirs, ours = getattr(module, name), getattr(impl_module, name)
+            if isinstance(ours, types.ModuleType) or isinstance(theirs, types.ModuleType):
+                continue
             if isinstance(theirs, type) or callable(theirs):
                 pairs[id(theirs)] = (theirs, ours)
     pairs[id(_common_utils.TrainingState)] = (_common_utils.TrainingState, ifsdp.TrainingState)
@@ -257,25 +277,28 @@ def bind_impl() -> dict:
 # -- one file under one binding, in this process --------------------------------------
 
 
-def let_torch_fsdp1_run_on_cpu() -> None:
-    """torch's FSDP1 refuses a machine without an accelerator unless given
-    ``device_id=cpu`` ("FSDP needs a non-CPU accelerator device"): give it that when a
-    test passes no device_id, as the tests do on their accelerator by default."""
+def device_id_on_cpu(fsdp_class, *, when_none: bool) -> None:
+    """Without an accelerator, an accelerator index given as ``device_id`` means the CPU
+    here (see [Note: running PyTorch's FSDP tests on CPU]); with ``when_none`` a missing
+    ``device_id`` does too: torch's FSDP1 refuses a machine without an accelerator unless
+    given ``device_id=cpu`` ("FSDP needs a non-CPU accelerator device")."""
     import inspect
 
     import torch
-    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    fsdp_init = FullyShardedDataParallel.__init__
+    if torch.accelerator.current_accelerator() is not None:
+        return
+    fsdp_init = fsdp_class.__init__
     signature = inspect.signature(fsdp_init)
 
     def init_on_cpu(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
-        if bound.arguments.get("device_id") is None:
+        device_id = bound.arguments.get("device_id")
+        if (device_id is None and when_none) or (isinstance(device_id, int) and not isinstance(device_id, bool)):
             bound.arguments["device_id"] = torch.device("cpu")
         return fsdp_init(*bound.args, **bound.kwargs)
 
-    FullyShardedDataParallel.__init__ = init_on_cpu
+    fsdp_class.__init__ = init_on_cpu
 
 
 def _prepare_process() -> dict | None:
@@ -285,8 +308,13 @@ def _prepare_process() -> dict | None:
     install_cpu_patches(int(os.environ["ZEROBENCH_FSDP_SUITE_DEVICES"]),
                         int(os.environ["ZEROBENCH_FSDP_SUITE_TIMEOUT"]))
     if binding == "impl":
+        from impl.fsdp import FullyShardedDataParallel
+
+        device_id_on_cpu(FullyShardedDataParallel, when_none=False)
         return bind_impl()
-    let_torch_fsdp1_run_on_cpu()
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    device_id_on_cpu(FullyShardedDataParallel, when_none=True)
     return None
 
 

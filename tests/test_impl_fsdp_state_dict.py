@@ -9,7 +9,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from tests.helpers.fsdp import (
     TOL,
@@ -31,13 +30,19 @@ from impl.fsdp import (
     StateDictType,
 )
 from impl.fsdp import FullyShardedDataParallel as FSDP
+from impl.fsdp.state_dict import full_tensor
 
 warm_up_imports()
 
 
-def wrapped(kind, strategy, seed=0):
+def wrapped(kind, strategy, seed=0, mesh=False):
+    """impl's FSDP around a fresh model; with ``mesh``, given a 1-D device mesh (its SHARDED
+    state dicts are then DTensors, as PyTorch's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     raw = make_model(kind, seed=seed)
-    return FSDP(raw, auto_wrap_policy=unit_policy(raw), sharding_strategy=strategy)
+    extra = {"device_mesh": init_device_mesh("cpu", (dist.get_world_size(),))} if mesh else {}
+    return FSDP(raw, auto_wrap_policy=unit_policy(raw), sharding_strategy=strategy, **extra)
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -87,11 +92,12 @@ def state_dict_body(rank, world_size):
             if max_diff(full_params(fresh, ref_params), ref_params) > TOL:
                 failures.append(f"{label} LOCAL load")
 
-            # SHARDED: each parameter a DTensor sharded on dim 0.
+            # SHARDED: each parameter a ShardedTensor sharded on dim 0 (PyTorch 2.x's form
+            # without a device_mesh).
             with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
                 sharded = model.state_dict()
-            gathered = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sharded.items()}
-            if not any(isinstance(v, DTensor) for v in sharded.values()) or max_diff(gathered, ref_params) > TOL:
+            gathered = {k: full_tensor(v) for k, v in sharded.items()}
+            if not any(type(v).__name__ == "ShardedTensor" for v in sharded.values()) or max_diff(gathered, ref_params) > TOL:
                 failures.append(f"{label} SHARDED values")
             fresh = wrapped(kind, strategy, seed=7)
             with FSDP.state_dict_type(fresh, StateDictType.SHARDED_STATE_DICT):
@@ -126,6 +132,8 @@ def library(name: str):
         from torch.distributed.fsdp import StateDictType as TorchStateDictType
 
         return TorchFSDP, TorchStateDictType, lambda seed: torch_fsdp1(make_model("mlp", seed=seed), mesh=name == "torch-mesh")
+    if name == "impl-mesh":  # built with a device mesh: SHARDED as DTensors, as PyTorch's then
+        return FSDP, StateDictType, lambda seed: wrapped("mlp", ShardingStrategy.FULL_SHARD, seed=seed, mesh=True)
     return FSDP, StateDictType, lambda seed: wrapped("mlp", ShardingStrategy.FULL_SHARD, seed=seed)
 
 
@@ -144,17 +152,17 @@ def init_optimizer_state(opt) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-# PyTorch's FSDP1 refuses impl's DTensor dict directly (it asserts ShardedTensor, checked in
-# refusals_body) unless it was built with a device mesh: otherwise that direction goes
-# through torch.distributed.checkpoint.
-# "direct": load_state_dict of the other library's SHARDED dicts; "full": of its FULL ones.
+# "direct": load_state_dict of the other library's SHARDED dicts (ShardedTensors; DTensors
+# from an impl model and into a PyTorch model both built with a device mesh);
+# "full": of its FULL ones.
 CROSSINGS = (
     ("torch", "impl", "dcp"),
     ("torch", "impl", "direct"),
     ("torch", "impl", "full"),
     ("impl", "torch", "dcp"),
+    ("impl", "torch", "direct"),
     ("impl", "torch", "full"),
-    ("impl", "torch-mesh", "direct"),
+    ("impl-mesh", "torch-mesh", "direct"),
 )
 
 
@@ -215,9 +223,8 @@ def test_checkpoints_cross_between_pytorch_fsdp1_and_impl(world_size, tmp_path):
     PyTorch's FSDP1 with torch.distributed.checkpoint loads into impl, and impl's into
     PyTorch's, the losses afterwards identical to going on with the writer; the same
     code serves both libraries (FSDP.optim_state_dict / optim_state_dict_to_load, which
-    impl lacked). PyTorch's ShardedTensor dicts also load into impl directly (before:
-    AttributeError 'local_shards'), FULL dicts both ways, and impl's DTensor dicts into
-    PyTorch's FSDP1 built with a device mesh (without one it asserts ShardedTensor)."""
+    impl lacked). SHARDED dicts also load directly both ways (ShardedTensors; DTensors
+    when both libraries' models were built with a device mesh), FULL dicts both ways."""
     losses = run_ranks(crossing_body, world_size, args=(str(tmp_path),), timeout=240)[0]
     assert set(losses) == set(CROSSINGS)
     for key, (expected, got) in losses.items():
@@ -233,11 +240,6 @@ def refusals_body(rank, world_size):
     with FSDP.state_dict_type(target, StateDictType.LOCAL_STATE_DICT):
         with pytest.raises(RuntimeError, match="does not load into impl.fsdp.*SHARDED_STATE_DICT through torch.distributed.checkpoint"):
             target.load_state_dict(torch_local)
-    with FSDP.state_dict_type(target, StateDictType.SHARDED_STATE_DICT):
-        impl_sharded = target.state_dict()
-    with torch_cls.state_dict_type(source, torch_kinds.SHARDED_STATE_DICT):
-        with pytest.raises(Exception, match="ShardedTensor"):
-            source.load_state_dict(impl_sharded)  # PyTorch's side: why the DCP route exists
     with FSDP.state_dict_type(target, StateDictType.LOCAL_STATE_DICT):
         with pytest.raises(NotImplementedError, match="FULL_STATE_DICT and SHARDED_STATE_DICT, not LOCAL_STATE_DICT"):
             FSDP.optim_state_dict(target, torch.optim.Adam(target.parameters()))

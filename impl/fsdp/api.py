@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class ShardingStrategy(enum.Enum):
@@ -66,9 +68,10 @@ class MixedPrecision:
     cast_root_forward_inputs: bool = True
     """Cast the root's floating-point forward inputs to ``param_dtype`` (PyTorch 2.x;
     1.13 always did)."""
-    _module_classes_to_ignore: tuple = ()
-    """Accepted for PyTorch 2.x's signature; auto-wrap does not wrap these classes apart
-    here (docs/fsdp.md)."""
+    _module_classes_to_ignore: Sequence[type] = (_BatchNorm,)
+    """With an ``auto_wrap_policy``, modules of these classes become instances of their own
+    without mixed precision, computing in float32 (PyTorch 2.x; wrap.py, [Note: modules
+    exempt from mixed precision])."""
 
     def __post_init__(self):
         for field in ("param_dtype", "reduce_dtype", "buffer_dtype"):

@@ -173,6 +173,9 @@ class FlatParamHandle:
         self.shard_numel = math.ceil(self.numel / shard_world)  # per-rank numel, padding included
         self.padded_numel = self.shard_numel * shard_world
         self.compute_dtype = compute_dtype or self.dtype
+        # What compute_dtype is outside FSDP_USE_FULL_PREC_IN_EVAL's full-precision
+        # evaluation (set_compute_dtype switches between the two).
+        self.mixed_compute_dtype = self.compute_dtype
         # Split sizes of views of a full copy (summon_full_params): every original parameter,
         # then the right padding.
         self._split_sizes = [i.numel for i in self.infos] + [self.padded_numel - self.numel]
@@ -197,22 +200,7 @@ class FlatParamHandle:
         # All-gather destination; its storage exists only while unsharded. When the
         # unsharded parameters are the shard itself (NO_SHARD, no cast) it aliases the shard.
         self.keeps_unsharded = keep_unsharded_alias
-        if keep_unsharded_alias:
-            self.all_gather_output = self.sharded_flat.detach()
-        else:
-            self.all_gather_output = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=self.device)
-            free_storage(self.all_gather_output)
-        # The parameters the module computes with, made once and valid while unsharded.
-        # See [Note: one autograd leaf per parameter].
-        storage = self.all_gather_output.untyped_storage()
-        self.unsharded_params: list[torch.Tensor] = [
-            torch.empty(0, dtype=self.compute_dtype, device=self.device)
-            .set_(storage, info.offset, info.shape, _contiguous_strides(info.shape))
-            .requires_grad_(param.requires_grad)
-            for info, param in zip(self.infos, unique)
-        ]
-        # id() of the unsharded parameters with a gradient hook (sync_requires_grad adds them).
-        self._hooked: set[int] = set()
+        self._make_unsharded([p.requires_grad for p in unique])
         # Where the unsharded storage is in its life; unit.py moves it, the hooks read it.
         self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
 
@@ -229,6 +217,37 @@ class FlatParamHandle:
                 del s.module._parameters[s.name]
 
     # -- storage -------------------------------------------------------------------
+
+    def _make_unsharded(self, requires_grad: list[bool]) -> None:
+        """Make ``all_gather_output`` (storage freed unless it aliases the shard) and the
+        unsharded parameters over it, in ``compute_dtype``."""
+        if self.keeps_unsharded:
+            self.all_gather_output = self.sharded_flat.detach()
+        else:
+            self.all_gather_output = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=self.device)
+            free_storage(self.all_gather_output)
+        # The parameters the module computes with, made once and valid while unsharded.
+        # See [Note: one autograd leaf per parameter].
+        storage = self.all_gather_output.untyped_storage()
+        self.unsharded_params: list[torch.Tensor] = [
+            torch.empty(0, dtype=self.compute_dtype, device=self.device)
+            .set_(storage, info.offset, info.shape, _contiguous_strides(info.shape))
+            .requires_grad_(wants)
+            for info, wants in zip(self.infos, requires_grad)
+        ]
+        # id() of the unsharded parameters with a gradient hook (sync_requires_grad adds them).
+        self._hooked: set[int] = set()
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        """Compute in ``dtype`` from the next unshard: new unsharded parameters over a new
+        ``all_gather_output`` (only while sharded; FSDP_USE_FULL_PREC_IN_EVAL switches
+        between the mixed-precision dtype and full precision, see unit.py)."""
+        if dtype == self.compute_dtype:
+            return
+        if self.sharded_state is not ShardedState.SHARDED or self.keeps_unsharded:
+            raise RuntimeError("set_compute_dtype needs the flat parameter sharded and not aliasing its shard")
+        self.compute_dtype = dtype
+        self._make_unsharded([p.requires_grad for p in self.unsharded_params])
 
     def alloc_unsharded(self) -> torch.Tensor:
         """Give ``all_gather_output`` its storage back; returns it for the all-gather to fill."""
@@ -311,8 +330,9 @@ class FlatParamHandle:
             params = self.orig.use_full_views(full)
         else:
             pieces = torch.split(full[: self.padded_numel], self._split_sizes)
+            # requires_grad as the flat shard has it now (it may have been frozen after wrapping).
             params = [
-                nn.Parameter(piece.view(info.shape), requires_grad=self.requires_grad)
+                nn.Parameter(piece.view(info.shape), requires_grad=self.sharded_flat.requires_grad)
                 for piece, info in zip(pieces, self.infos)
             ]
         for param, info in zip(params, self.infos):

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
+from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -32,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.modules.module import _IncompatibleKeys
 
 from impl import comm
-from impl.fsdp import optim_state, process_groups, runtime, traversal, utils
+from impl.fsdp import optim_state, process_groups, runtime, traversal, utils, wrap
 from impl.fsdp import state_dict as state_dict_module
 from impl.fsdp.api import (
     DEFAULT_LIMITER_DEPTH,
@@ -53,9 +55,6 @@ from impl.streams import Streams, accelerator
 # What each nesting level adds to parameter names; summon_full_params strips it.
 _WRAPPED_PREFIX = "_fsdp_wrapped_module."
 
-# Construction order of units in this process, for the first-iteration order check.
-# Every rank builds the same model the same way, so equal indices mean the same unit.
-_next_unit_index = 0
 
 
 def _state_attribute(name: str, doc: str | None = None) -> property:
@@ -158,17 +157,30 @@ class FullyShardedDataParallel(nn.Module):
                 limiter_depth=limiter_depth,
             )
             overrides_of = getattr(auto_wrap_policy, "wrap_kwargs", None)  # CustomPolicy's per-module arguments
+            # See [Note: modules exempt from mixed precision] (wrap.py).
+            exempt = tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
+            found = wrap.exempt_from_mixed_precision(module, exempt, ignored)
+            policy = wrap.or_classes_policy(auto_wrap_policy, exempt) if found else auto_wrap_policy
+            if found:
+                warnings.warn(
+                    "Both mixed precision and an auto_wrap_policy were specified to FSDP, where the wrapped module "
+                    f"has submodules of type:\n{found}\nThese modules will be wrapped as separate FSDP instances "
+                    "with mixed precision disabled.",
+                    stacklevel=2,
+                )
 
             def wrap_child(child: nn.Module) -> nn.Module:
                 inside = set(child.modules())
                 child_ignored = [m for m in ignored if m in inside]
                 child_params = [p for p in ignored_param_list if any(p is q for q in child.parameters())]
                 kwargs = {**child_kwargs, **(overrides_of(child) if overrides_of else {})}
+                if found and isinstance(child, exempt):
+                    kwargs["mixed_precision"] = None
                 if child_params:
                     return FullyShardedDataParallel(child, ignored_states=child_params, **kwargs)
                 return FullyShardedDataParallel(child, ignored_modules=child_ignored, **kwargs)
 
-            recursive_wrap(module, auto_wrap_policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
+            recursive_wrap(module, policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
 
         # 3-6. devices: materialize meta modules, move to device_id.
         _materialize(module, param_init_fn, device_id, ignored)
@@ -225,6 +237,8 @@ class FullyShardedDataParallel(nn.Module):
             ignored_params=ignored_params,
             use_orig_params=use_orig_params,
             device_mesh=device_mesh,
+            # As PyTorch's FSDP1, read at construction ([Note: full precision in evaluation]).
+            full_precision_in_eval=os.environ.get("FSDP_USE_FULL_PREC_IN_EVAL", "") == "1",
         )
         self._fsdp_state = state
 
@@ -257,11 +271,7 @@ class FullyShardedDataParallel(nn.Module):
             )
             for _, _, _, p in managed:
                 p._impl_fsdp_flattened = True
-            global _next_unit_index
-            state.unit = FlatParamUnit(
-                handle, strategy, shard_group, replicate_group, world, mixed_precision, _next_unit_index
-            )
-            _next_unit_index += 1
+            state.unit = FlatParamUnit(handle, strategy, shard_group, replicate_group, world, mixed_precision)
             # On the wrapped module, under PyTorch 2.x's name: a registered parameter, or
             # with use_orig_params a plain attribute (the original parameters are the module's).
             handle.sharded_flat._impl_fsdp_flat = True  # what state dicts and clipping skip
@@ -271,7 +281,9 @@ class FullyShardedDataParallel(nn.Module):
                 module.register_parameter(utils.FLAT_PARAM, handle.sharded_flat)
             self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
             handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
-            if handle.keeps_unsharded:
+            if not use_orig_params:
+                # The attributes exist from the start, as in PyTorch (``repr``, ``hasattr``): the
+                # unsharded parameters, whose storage is freed while sharded (stale until used).
                 handle.use_unsharded_params()
 
     # -- forward ---------------------------------------------------------------------
@@ -307,6 +319,10 @@ class FullyShardedDataParallel(nn.Module):
         limiter = RateLimiter(me.limit_all_gathers, me.limiter_depth, use_events=streams.cuda,
                               clock=getattr(streams.module, "host_clock", None))
         shared = RootState(states, limiter, streams)
+        # Each unit's index is its position in this root's tree: the same on every rank
+        # that builds the same tree, however many other FSDP modules each rank has built.
+        for index, state in enumerate(s for s in states if s.unit is not None):
+            state.unit.index = index
         for inst, state in zip(instances, states):
             state.is_root = state is me
             state.root_state = shared
@@ -324,6 +340,7 @@ class FullyShardedDataParallel(nn.Module):
             for name, buf in module._buffers.items():
                 if buf is not None and buf.is_floating_point() and buf.dtype != mp.buffer_dtype:
                     state.original_buffer_dtypes[(id(module), name)] = buf.dtype
+                    state.cast_buffers.append((module, name))
                     module._buffers[name] = buf.to(mp.buffer_dtype)
 
     def __getattr__(self, name: str) -> Any:
@@ -361,7 +378,12 @@ class FullyShardedDataParallel(nn.Module):
     compute_device = _state_attribute("compute_device")
     sharding_strategy = _state_attribute("sharding_strategy",
                                          "The effective strategy (NO_SHARD when the shard group has a single rank).")
-    mixed_precision = _state_attribute("mixed_precision")
+    @property
+    def mixed_precision(self) -> MixedPrecision:
+        """The instance's mixed precision; ``MixedPrecision()`` (nothing cast) when none was
+        given, as PyTorch 2.x reports it."""
+        return self._fsdp_state.mixed_precision or MixedPrecision()
+
     cpu_offload = _state_attribute("cpu_offload")
     backward_prefetch = _state_attribute("backward_prefetch")
     forward_prefetch = _state_attribute("forward_prefetch")
@@ -396,6 +418,11 @@ class FullyShardedDataParallel(nn.Module):
     @property
     def _use_orig_params(self) -> bool:
         return self._fsdp_state.use_orig_params
+
+    @property
+    def _state_dict_type(self) -> StateDictType:
+        """The state-dict type this instance is set to (PyTorch 2.x's attribute)."""
+        return self._fsdp_state.state_dict_type
 
     def _assert_state(self, state) -> None:
         """Raise ValueError unless in ``state`` (or one of a list): PyTorch's check, which
@@ -506,7 +533,7 @@ class FullyShardedDataParallel(nn.Module):
             runtime.check_state(self._fsdp_state, TrainingState.IDLE)
         out = state_dict_module.model_state_dict(self)
         if destination is None:
-            return out
+            destination = OrderedDict()
         for k, v in out.items():
             destination[prefix + k] = v
         return destination

@@ -15,6 +15,9 @@ Per unit and iteration (docs/behaviour.md §F2)::
                    prefetch; start reducing the gradient asynchronously
     end_of_backward (root, once) wait for the reductions, set the sharded .grad, clean up
 
+A forward run again inside backward (activation checkpointing around units) only
+unshards and installs the parameters: [Note: recomputed forward].
+
 [Note: reductions in flight]
 A unit's reduce-scatter is issued asynchronously in its post-backward hook, so the
 next unit's backward computes while it runs. Before issuing a new one, the hook waits
@@ -111,6 +114,11 @@ def to_device(obj, device: torch.device):
 def pre_forward(state: FSDPState, args, kwargs, training: bool):
     """``training``: the module's training flag (the order check runs in training only)."""
     shared: RootState = state.root_state
+    if torch._C._current_graph_task_id() != -1:  # inside backward: See [Note: recomputed forward]
+        return _pre_recomputed_forward(state, args, kwargs)
+    mp = state.mixed_precision
+    # See [Note: full precision in evaluation] (unit.py).
+    full = state.full_precision_in_eval and not training and mp is not None
     if state.is_root:
         check_state(state, TrainingState.IDLE)
         # The sharded parameters are ready when what compute has queued so far is done
@@ -124,8 +132,8 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
                 other.unit.handle.orig.writeback()
         if state.compute_device.type != "cpu":
             args, kwargs = to_device((args, kwargs), state.compute_device)
-    mp = state.mixed_precision
-    if mp is not None and mp.param_dtype is not None and (
+        _set_buffer_precision(shared, state.full_precision_in_eval and not training)
+    if not full and mp is not None and mp.param_dtype is not None and (
         mp.cast_root_forward_inputs if state.is_root else mp.cast_forward_inputs
     ):
         args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
@@ -141,6 +149,7 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
         )
     with record_function("impl::fsdp::pre_forward"):
         shared.exec_order.record_pre_forward(state, unit, check=training)
+        unit.use_full_precision(full)
         unit.unshard(prefetch=False, ticketed=frees_after_forward(state))
         unit.wait_for_unshard()
         if state.forward_prefetch:
@@ -152,21 +161,74 @@ def pre_forward(state: FSDPState, args, kwargs, training: bool):
     return args, kwargs
 
 
+def _set_buffer_precision(shared: RootState, full: bool) -> None:
+    """Buffers cast by mixed precision: back to their original dtypes for a
+    full-precision evaluation, to the mixed-precision dtype otherwise
+    ([Note: full precision in evaluation], unit.py)."""
+    for state in shared.states:
+        for module, name in state.cast_buffers:
+            buf = module._buffers[name]
+            dtype = state.original_buffer_dtypes[(id(module), name)] if full else state.mixed_precision.buffer_dtype
+            if buf is not None and buf.dtype != dtype:
+                module._buffers[name] = buf.to(dtype)
+
+
+def _pre_recomputed_forward(state: FSDPState, args, kwargs):
+    """[Note: recomputed forward]
+    Activation checkpointing applied around FSDP instances (``apply_activation_checkpointing``
+    on a container of units, or ``checkpoint(fsdp_module, x)``) runs their forward again
+    during backward, to recompute what it saved. That forward is not a new iteration and
+    is not part of the recorded order: like PyTorch's FSDP1 (which skips its pre- and
+    post-forward logic for a handle already in BACKWARD_PRE), the unit only needs its
+    parameters unsharded and installed. They are when its pre-backward already ran;
+    otherwise they are gathered here (every rank recomputes the same region, so the
+    collectives match). They then stay unsharded until the unit's own backward reshards
+    them (or the end of backward, for a unit that gets no gradient), since the backward
+    of the recomputed operations uses them. The unsharded parameters are the same tensor
+    objects at every unshard, so what the recomputation saved stays valid.
+    Non-reentrant checkpointing only reads the recomputed values; reentrant
+    checkpointing runs backward through the recomputed outputs, which carry the usual
+    pre-backward hook."""
+    mp = state.mixed_precision
+    if mp is not None and mp.param_dtype is not None and (
+        mp.cast_root_forward_inputs if state.is_root else mp.cast_forward_inputs
+    ):
+        args, kwargs = cast_floats(args, mp.param_dtype), cast_floats(kwargs, mp.param_dtype)
+    state.recomputing = True
+    unit = state.unit
+    if unit is None:
+        return args, kwargs
+    with record_function("impl::fsdp::pre_forward"):
+        unit.unshard(prefetch=False)  # nothing to do when already unsharded
+        unit.wait_for_unshard()
+        unit.handle.use_unsharded_params()
+    return args, kwargs
+
+
 def post_forward(state: FSDPState, output):
     shared: RootState = state.root_state
     unit = state.unit
+    if state.recomputing:  # See [Note: recomputed forward]
+        state.recomputing = False
+        _hook_outputs(state, output)
+        return output
     if unit is not None:
         with record_function("impl::fsdp::post_forward"):
             shared.exec_order.record_post_forward(state)
             unit.reshard(free=frees_after_forward(state) or not torch.is_grad_enabled())
             unit.handle.use_orig_param_attributes()
+    _hook_outputs(state, output)
+    state.training_state = TrainingState.IDLE
+    return output
+
+
+def _hook_outputs(state: FSDPState, output) -> None:
+    """Run the unit's pre-backward when the first gradient reaches one of its outputs."""
     if torch.is_grad_enabled():
         hook = _make_pre_backward_hook(state)
         for t in _tensors(output):
             if t.requires_grad:
                 t.register_hook(hook)
-    state.training_state = TrainingState.IDLE
-    return output
 
 
 # -- backward --------------------------------------------------------------------------

@@ -65,6 +65,9 @@ class FSDPState:
     """id() of every parameter left unmanaged (of ignored modules, or given in ``ignored_states``)."""
     use_orig_params: bool = False
     """Whether the original parameters stay the module's parameters ([Note: use_orig_params])."""
+    full_precision_in_eval: bool = False
+    """``FSDP_USE_FULL_PREC_IN_EVAL=1`` at construction: evaluation ignores mixed precision
+    (unit.py, [Note: full precision in evaluation])."""
     device_mesh: Any = None
     """The DeviceMesh given to the constructor, if any (SHARDED state dicts are DTensors on it)."""
 
@@ -75,6 +78,9 @@ class FSDPState:
     """Whether this backward already ran the pre-backward hook (one per instance and backward)."""
     grads_ready: int = 0
     """Parameters of the unit whose gradient has landed; post-backward runs when all have."""
+    recomputing: bool = False
+    """Between pre- and post-forward of a forward run inside backward (activation
+    checkpointing's recomputation; runtime.py, [Note: recomputed forward])."""
 
     # -- set at the root's lazy init ---------------------------------------------------
     is_root: bool | None = None
@@ -95,6 +101,9 @@ class FSDPState:
     original_buffer_dtypes: dict[tuple[int, str], torch.dtype] = field(default_factory=dict)
     """(id(module), buffer name) -> dtype before mixed precision cast it: FULL state dicts
     save buffers in their original dtype."""
+    cast_buffers: list[tuple[nn.Module, str]] = field(default_factory=list)
+    """The (module, buffer name) pairs mixed precision cast, to cast back and forth for
+    full-precision evaluation ([Note: full precision in evaluation])."""
 
 
 class RootState:

@@ -9,13 +9,13 @@ stripped), except LOCAL's ``<unit>._flat_param`` entries (PyTorch 2.x's name):
   buffers are the module's own tensors (detached, not copied), as in PyTorch.
 * LOCAL: each unit's ``_flat_param`` shard as this rank holds it (padded, 1-D), plus
   buffers and unmanaged parameters. Sharded strategies only.
-* SHARDED: each original parameter as a ``DTensor`` sharded on dim 0 over the unit's
-  shard group (torch.chunk's split, as 1.13's ShardedTensor), plus buffers. A unit that
-  is not sharded (NO_SHARD, a one-rank group) is chunked over its group the same way.
-  PyTorch 1.13 used ShardedTensor, since deprecated in favour of DTensor.
+* SHARDED: each original parameter sharded on dim 0 over the unit's shard group
+  (torch.chunk's split), plus buffers: a ``ShardedTensor``, or a ``DTensor`` when the
+  instance was built with a ``device_mesh``, as PyTorch 2.x's FSDP1 gives them
+  (``to_sharded``). A unit that is not sharded (NO_SHARD, a one-rank group) is chunked
+  over its group the same way.
 
-Loading SHARDED also takes PyTorch FSDP1's ShardedTensor values, gathered over their
-group; PyTorch's LOCAL dicts are refused (docs/fsdp.md, "Checkpoints across PyTorch's
+Loading SHARDED takes either kind, gathered over its group; PyTorch's LOCAL dicts are refused (docs/fsdp.md, "Checkpoints across PyTorch's
 FSDP and impl").
 
 An FSDP root's ``load_state_dict`` loads the whole tree here. When the root is a plain
@@ -202,7 +202,7 @@ def model_state_dict(root) -> dict[str, torch.Tensor]:
     elif kind is StateDictType.SHARDED_STATE_DICT:
         with summon_full_params(root, writeback=False):
             for name, state, ref in entries.managed:
-                out[name] = _to_dtensor(ref.module.__dict__[ref.name].detach(), state.unit)
+                out[name] = to_sharded(ref.module.__dict__[ref.name].detach(), state)
     else:
         raise ValueError(f"Unknown StateDictType {kind!r}")
     for name, mod, attr in entries.unmanaged:
@@ -212,6 +212,45 @@ def model_state_dict(root) -> dict[str, torch.Tensor]:
     if getattr(config, "offload_to_cpu", False):
         out = {k: v.cpu() if torch.is_tensor(v) else v for k, v in out.items()}
     return out
+
+
+def to_sharded(full: torch.Tensor, state):
+    """SHARDED's value of one tensor of ``state``'s unit: its rows chunked over the unit's
+    group (``torch.chunk`` on dim 0), this rank's chunk local. As PyTorch 2.x's FSDP1: a
+    ``ShardedTensor``, or a ``DTensor`` when the instance was built with a
+    ``device_mesh``. A zero-dimension tensor stays whole."""
+    if full.dim() == 0:
+        return full.clone()
+    if state.device_mesh is not None:
+        return _to_dtensor(full, state.unit)
+    return _to_sharded_tensor(full, state.unit)
+
+
+def _to_sharded_tensor(full: torch.Tensor, unit):
+    # Imported on first use, not with impl.fsdp (as torch.distributed.tensor below).
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+
+    group = unit.shard_group
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    chunks = torch.chunk(full, world, dim=0)
+    starts = [sum(c.shape[0] for c in chunks[:i]) for i in range(len(chunks))]
+    device = full.device.type if full.device.type == "cpu" else f"{full.device.type}:{full.device.index}"
+    # Every rank describes every chunk (placements name global ranks), so building the
+    # tensor needs no communication; ranks past the last chunk hold none.
+    ranks = dist.get_process_group_ranks(group)
+    shards_metadata = [
+        ShardMetadata([start] + [0] * (full.dim() - 1), list(chunk.shape), f"rank:{ranks[r]}/{device}")
+        for r, (start, chunk) in enumerate(zip(starts, chunks))
+    ]
+    local = []
+    if rank < len(chunks):
+        local = [Shard(chunks[rank].clone(), shards_metadata[rank])]
+    properties = TensorProperties(dtype=full.dtype, layout=full.layout, requires_grad=False,
+                                  memory_format=torch.contiguous_format, pin_memory=False)
+    metadata = ShardedTensorMetadata(shards_metadata, full.shape, properties)
+    return ShardedTensor._init_from_local_shards_and_global_metadata(local, metadata, process_group=group)
 
 
 def _mesh(unit):
@@ -242,8 +281,8 @@ def _is_sharded_tensor(value) -> bool:
 
 
 def full_tensor(value):
-    """The whole tensor behind a state-dict value: a DTensor (impl's SHARDED) or a
-    ShardedTensor (PyTorch FSDP1's SHARDED, so its state dicts load here directly) is
+    """The whole tensor behind a state-dict value: a DTensor or a ShardedTensor (the
+    SHARDED forms, impl's or PyTorch FSDP1's, so either loads here directly) is
     gathered over its group; anything else is returned as it is. A collective for the
     sharded kinds: every rank of the group must call it for the same entries."""
     # On first use, not with impl.fsdp: torch.distributed.tensor takes over a second to import.
@@ -261,10 +300,11 @@ def _gather_sharded_tensor(st) -> torch.Tensor:
     the largest rank's) and place each where its metadata says."""
     group = st._process_group
     world = dist.get_world_size(group)
+    group_rank = {g: r for r, g in enumerate(dist.get_process_group_ranks(group))}  # placements name global ranks
     metadata = st.metadata()
-    packed_at, numel_of_rank = {}, [0] * world  # shard metadata -> (rank, offset in that rank's pack)
+    packed_at, numel_of_rank = {}, [0] * world  # shard metadata -> (rank in group, offset in that rank's pack)
     for shard in metadata.shards_metadata:
-        rank = shard.placement.rank()
+        rank = group_rank[shard.placement.rank()]
         packed_at[shard] = (rank, numel_of_rank[rank])
         numel_of_rank[rank] += math.prod(shard.shard_sizes)
     width = max(numel_of_rank)

@@ -36,7 +36,6 @@ class FlatParamUnit:
         replicate_group,
         world_size: int,
         mixed_precision: MixedPrecision | None,
-        index: int,
     ):
         self.handle = handle
         self.strategy = strategy
@@ -47,7 +46,9 @@ class FlatParamUnit:
         self.group_size = torch.distributed.get_world_size(shard_group)
         self.world_size = world_size  # ranks the gradient is averaged over (shard x replicate)
         self.mp = mixed_precision
-        self.index = index  # construction order; identical on every rank, used by the order check
+        # Position among the units of the root's tree, set at lazy init; identical on
+        # every rank, named by the order check.
+        self.index = -1
         # Set at lazy init to the root's limiter, shared by every unit under it.
         self.limiter: RateLimiter | None = None
         # Set at lazy init to the root's streams (made here only if used before that).
@@ -66,6 +67,9 @@ class FlatParamUnit:
         self._ticketed = False
         self._was_deferred = False
         self._reduce_dtype = (mixed_precision.effective_reduce_dtype if mixed_precision else None) or handle.dtype
+        # Whether the current iteration runs in full precision despite mixed precision
+        # (FSDP_USE_FULL_PREC_IN_EVAL in evaluation; see use_full_precision).
+        self.full_precision = False
 
     @property
     def streams(self) -> Streams:
@@ -84,6 +88,21 @@ class FlatParamUnit:
     @property
     def state(self) -> ShardedState:
         return self.handle.sharded_state
+
+    def use_full_precision(self, full: bool) -> None:
+        """[Note: full precision in evaluation]
+        With the environment variable ``FSDP_USE_FULL_PREC_IN_EVAL=1`` (read at
+        construction, as PyTorch's FSDP1 reads it), a module under mixed precision that is
+        not training computes, reduces and keeps its gradients in full precision, and its
+        buffers are in their original dtypes (runtime.py switches those), as in PyTorch
+        2.x. Switching changes the dtype of the unsharded parameters, so a unit still
+        holding them in the other dtype (a forward prefetch issued under the previous
+        mode) frees them first and gathers again."""
+        dtype = self.handle.dtype if full else self.handle.mixed_compute_dtype
+        if self.handle.compute_dtype != dtype:
+            self.reshard(free=True)
+            self.handle.set_compute_dtype(dtype)
+        self.full_precision = full
 
     # -- unshard -------------------------------------------------------------------
 
@@ -197,7 +216,7 @@ class FlatParamUnit:
                 shard_group=self.shard_group,
                 shard_size=self.group_size,
                 replicate_group=self.replicate_group,
-                reduce_dtype=self._reduce_dtype,
+                reduce_dtype=self.handle.dtype if self.full_precision else self._reduce_dtype,
                 world_size=self.world_size,
             )
 
@@ -239,7 +258,8 @@ class FlatParamUnit:
     def accumulate_sharded_grad(self, reduced: torch.Tensor) -> None:
         """Store a reduced gradient shard as ``sharded_flat.grad`` (adding to an existing one)."""
         param = self.handle.sharded_flat
-        low = self.mp is not None and self.mp.keep_low_precision_grads and self.mp.param_dtype is not None
+        low = (self.mp is not None and self.mp.keep_low_precision_grads and self.mp.param_dtype is not None
+               and not self.full_precision)
         grad_dtype = self.mp.param_dtype if low else param.dtype
         if reduced.dtype != grad_dtype:
             reduced = reduced.to(grad_dtype)

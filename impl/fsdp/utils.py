@@ -173,16 +173,20 @@ def summon_full_params(
             # The flat shard (registered unless use_orig_params) leaves named_parameters(),
             # and shows the unsharded values meanwhile, as FSDP1's flat parameter does
             # (without the padding, except under use_orig_params).
-            hidden = inst._fsdp_wrapped_module._parameters.pop(FLAT_PARAM, None)
+            # Registered on the wrapped module, which may since sit inside a wrapper (activation
+            # checkpointing applied after FSDP): found by identity.
+            owner = next((m for m in inst._fsdp_wrapped_module.modules()
+                          if m._parameters.get(FLAT_PARAM) is h.sharded_flat), None)
+            hidden = owner._parameters.pop(FLAT_PARAM) if owner is not None else None
             shard_data = h.sharded_flat.data
             h.sharded_flat.data = full[: h.padded_numel] if h.orig is not None else full[: h.numel]
             if full_grad is not None:
                 for param, info in zip(params, h.infos):
                     param.grad = full_grad[info.offset : info.offset + info.numel].view(info.shape)
-            summoned.append((inst, h, full, params, snapshot, hidden, shard_data, full_grad))
+            summoned.append((inst, h, full, params, snapshot, (owner, hidden), shard_data, full_grad))
         yield
     finally:
-        for inst, h, full, params, snapshot, hidden, shard_data, full_grad in reversed(summoned):
+        for inst, h, full, params, snapshot, (owner, hidden), shard_data, full_grad in reversed(summoned):
             h.sharded_flat.data = shard_data
             if with_grads:
                 for param in params:
@@ -195,7 +199,7 @@ def summon_full_params(
             if with_grads and h.orig is not None:
                 h.orig.use_sharded_grad_views()
             if hidden is not None:
-                inst._fsdp_wrapped_module._parameters[FLAT_PARAM] = hidden
+                owner._parameters[FLAT_PARAM] = hidden
             if writeback and full.data_ptr() != h.sharded_flat.data_ptr():
                 with torch.no_grad():
                     h.sharded_flat.copy_(h.shard_slice(full.to(h.sharded_flat.device)))
