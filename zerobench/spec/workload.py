@@ -75,6 +75,8 @@ class GPTConfig:
 LLAMA_PRESETS: dict[str, dict[str, Any]] = {
     "llama2-7b": dict(layers=32, d_model=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000,
                       seq_len=4096, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False),
+    "llama2-13b": dict(layers=40, d_model=5120, heads=40, kv_heads=40, ffn_hidden=13824, vocab=32000,
+                       seq_len=4096, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False),
     "llama3-8b": dict(layers=32, d_model=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
                       seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False),
     "llama3-70b": dict(layers=80, d_model=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256,

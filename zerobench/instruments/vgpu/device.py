@@ -43,6 +43,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu import costs
+from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
 from zerobench.instruments.vgpu.presets import GpuPreset, HostPreset, gpu_preset, host_preset
 from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
@@ -66,8 +67,10 @@ class VirtualGpu:
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
-                 inter_link: Link | None = None, node_size: int = 8):
+                 inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None):
         self.preset = gpu_preset(gpu)
+        if not isinstance(alloc_conf, AllocatorConfig):
+            alloc_conf = AllocatorConfig.parse(alloc_conf)
         self.host_preset = host_preset(host)
         self.link = link
         self.inter_link = inter_link
@@ -78,7 +81,9 @@ class VirtualGpu:
         self.device = torch.device("cpu")  # where the tensors are; see the Note
         self.host = Host()
         self.trace = Trace(trace)
-        self.allocator = CachingAllocator(self, self.preset.memory_bytes, malloc_synchronizes)
+        # What the allocator may reserve: [Note: capacity a process sees] in allocator.py.
+        self.allocator = CachingAllocator(self, self.preset.memory_bytes - self.preset.context_bytes,
+                                          malloc_synchronizes, alloc_conf)
         self.default = VStream(self, "compute")
         self._current = self.default
         self.streams: list[VStream] = [self.default]
@@ -211,6 +216,8 @@ class VirtualGpu:
             stream = VStream(self, f"comm{len(self._comm_streams)}")
             self.streams.append(stream)
             self._comm_streams[key] = stream
+            if dist.get_world_size(group) > 1:  # NCCL sets up this group's communicator and its buffers
+                self.allocator.hold_outside(self.preset.nccl_bytes_per_group)
         return stream
 
     def track(self, storage, stream: VStream | None = None) -> None:
@@ -442,8 +449,9 @@ class _Mode(TorchDispatchMode):
         if launch:
             if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
                 host_side = any(s in gpu._host_storages for s in _storages((args, out)))
-                nbytes = costs.tensor_bytes(args[1] if func is aten.copy_.default else args[0])
-                seconds = costs.copy_duration(nbytes, gpu.preset, host_side)
+                source = args[1] if func is aten.copy_.default else args[0]
+                written = costs.tensor_bytes(source)  # the destination has the source's shape
+                seconds = costs.copy_duration(costs.accessed_bytes(source), written, gpu.preset, host_side)
             else:
                 seconds, _, _ = costs.duration(func, args, kwargs, out, gpu.preset)
             gpu._current.enqueue(seconds, func.__name__)
