@@ -71,8 +71,12 @@ def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
 def test_predict_names_bad_presets_and_configurations(tmp_path):
     from zerobench.whatif.predict import predict
 
-    with pytest.raises(ValueError, match="gpu must be one of h100-sxm, a100-80gb, h200"):
+    with pytest.raises(ValueError, match="gpu must be one of h100-sxm, h100-nvl, .*a100-40gb, got 'h800'"):
         predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
+    with pytest.raises(ValueError, match=r"--alloc-conf: 'roundup_power2_divisions' is not modelled"):
+        predict("workloads/quickstart.toml", [8], alloc_conf="roundup_power2_divisions:4", results_root=tmp_path)
+    with pytest.raises(ValueError, match=r"--context-mib: -1 is not allowed \(allowed: ints >= 0\)"):
+        predict("workloads/quickstart.toml", [8], context_mib=-1, results_root=tmp_path)
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
         predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
     # a --config that names no configuration (here a cell id, with its world size)
@@ -102,3 +106,19 @@ def test_predicted_beside_measured(tmp_path):
     assert "+20.0%" in to_markdown(frame)
     assert gpu_preset_for("NVIDIA H100 80GB HBM3") == "h100-sxm" and gpu_preset_for("NVIDIA H200") == "h200"
     assert gpu_preset_for("NVIDIA A100-SXM4-80GB") == "a100-80gb"
+    assert gpu_preset_for("NVIDIA A100-SXM4-40GB") == "a100-40gb" and gpu_preset_for("NVIDIA H100 NVL") == "h100-nvl"
+    assert gpu_preset_for("NVIDIA H100 PCIe") == "h100-pcie" and gpu_preset_for("NVIDIA GH200 480GB") == "gh200-96gb"
+
+
+def test_a_cell_that_runs_out_of_memory_says_what_it_needed(tmp_path):
+    """With all but 16 MiB of the card held by the CUDA context, the quickstart MLP's cell
+    runs out of memory: the row says so and gives what the allocator would have had to
+    reserve, which is more than it could."""
+    from zerobench.whatif.predict import predict
+
+    out = predict("workloads/quickstart.toml", [8], results_root=tmp_path, only=["impl-fsdp-fp32"],
+                  context_mib=81_559 - 16, log=lambda *_: None)
+    row = pd.read_csv(out / "predict.csv").iloc[0]
+    assert row["status"] == "oom" and "out of memory" in row["reason"]
+    assert row["capacity_bytes"] == 16 * 2**20 - 688 * 2**20 or row["capacity_bytes"] <= 16 * 2**20
+    assert row["oom_needed_bytes"] > row["capacity_bytes"]

@@ -132,8 +132,10 @@ class CachingAllocator:
         self.stats = dict.fromkeys(
             ("allocated", "active", "reserved", "requested", "allocated_peak", "active_peak", "reserved_peak",
              "requested_peak", "num_alloc_retries", "num_ooms", "num_mallocs", "segments"), 0)
-        # The largest request that failed, for the report of a cell that ran out of memory.
+        # For the report of a cell that ran out of memory: the request that failed, and
+        # what the allocator would have had to reserve to serve it (at least what the cell needed).
         self.failed_request_bytes = 0
+        self.needed_bytes = 0
         # Active bytes per label, and their peaks (for tests and reports of what piles up).
         self.active_by_label: dict[str, int] = {}
         self.peak_active_by_label: dict[str, int] = {}
@@ -225,6 +227,7 @@ class CachingAllocator:
         if self.stats["reserved"] + nbytes > self.capacity:
             self.stats["num_ooms"] += 1
             self.failed_request_bytes = max(self.failed_request_bytes, request)
+            self.needed_bytes = max(self.needed_bytes, self.stats["reserved"] + nbytes)
             gib = 2**30
             raise torch.OutOfMemoryError(
                 f"virtual GPU out of memory: tried to allocate {request / gib:.2f} GiB; {self.capacity / gib:.2f} GiB "

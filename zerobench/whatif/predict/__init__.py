@@ -47,8 +47,12 @@ def _with_matrix(workload):
 
 def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast", link: str = "nvlink4-8gpu",
             inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
-            matrix: bool = False, only=None, log=print) -> Path:
-    """Predict every configuration of the workload at ``world_sizes``; returns the folder."""
+            matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
+            nccl_mib: int | None = None) -> Path:
+    """Predict every configuration of the workload at ``world_sizes``; returns the folder.
+    ``alloc_conf``: caching-allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax;
+    ``context_mib`` / ``nccl_mib``: device memory outside the allocator (the CUDA
+    context; each NCCL communicator), in place of the preset's."""
     import pandas as pd
 
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
@@ -56,7 +60,15 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
     from zerobench.spec.workload import load_workload
 
+    from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
+
     gpu_preset(gpu), host_preset(host)  # bad names fail here, naming the allowed ones
+    AllocatorConfig.parse(alloc_conf)  # so does a bad --alloc-conf
+    for name, value in (("--context-mib", context_mib), ("--nccl-mib", nccl_mib)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name}: {value} is not allowed (allowed: ints >= 0)")
+    gpu_preset(gpu).with_memory(context_bytes=None if context_mib is None else context_mib * 2**20)
+    memory = {"alloc_conf": alloc_conf or "", "context_mib": context_mib, "nccl_mib": nccl_mib}
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
@@ -78,7 +90,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
                 todo.append(ws)
         if todo:
             started = time.perf_counter()
-            results.update(_run_child(w, cell, todo, gpu, host, links, node_size, out_dir / "traces"))
+            results.update(_run_child(w, cell, todo, gpu, host, links, node_size, out_dir / "traces", memory))
             log(f"[{i}/{len(cells)}] {config_id(cell)}: world sizes {','.join(map(str, todo))} in "
                 f"{time.perf_counter() - started:.1f} s")
         for ws in world_sizes:
@@ -86,6 +98,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": gpu, "host": host, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
+                         "alloc_conf": memory["alloc_conf"],
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
         write_csv_atomic(out_dir / "predict.csv", pd.DataFrame(rows))
     frame = pd.DataFrame(rows)
@@ -100,10 +113,13 @@ def _link_json(link) -> str:
     return json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us, "name": link.name})
 
 
-def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path) -> dict:
+def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path, memory: dict) -> dict:
     options = [kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
     args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
-            "--link", _link_json(links["link"])]
+            "--link", _link_json(links["link"]), "--alloc-conf", memory["alloc_conf"]]
+    for name in ("context_mib", "nccl_mib"):
+        if memory[name] is not None:
+            args += [f"--{name.replace('_', '-')}", str(memory[name])]
     if links["inter_link"] is not None:
         args += ["--inter-link", _link_json(links["inter_link"])]
     rows, failure = run_rank_process("zerobench.whatif.predict.rank", w, cell, options, world_sizes, args, dict(os.environ))
@@ -120,7 +136,7 @@ def format_table(frame) -> str:
     for _, r in frame.iterrows():
         if r["status"] != "ok":
             lines.append(f"{r['config']:<44}{r['world_size']:>6}  {r['status']}: {r['reason']}")
-            continue
+            continue  # a capped cell's figures are a full card's, not a prediction
         lines.append(f"{r['config']:<44}{r['world_size']:>6}{r['step_time_s'] * 1e3:>10.2f}"
                      f"{r['exposed_comm_s'] * 1e3:>12.2f}{r['overlap_ratio']:>9.2f}"
                      f"{r['peak_active_bytes'] / 2**30:>12.2f}{r['peak_reserved_bytes'] / 2**30:>14.2f}"
@@ -134,7 +150,8 @@ def cmd_predict(args) -> int:
     started = time.perf_counter()
     out_dir = predict(args.workload, parse_world_sizes(args.world_sizes), gpu=args.gpu, host=args.host,
                       link=args.link, inter_link=args.inter_link, node_size=args.node_size,
-                      results_root=args.results, matrix=args.matrix, only=args.config)
+                      results_root=args.results, matrix=args.matrix, only=args.config, alloc_conf=args.alloc_conf,
+                      context_mib=args.context_mib, nccl_mib=args.nccl_mib)
     frame = pd.read_csv(out_dir / "predict.csv")
     print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
           f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
@@ -159,4 +176,10 @@ def register_cli(sub) -> None:
     p.add_argument("--results", type=Path, default=Path("results"))
     p.add_argument("--matrix", action="store_true", help="sweep prefetch x limiter x reshard")
     p.add_argument("--config", action="append", help="only this configuration id (repeatable)")
+    p.add_argument("--alloc-conf", default="", help="caching-allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax: "
+                   "expandable_segments:True, max_split_size_mb:N (docs/vgpu.md)")
+    p.add_argument("--context-mib", type=int, default=None,
+                   help="device memory of the CUDA context, outside the allocator (default: the preset's, 512)")
+    p.add_argument("--nccl-mib", type=int, default=None,
+                   help="device memory of each NCCL communicator, outside the allocator (default: the preset's, 688)")
     p.set_defaults(func=cmd_predict)

@@ -17,7 +17,17 @@ engine configuration, so that process-group state never leaks between cells.
 * ``max_unsharded_units``: peak active bytes of all-gather outputs over the largest
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
-* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most.
+* ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
+* ``num_alloc_retries``: times the allocator model freed its cache to make room (each
+  synchronises the device), over the warm-up and measured steps;
+* ``capacity_bytes``: what the allocator may reserve, the card less the memory held
+  outside it (``outside_allocator_bytes``: CUDA context and NCCL communicators; [Note:
+  capacity a process sees] in zerobench/instruments/vgpu/allocator.py);
+* ``status``: ``ok``; ``capped`` when the reserved peak came within a large segment
+  (20 MiB) of the capacity or the allocator had to retry, so that the figures are those
+  of a card that was full, not a prediction of the memory the cell needs; ``oom`` when
+  an allocation failed, ``oom_needed_bytes`` then being what the allocator would have
+  had to reserve for it: at least what the cell needs, since the step stopped there.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import torch.distributed as dist
 
 from zerobench.runs.files import write_json_atomic
 from zerobench.instruments.link import Link
+from zerobench.instruments.vgpu.presets import gpu_preset
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
@@ -89,8 +100,12 @@ def timeline_metrics(spans, start: float, end: float) -> dict:
             "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else 1.0}
 
 
-def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link | None, node_size: int,
-                trace_path: Path | None = None) -> dict:
+#: How close to the capacity a reserved peak may come before the cell is reported capped.
+CAPPED_MARGIN = 20 * 2**20
+
+
+def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
+                trace_path: Path | None = None, alloc_conf: str | None = None) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
 
     from zerobench.engines import OptimizerSpec, RankContext, get_engine
@@ -105,7 +120,9 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         ctx = RankContext(0, world, 0, torch.device("cpu"), "fake")
         spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
         loss = loss_fn(w.model)
-        vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size)
+        vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
+                          alloc_conf=alloc_conf)
+        current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
         with _fake_tensor_mode(), _single_rank_ddp(), vgpu:
             engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
             model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
@@ -133,8 +150,15 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
 
         tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
         largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
+        capacity = vgpu.allocator.capacity
+        full = (stats["reserved_bytes.all.peak"] + CAPPED_MARGIN > capacity) or stats["num_alloc_retries"] > 0
+        status, reason = "ok", None
+        if full:
+            status = "capped"
+            reason = (f"reserved memory reached the {capacity / 2**30:.2f} GiB the allocator may hold "
+                      f"({stats['num_alloc_retries']} allocator retries): the figures are a full card's")
         return {
-            "status": "ok", "reason": None,
+            "status": status, "reason": reason,
             "step_time_s": step_s,
             **timeline_metrics(vgpu.trace.spans, t0, t1),
             "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
@@ -147,10 +171,23 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
             "tokens_per_s": tokens / step_s if step_s > 0 else None,
             "limiter_stalls": extra.get("limiter_stalls"),
             "num_ooms": stats["num_ooms"],
+            "num_alloc_retries": stats["num_alloc_retries"],
+            "capacity_bytes": capacity,
+            "outside_allocator_bytes": vgpu.preset.context_bytes + vgpu.allocator.outside_bytes,
             "predict_wall_s": time.perf_counter() - started,
         }
     finally:
         dist.destroy_process_group()
+
+
+#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
+current_gpu: list = []
+
+
+def _needed(allocator) -> int | None:
+    """What the allocator would have had to reserve for the request that failed: at least
+    what the cell needs (it stopped there)."""
+    return allocator.needed_bytes if allocator is not None else None
 
 
 def main(argv=None) -> None:
@@ -164,6 +201,9 @@ def main(argv=None) -> None:
     parser.add_argument("--inter-link", default=None, help="JSON of the inter-node link")
     parser.add_argument("--node-size", type=int, default=8)
     parser.add_argument("--traces", type=Path, default=None)
+    parser.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF syntax")
+    parser.add_argument("--context-mib", type=int, default=None)
+    parser.add_argument("--nccl-mib", type=int, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -171,17 +211,28 @@ def main(argv=None) -> None:
     conf = json.loads(args.cell_config.read_text())
     link = Link(**json.loads(args.link))
     inter = Link(**json.loads(args.inter_link)) if args.inter_link else None
+    gpu = gpu_preset(args.gpu).with_memory(
+        context_bytes=None if args.context_mib is None else args.context_mib * 2**20,
+        nccl_bytes_per_group=None if args.nccl_mib is None else args.nccl_mib * 2**20)
     rows = []
     for ws in [int(x) for x in args.world_sizes.split(",")]:
         cell = Cell(conf["engine"], ws, conf["dtype"], tuple(tuple(kv) for kv in conf["options"]))
         trace = args.traces / f"{cell.id}.trace.json.gz" if args.traces else None
+        current_gpu.clear()
         try:
-            row = predict_one(w, cell, args.gpu, args.host, link, inter, args.node_size, trace)
+            row = predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf)
+        except torch.OutOfMemoryError as err:
+            traceback.print_exc()
+            allocator = current_gpu[-1].allocator if current_gpu else None
+            first = str(err).strip().splitlines()[0]
+            row = {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
+                   "oom_needed_bytes": _needed(allocator),
+                   "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
+                   "capacity_bytes": allocator.capacity if allocator else None}
         except Exception as err:  # one cell never stops the others
             traceback.print_exc()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            status = "oom" if isinstance(err, torch.OutOfMemoryError) else "skipped"
-            row = {"status": status, "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
+            row = {"status": "skipped", "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
         rows.append({"world_size": ws, **row})
         write_json_atomic(args.out, rows)
 
