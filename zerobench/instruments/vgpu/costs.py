@@ -31,6 +31,8 @@ tensor's metadata, and the dispatcher ops of collectives and of ``record_functio
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -140,8 +142,22 @@ ATTENTION_BACKWARD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.
 ATTENTION = ATTENTION_FORWARD | ATTENTION_BACKWARD
 
 
-def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
-    """(seconds, flops, bytes) of one kernel on ``gpu``. See [Note: operator cost]."""
+class Cost(NamedTuple):
+    """One kernel's modelled cost on an idle device."""
+
+    compute_s: float
+    memory_s: float
+    floor_s: float
+    flops: int
+    nbytes: int
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.floor_s
+
+
+def kernel_cost(func, args, kwargs, out, gpu: GpuPreset) -> Cost:
+    """The parts of one kernel's time on ``gpu``. See [Note: operator cost]."""
     inputs = _tensors((args, kwargs))
     nbytes = sum(accessed_bytes(t) for t in inputs) + sum(accessed_bytes(t) for t in _tensors(out))
     dtype = next((t.dtype for t in inputs if t.is_floating_point()), torch.float32)
@@ -158,7 +174,13 @@ def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
             compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
             floor = gpu.gemm_floor_s
     memory_s = nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
-    return max(compute_s, memory_s) + floor, n_flops, nbytes
+    return Cost(compute_s, memory_s, floor, n_flops, nbytes)
+
+
+def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
+    """(seconds, flops, bytes) of one kernel on an idle ``gpu``."""
+    cost = kernel_cost(func, args, kwargs, out, gpu)
+    return cost.seconds, cost.flops, cost.nbytes
 
 
 def host_duration(args, kwargs, out, host) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import weakref
 
@@ -97,6 +98,9 @@ class VirtualGpu:
         self._exit_stack: contextlib.ExitStack | None = None
         self.kernels = 0
         self.collectives = 0
+        # NCCL kernels that may still be running beside the next compute kernel:
+        # [(start, end, bus bytes/s, share of SMs)]; see [Note: NCCL beside compute] in comm.py.
+        self._collectives_running: list[tuple[float, float, float, float]] = []
 
     # -- the torch.cuda API ----------------------------------------------------------
 
@@ -203,6 +207,42 @@ class VirtualGpu:
             return self.link
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         return self.link if len({r // self.node_size for r in ranks}) <= 1 else self.inter_link
+
+    def record_collective(self, start: float, end: float, bus_bytes_per_s: float, sm_share: float) -> None:
+        """An NCCL kernel runs on the device in [start, end]: compute kernels beside it run slower."""
+        now = self.host.now  # a kernel issued from now on starts at or after now
+        self._collectives_running = [c for c in self._collectives_running if c[1] > now]
+        if end > start:
+            self._collectives_running.append((start, end, bus_bytes_per_s, sm_share))
+
+    def beside_collectives(self, stream: VStream, compute_s: float, memory_s: float, floor_s: float) -> float:
+        """How long a kernel issued now on ``stream`` runs, given the NCCL kernels running
+        beside it (piecewise: slowed while one runs, at its own speed otherwise). A kernel
+        on a high-priority stream is not slowed. See [Note: NCCL beside compute]."""
+        alone = max(compute_s, memory_s) + floor_s
+        running = self._collectives_running
+        if not running or stream.priority < 0 or alone <= 0:
+            return alone
+        from zerobench.instruments.vgpu import comm
+
+        hbm = self.preset.hbm_bytes_per_s * self.preset.memory_efficiency
+        t = max(stream.tail, self.host.now)
+        start, left = t, 1.0  # the fraction of the kernel still to run
+        while left > 0:
+            active = [c for c in running if c[0] <= t < c[1]]
+            upcoming = [c[0] for c in running if c[0] > t] + [c[1] for c in active]
+            if active:
+                bus = sum(c[2] for c in active)
+                share = min(sum(c[3] for c in active), 0.9)
+                speed = 1.0 / (comm.slowed(compute_s, memory_s, hbm, bus, share) + floor_s)
+            else:
+                speed = 1.0 / alone
+            until = min(upcoming, default=math.inf)
+            if t + left / speed <= until:
+                return t + left / speed - start
+            left -= (until - t) * speed
+            t = until
+        return t - start
 
     def relabel(self, storage, label: str) -> None:
         holder = self._block_of.get(storage)
@@ -452,8 +492,11 @@ class _Mode(TorchDispatchMode):
                 source = args[1] if func is aten.copy_.default else args[0]
                 written = costs.tensor_bytes(source)  # the destination has the source's shape
                 seconds = costs.copy_duration(costs.accessed_bytes(source), written, gpu.preset, host_side)
+                seconds = gpu.beside_collectives(gpu._current, 0.0, seconds - gpu.preset.kernel_floor_s,
+                                                 gpu.preset.kernel_floor_s) if not host_side else seconds
             else:
-                seconds, _, _ = costs.duration(func, args, kwargs, out, gpu.preset)
+                cost = costs.kernel_cost(func, args, kwargs, out, gpu.preset)
+                seconds = gpu.beside_collectives(gpu._current, cost.compute_s, cost.memory_s, cost.floor_s)
             gpu._current.enqueue(seconds, func.__name__)
             gpu.kernels += 1
             lead = gpu.default.tail - gpu.host.now
