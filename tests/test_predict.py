@@ -3,6 +3,8 @@ size, with fake tensors; its memory agrees with `zerobench estimate`'s."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -121,3 +123,36 @@ def test_a_cell_that_runs_out_of_memory_says_what_it_needed(tmp_path):
     row = pd.read_csv(out / "predict.csv").iloc[0]
     assert row["status"] == "oom" and "out of memory" in row["reason"]
     assert row["capacity_bytes"] == 16 * 2**20 and row["oom_needed_bytes"] > 16 * 2**20
+
+
+def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
+    """impl-fsdp's HYBRID_SHARD is invalid at 2 ranks (one group of one): checked at a
+    placeholder world size of 2, it vanished from predict.csv. torch-fsdp1's runs on the
+    fake process group with its shard groups given as a mesh of one node's ranks, so its
+    collectives go over two process groups: NVLink within the node, InfiniBand across."""
+    import dataclasses
+
+    from zerobench.whatif.estimate import configurations
+    from zerobench.whatif.predict import predict
+    from zerobench.spec.workload import load_workload
+
+    w = load_workload("workloads/quickstart.toml")
+    w = dataclasses.replace(w, matrix={**w.matrix, "sharding_strategy": ["HYBRID_SHARD"]})
+    assert "impl-fsdp-fp32-sharding_strategy=HYBRID_SHARD" not in [c.id.replace("-ws2", "") for c in configurations(w)]
+    ids = [c.id.replace("-ws16", "") for c in configurations(w, [16])]
+    assert "impl-fsdp-fp32-sharding_strategy=HYBRID_SHARD" in ids
+    assert "torch-fsdp1-fp32-sharding_strategy=HYBRID_SHARD" in ids
+
+    (tmp_path / "hsdp.toml").write_text(
+        f'extends = "{Path("workloads/quickstart.toml").resolve()}"\n'
+        '[matrix]\nengine = ["torch-fsdp1"]\ndtype = ["fp32"]\nsharding_strategy = ["HYBRID_SHARD"]\n'
+        'reshard_after_forward = []\n')
+    out = predict(tmp_path / "hsdp.toml", [16], results_root=tmp_path, inter_link="ib-400g", log=lambda *_: None)
+    row = pd.read_csv(out / "predict.csv").iloc[0]
+    assert row["status"] == "ok", row["reason"]
+    import gzip
+    import json
+
+    trace = json.load(gzip.open(next((out / "traces").glob("*.trace.json.gz")), "rt"))
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert len([lane for lane in lanes if lane.startswith("stream comm")]) == 2

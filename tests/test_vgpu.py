@@ -493,3 +493,36 @@ def test_a_dtensor_operator_is_priced_by_the_local_shard(fake_world):
         # dispatch and launch; the global size would take 8 ms
         local_s = 2 * full.numel() * 4 // fake_world / 1e9
         assert local_s <= gpu.default.tail - start <= local_s + 0.1 * MS
+
+
+def test_adamw_takes_the_foreach_path_on_the_virtual_gpu_with_the_same_numerics():
+    """torch.optim sends device type "cpu" to its single-tensor path; a GPU takes the
+    foreach path, so the virtual GPU does too, and the parameters come out the same."""
+    torch.manual_seed(0)
+    params = [torch.randn(64, 32, requires_grad=True) for _ in range(6)]
+    grads = [torch.randn(64, 32) for _ in range(6)]
+    twins = [p.detach().clone().requires_grad_() for p in params]
+
+    def steps(ps):
+        opt = torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+        for _ in range(3):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opt.step()
+
+    gpu = toy()
+    with gpu:
+        steps(params)
+        foreach_kernels = gpu.kernels
+        names = {name for lane, name, *_ in gpu.trace.spans if lane == "compute"}
+    steps(twins)
+    assert any(name.startswith("_foreach_") for name in names)
+    assert all(torch.equal(p, q) for p, q in zip(params, twins))
+    single = toy()
+    import torch.optim.optimizer as optimizer_module
+
+    with single:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(optimizer_module, "_get_foreach_kernels_supported_devices", lambda: ["cuda"])
+            steps([p.detach().clone().requires_grad_() for p in twins])
+    assert single.kernels > 2 * foreach_kernels  # one parameter at a time: many more kernels

@@ -152,6 +152,12 @@ def loss_fn(cfg: ModelConfig):
 
         return import_entry_point("model.loss", name)
 
+    if getattr(cfg, "loss_dtype", "model") == "fp32":
+        def next_token_fp32(logits, targets):  # torchtitan upcasts the logits before the loss
+            return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+        return next_token_fp32
+
     def next_token(logits, targets):
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 

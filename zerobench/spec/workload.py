@@ -57,8 +57,12 @@ class GPTConfig:
     vocab: int = 512
     mlp_ratio: int = 4
     """Hidden width of each block's MLP as a multiple of d_model."""
+    loss_dtype: Literal["model", "fp32"] = "model"
+    """dtype of the cross-entropy: ``"model"``, the logits' own (bf16 under bf16 compute);
+    ``"fp32"``, the logits upcast first, as torchtitan's ``cross_entropy_loss`` does."""
 
     def check(self) -> None:
+        _check_loss_dtype(self.loss_dtype)
         for name in ("layers", "d_model", "heads", "vocab", "mlp_ratio"):
             _positive(f"model.{name}", getattr(self, name))
         if self.seq_len < 2:
@@ -111,8 +115,12 @@ class LlamaConfig:
     """RMSNorm's epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding's weight with the output head."""
+    loss_dtype: Literal["model", "fp32"] = "model"
+    """dtype of the cross-entropy: ``"model"``, the logits' own (bf16 under bf16 compute);
+    ``"fp32"``, the logits upcast first, as torchtitan's ``cross_entropy_loss`` does."""
 
     def check(self) -> None:
+        _check_loss_dtype(self.loss_dtype)
         for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab"):
             _positive(f"model.{name}", getattr(self, name))
         if self.seq_len < 2:
@@ -129,6 +137,14 @@ class LlamaConfig:
             raise WorkloadError(f"model.rope_theta: {self.rope_theta} is not allowed (allowed: float > 0)")
         if not self.norm_eps > 0:
             raise WorkloadError(f"model.norm_eps: {self.norm_eps} is not allowed (allowed: float > 0)")
+
+
+LOSS_DTYPES = ("model", "fp32")
+
+
+def _check_loss_dtype(value) -> None:
+    if value not in LOSS_DTYPES:
+        raise WorkloadError(f"model.loss_dtype: {value!r} is not allowed (allowed: {', '.join(map(repr, LOSS_DTYPES))})")
 
 
 #: Keys of ``[model]`` that a user model (``factory``) does not receive as keyword arguments.

@@ -340,6 +340,14 @@ class VirtualGpu:
 
         for module in (flat_param_module, runtime_utils_module):
             patches[(module, "_no_dispatch_record_stream")] = lambda t, s: t.record_stream(s)
+        # torch.optim takes its foreach path (a few multi-tensor kernels per step) only for
+        # parameters on a device type it lists; on "cpu" it loops over the parameters one at
+        # a time, ten-odd kernels each. A GPU takes the foreach path, so the virtual GPU
+        # lists "cpu" too. The foreach and single-tensor updates compute the same values.
+        import torch.optim.optimizer as optimizer_module
+
+        supported = optimizer_module._get_foreach_kernels_supported_devices
+        patches[(optimizer_module, "_get_foreach_kernels_supported_devices")] = lambda: [*supported(), "cpu"]
         for name, (kind, nbytes_of) in _collectives().items():
             if hasattr(dist, name):
                 patches[(dist, name)] = self._wrap_collective(name, getattr(dist, name), kind, nbytes_of)

@@ -42,19 +42,22 @@ def parse_world_sizes(text: str) -> list[int]:
     return out
 
 
-def configurations(workload):
-    """The distinct engine configurations of the workload's matrix (world size left out),
-    as cells at a placeholder world size, skipped ones dropped."""
+def configurations(workload, world_sizes=(2,)):
+    """The distinct engine configurations of the workload's matrix (world size left out):
+    those valid at one or more of ``world_sizes`` (a configuration such as HYBRID_SHARD
+    can be valid at 8 ranks and not at 2), as cells at the first world size they are
+    valid at. Which world sizes each one runs at is ``why_not``'s to say."""
     from zerobench.spec.matrix import expand
 
-    matrix = dict(workload.matrix)
-    matrix["world_size"] = [2]
     seen, out = set(), []
-    for cell in expand(dataclasses.replace(workload, matrix=matrix)):
-        key = (cell.engine, cell.dtype, cell.options)
-        if cell.skip_reason is None and key not in seen:
-            seen.add(key)
-            out.append(cell)
+    for ws in world_sizes:
+        matrix = dict(workload.matrix)
+        matrix["world_size"] = [ws]
+        for cell in expand(dataclasses.replace(workload, matrix=matrix)):
+            key = (cell.engine, cell.dtype, cell.options)
+            if cell.skip_reason is None and key not in seen:
+                seen.add(key)
+                out.append(cell)
     return out
 
 
@@ -62,10 +65,11 @@ def config_id(cell) -> str:
     return cell.id.replace(f"-ws{cell.world_size}", "")
 
 
-def select_configurations(w, only=None) -> list:
-    """The workload's configurations, or those whose id is in ``only`` (``--config``);
-    an id that names none is an error listing the ids there are."""
-    cells = configurations(w)
+def select_configurations(w, only=None, world_sizes=(2,)) -> list:
+    """The workload's configurations valid at one or more of ``world_sizes``, or those
+    whose id is in ``only`` (``--config``); an id that names none is an error listing
+    the ids there are."""
+    cells = configurations(w, world_sizes)
     if not only:
         return cells
     ids = [config_id(c) for c in cells]
@@ -89,8 +93,6 @@ def why_not(cell, world_size: int, hybrid_shard_size: int | None) -> str | None:
         if hybrid_shard_size and world_size % hybrid_shard_size:
             return (f"HYBRID_SHARD: world size {world_size} is not a multiple of the shard group size "
                     f"{hybrid_shard_size} (--hybrid-shard-size)")
-        if cell.engine == "torch-fsdp1":
-            return "torch-fsdp1 HYBRID_SHARD builds its groups with real collectives (not estimated)"
     return None
 
 
@@ -132,7 +134,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = select_configurations(w, only)
+    cells = select_configurations(w, only, world_sizes)
     out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
     rows = []

@@ -76,7 +76,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
-    cells = select_configurations(w, only)
+    cells = select_configurations(w, only, world_sizes)
     out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
     rows = []
@@ -122,7 +122,9 @@ def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path, 
             args += [f"--{name.replace('_', '-')}", str(memory[name])]
     if links["inter_link"] is not None:
         args += ["--inter-link", _link_json(links["inter_link"])]
-    rows, failure = run_rank_process("zerobench.whatif.predict.rank", w, cell, options, world_sizes, args, dict(os.environ))
+    # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
+    env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
+    rows, failure = run_rank_process("zerobench.whatif.predict.rank", w, cell, options, world_sizes, args, env)
     out = {row.pop("world_size"): row for row in rows}
     if failure is not None:
         for ws in world_sizes:
