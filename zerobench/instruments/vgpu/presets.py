@@ -187,6 +187,23 @@ def _lookup(kind: str, presets: dict, value):
     return presets[value]
 
 
+def preset_for_device(device_name: str) -> str:
+    """The preset closest to a CUDA device name (``torch.cuda.get_device_name``); h100-sxm
+    when unknown."""
+    name = device_name.upper()
+    if "GH200" in name:
+        return "gh200-96gb"
+    if "H200" in name:
+        return "h200"
+    if "A100" in name:
+        return "a100-40gb" if "40GB" in name else "a100-80gb"
+    if "H100" in name and "NVL" in name:
+        return "h100-nvl"
+    if "H100" in name and "PCIE" in name:
+        return "h100-pcie"
+    return "h100-sxm"
+
+
 def gpu_preset(name: str | GpuPreset) -> GpuPreset:
     return _lookup("gpu", GPU_PRESETS, name)
 

@@ -19,19 +19,10 @@ PAIRS = (
 
 
 def gpu_preset_for(device_name: str) -> str:
-    """The virtual GPU preset closest to a CUDA device name (h100-sxm when unknown)."""
-    name = device_name.upper()
-    if "GH200" in name:
-        return "gh200-96gb"
-    if "H200" in name:
-        return "h200"
-    if "A100" in name:
-        return "a100-40gb" if "40GB" in name else "a100-80gb"
-    if "H100" in name and "NVL" in name:
-        return "h100-nvl"
-    if "H100" in name and "PCIE" in name:
-        return "h100-pcie"
-    return "h100-sxm"
+    """The virtual GPU preset closest to a CUDA device name (presets.preset_for_device)."""
+    from zerobench.instruments.vgpu.presets import preset_for_device
+
+    return preset_for_device(device_name)
 
 
 def side_by_side(run_dir: Path, predict_dir: Path):

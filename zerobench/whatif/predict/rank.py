@@ -18,6 +18,9 @@ engine configuration, so that process-group state never leaks between cells.
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
 * ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
+* ``tokens_per_s``: this rank's tokens per second; ``tflops_per_gpu`` and ``mfu``: model
+  FLOPs by torchtitan's formula ([Note: model FLOPs] in zerobench/spec/flops.py) per
+  second, and over the preset's dense peak for the cell's dtype;
 * ``num_alloc_retries``: times the allocator model freed its cache to make room (each
   synchronises the device), over the warm-up and measured steps;
 * ``capacity_bytes``: what the allocator may reserve, the card less the memory held
@@ -149,6 +152,11 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         from zerobench.spec.models import samples_to_tokens
 
         tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
+        from zerobench.spec.flops import mfu_metrics, model_flops_per_token
+
+        dtype = torch.bfloat16 if cell.dtype == "bf16" else torch.float32
+        throughput = mfu_metrics(tokens / step_s if step_s > 0 and samples_to_tokens(w.model) else None,
+                                 model_flops_per_token(w.model), vgpu.preset.peak(dtype))
         largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
         capacity = vgpu.allocator.capacity
         full = (stats["reserved_bytes.all.peak"] + CAPPED_MARGIN > capacity) or stats["num_alloc_retries"] > 0
@@ -169,6 +177,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
             "host_lead_max_s": vgpu.host_lead_max_s,
             "host_blocked_s": vgpu.host.blocked_s,
             "tokens_per_s": tokens / step_s if step_s > 0 else None,
+            **throughput,
             "limiter_stalls": extra.get("limiter_stalls"),
             "num_ooms": stats["num_ooms"],
             "num_alloc_retries": stats["num_alloc_retries"],
