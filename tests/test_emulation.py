@@ -300,9 +300,11 @@ def test_cuda_sync_collective_makes_the_current_stream_wait_at_once(fake_cuda):
     cuda, tensor = fake_cuda
     with emulation.emulated(LINK_1MS, cuda_cycles_per_s=1e9):
         assert dist.all_reduce(tensor, group=object()) is None
-    assert ("all_reduce", "compute", False) in cuda.log  # still the real synchronous call
+    # issued asynchronously and waited at once, as NCCL's synchronous call is: the current
+    # stream joins the real collective, then the modelled sleep
+    assert ("all_reduce", "compute", True) in cuda.log
     done = [ev for action, stream, ev in cuda.log if action == "record" and stream == "side1"]
-    assert len(done) == 1 and cuda.log[-1] == ("wait_event", "compute", done[0])
+    assert len(done) == 1 and cuda.log[-2:] == [("work_wait", "compute", None), ("wait_event", "compute", done[0])]
     assert [s for s, _ in _sleeps(cuda.log)] == ["side1"]
 
 

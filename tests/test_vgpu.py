@@ -203,8 +203,9 @@ def test_collectives_run_on_a_comm_stream_timed_by_the_link(fake_world):
         gpu._sleep(1_000_000)  # compute until ~1 ms: the collective waits for it (NCCL)
         work = dist.all_gather_into_tensor(out, inp, async_op=True)
         comm = gpu.comm_stream(None)
-        # 100 us + (3/4) * 4 MiB / 1 GB/s
-        expected = 100 * US + 0.75 * (4 << 20) / 1e9
+        # 100 us + (3/4) * 4 MiB at 80 % of 1 GB/s (a link with no published curve:
+        # [Note: achieved bus bandwidth] in comm.py)
+        expected = 100 * US + 0.75 * (4 << 20) / (1e9 * 0.8)
         start = comm.tail - expected
         assert start == pytest.approx(gpu.default.tail, abs=1e-9) and not work.is_completed()
         compute_before = gpu.default.tail
@@ -337,17 +338,21 @@ def test_gpu_check_limiter_does_not_empty_the_cache_before_its_measured_forward(
     assert emptied["without_limiter"]["peak_active_above_base_units"] <= 0.6 * piled_up
 
 
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strategy):
+@pytest.mark.parametrize("strategy,avoid_record_streams", [("FULL_SHARD", True), ("SHARD_GRAD_OP", True),
+                                                            ("FULL_SHARD", False)])
+def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strategy, avoid_record_streams):
     """Defect 4 of #18: [Note: reductions in flight] bounds the unsharded gradients in
     *memory*, with the host far ahead of a slow reduce-scatter. Handing them over with
-    record_stream kept every unit's gradient active (8 of 8)."""
+    record_stream kept every unit's gradient active (8 of 8). ProcessGroupNCCL itself
+    record-streams a collective's tensors onto its stream unless
+    TORCH_NCCL_AVOID_RECORD_STREAMS=1: then each freed gradient stays active until the
+    all-gathers the host queued on the same stream after it have run, and they pile up."""
     from impl.fsdp import FullyShardedDataParallel as FSDP
     from impl.fsdp import ShardingStrategy
     from impl.fsdp.flat_param import FlatParamHandle
 
     units, width = 8, 256
-    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0))
+    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), avoid_record_streams=avoid_record_streams)
     original = FlatParamHandle.take_unsharded_grad
 
     def take(handle):
@@ -372,7 +377,10 @@ def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strateg
         gpu.synchronize()
     unit_bytes = width * width * 4
     assert gpu.host.blocked_s < gpu.host.now  # the host did run ahead
-    assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
+    if avoid_record_streams:
+        assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
+    else:
+        assert gpu.allocator.peak_active_by_label["unsharded_grad"] >= 6 * unit_bytes
 
 
 def test_cpu_offload_moves_each_units_gradient_to_the_host_during_backward(fake_world):
@@ -380,12 +388,14 @@ def test_cpu_offload_moves_each_units_gradient_to_the_host_during_backward(fake_
     pinned host memory while backward goes on (one unit behind its reduce-scatter), so
     at most two shards are on the device at once, not every unit's until the end of
     backward; and the sharded parameters, their gradients and the optimizer state live
-    in host memory, not on the device."""
+    in host memory, not on the device. (With ProcessGroupNCCL's own record_stream, the
+    reduce-scatter outputs stay active until the queued all-gathers pass: that is the
+    previous test's; here impl's mechanism alone, as with TORCH_NCCL_AVOID_RECORD_STREAMS=1.)"""
     from impl.fsdp import CPUOffload
     from impl.fsdp import FullyShardedDataParallel as FSDP
 
     units, width = 8, 256
-    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0))
+    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), avoid_record_streams=True)
     with gpu:
         model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(units)])
         offload = CPUOffload(offload_params=True)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from zerobench.instruments import emulation
+from zerobench.instruments import collectives
 from zerobench.engines.base import AutocastEngine, Axis
 
 
 def wrap_ddp(model, ctx, gradient_as_bucket_view: bool = False):
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view)
-    if emulation.active() is not None:
-        # The reducer all-reduces from C++, past the emulation's wrappers: route its
-        # buckets through the emulated all_reduce instead ([Note: emulation]).
-        ddp.register_comm_hook(None, emulation.ddp_comm_hook)
+    if collectives.intercepting():
+        # The reducer all-reduces from C++, past the collective layers: route its buckets
+        # through torch.distributed.all_reduce, where they see them ([Note: one interception]).
+        ddp.register_comm_hook(None, collectives.ddp_comm_hook)
     return ddp
 
 

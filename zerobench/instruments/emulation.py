@@ -5,15 +5,11 @@ The harness slows every collective a rank issues down to what the link model
 wrapping the torch.distributed functions the engines call. See [Note: emulation].
 
 [Note: emulation]
-:func:`install` replaces the collectives in the ``torch.distributed`` namespace
-(``all_gather_single`` / ``all_gather_into_tensor``, ``reduce_scatter_single`` /
-``reduce_scatter_tensor``, ``all_reduce``, ``broadcast``, ``all_gather``,
-``reduce_scatter``, ``all_reduce_coalesced``) with wrappers. That is what torch 2.13's
-fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), FSDP1
-(_flat_param.py, _runtime_utils.py), ZeroRedundancyOptimizer (broadcast) and impl.comm
-call, all through the module attribute, so they are all covered. A call made while
-another wrapped call is running (torch's deprecated names forward to the new ones) is
-not emulated twice.
+:func:`install` puts an :class:`Emulator` on the stack of collective layers
+(zerobench/instruments/collectives.py, [Note: one interception]), so every collective
+the engines issue through ``torch.distributed`` -- fully_shard, FSDP1,
+ZeroRedundancyOptimizer, impl.comm, and DDP's buckets through its comm hook -- is
+served on the emulated link.
 
 Each process group is one link (:class:`zerobench.instruments.link.SerialLink`): a collective is
 reserved on its group's link when it is issued and occupies it from
@@ -44,10 +40,8 @@ together take the sum of their times.
   ``current_stream``, ``stream``, ``_sleep``; a stream's ``wait_event``), so a
   replacement of those attributes (a virtual GPU) runs this same code.
 
-DDP's reducer calls all-reduce from C++, past these wrappers: :func:`ddp_comm_hook`
-routes its buckets through the emulated all_reduce (the DDP engine registers it when
-emulation is on). DDP's initial parameter broadcast (C++ ``_broadcast_coalesced``) is
-not emulated; it happens once, before the timed steps.
+DDP's initial parameter broadcast (``_broadcast_coalesced``) is emulated like any
+broadcast; it happens once, before the timed steps.
 
 Emulation only ever adds time: a collective never completes before the real one.
 """
@@ -55,7 +49,6 @@ Emulation only ever adds time: a collective never completes before the real one.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 from typing import Callable
@@ -64,50 +57,12 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
+from zerobench.instruments import collectives
+from zerobench.instruments.collectives import Collective, Layer, ddp_comm_hook  # noqa: F401 (ddp_comm_hook: re-exported)
 from zerobench.instruments.link import Link, SerialLink
 
 #: Label of the span where a rank waits for an emulated collective (``<prefix><kind>``).
 WAIT_PREFIX = "zerobench::wait_"
-
-
-def _nbytes(t) -> int:
-    if isinstance(t, (list, tuple)):
-        return sum(_nbytes(x) for x in t)
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
-def call_arg(args, kwargs, index: int, name: str):
-    """Argument ``name`` of a torch.distributed call, given by position ``index`` or by keyword."""
-    return args[index] if len(args) > index else kwargs.get(name)
-
-
-#: name in torch.distributed -> (link-model kind, the bytes from the call's arguments)
-_COLLECTIVES: dict[str, tuple[str, Callable]] = {
-    # all-gather: the gathered output; reduce-scatter: the full input (nccl-tests)
-    "all_gather_single": ("all_gather", lambda a, k: _nbytes(call_arg(a, k, 0, "output_tensor"))),
-    "all_gather_into_tensor": ("all_gather", lambda a, k: _nbytes(call_arg(a, k, 0, "output_tensor"))),
-    "all_gather": ("all_gather", lambda a, k: _nbytes(call_arg(a, k, 0, "tensor_list"))),
-    "reduce_scatter_single": ("reduce_scatter", lambda a, k: _nbytes(call_arg(a, k, 1, "input"))),
-    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: _nbytes(call_arg(a, k, 1, "input"))),
-    "reduce_scatter": ("reduce_scatter", lambda a, k: _nbytes(call_arg(a, k, 1, "input_list"))),
-    "all_reduce": ("all_reduce", lambda a, k: _nbytes(call_arg(a, k, 0, "tensor"))),
-    "all_reduce_coalesced": ("all_reduce", lambda a, k: _nbytes(call_arg(a, k, 0, "tensors"))),
-    "broadcast": ("broadcast", lambda a, k: _nbytes(call_arg(a, k, 0, "tensor"))),
-}
-
-#: name in torch.distributed -> the position of its ``group`` argument (``async_op`` follows it)
-GROUP_POSITION = {"all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2,
-                  "reduce_scatter_single": 3, "reduce_scatter_tensor": 3, "reduce_scatter": 3,
-                  "all_reduce": 2, "all_reduce_coalesced": 2, "broadcast": 2}
-
-
-def _tensor_of(args, kwargs):
-    for x in list(args) + list(kwargs.values()):
-        if isinstance(x, torch.Tensor):
-            return x
-        if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-            return x[0]
-    return None
 
 
 # -- CUDA: the device sleeps -----------------------------------------------------------
@@ -236,7 +191,7 @@ class EmulatedWork:
         return None
 
 
-class Emulator:
+class Emulator(Layer):
     """The emulated link: one :class:`SerialLink` per process group."""
 
     def __init__(self, link: Link, cuda_cycles_per_s: float | None = None):
@@ -249,7 +204,6 @@ class Emulator:
         # after the other (made once: a stream per call would let them overlap)
         self.link_streams: dict[tuple[object, torch.device], object] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()
 
     def serial_link(self, group) -> SerialLink:
         key = group if group is not None else dist.group.WORLD
@@ -283,76 +237,28 @@ class Emulator:
             self.cuda_cycles_per_s = calibrate_cycles_per_s(_time_cuda_sleep_ms)
         return self.cuda_cycles_per_s
 
-    def wrap(self, name: str, fn: Callable) -> Callable:
-        kind, nbytes_of = _COLLECTIVES[name]
-        group_at = GROUP_POSITION[name]
-
-        @functools.wraps(fn)
-        def emulated(*args, **kwargs):
-            if getattr(self._local, "inside", False):
-                return fn(*args, **kwargs)
-            group = call_arg(args, kwargs, group_at, "group")
-            async_op = bool(kwargs.get("async_op", False)) or (len(args) > group_at + 1 and bool(args[group_at + 1]))
-            nbytes = nbytes_of(args, kwargs)
-            size = dist.get_world_size(group)
-            issued = time.monotonic()
-            tensor = _tensor_of(args, kwargs)
-            on_cuda = tensor is not None and tensor.is_cuda
-            if on_cuda:
-                # The link's stream starts the modelled time where the issuing stream is now.
-                issued_event = torch.cuda.Event()
-                issued_event.record(torch.cuda.current_stream(tensor.device))
-            elif not async_op:
-                # Issue asynchronously and wait below, so that the whole wait (real and
-                # emulated) lies in one zerobench::wait_<kind> span.
-                args, kwargs = as_async(args, kwargs, group_at)
-            self._local.inside = True
-            try:
-                work = fn(*args, **kwargs)
-            finally:
-                self._local.inside = False
-            sl = self.serial_link(group)
-            with self._lock:
-                start, end = sl.reserve(issued, kind, nbytes, size)
-                self.served += 1
-                self.modelled_s += end - start
-            if on_cuda:
-                done = self.sleep_on_link(group, tensor.device, issued_event, end - start)
-                if not async_op:  # the real call made the current stream wait already
-                    torch.cuda.current_stream(tensor.device).wait_event(done)
-                    return work
-                return EmulatedCudaWork(work, done, tensor.device)
-            emulated_work = EmulatedWork(work, kind, end, _future_value(name, args, kwargs))
-            if not async_op:
-                emulated_work.wait()
-                return None
-            return emulated_work
-
-        emulated.__zerobench_emulated__ = True
-        return emulated
-
-
-def as_async(args, kwargs, group_at: int):
-    """The call's arguments with ``async_op=True`` (positional right after the group at
-    ``group_at``, or keyword)."""
-    if len(args) > group_at + 1:
-        args = (*args[:group_at + 1], True, *args[group_at + 2:])
-    else:
-        kwargs = {**kwargs, "async_op": True}
-    return args, kwargs
-
-
-def _future_value(name: str, args, kwargs):
-    """What a real Work's future would resolve to: the list of output tensors."""
-    if name in ("all_reduce", "broadcast"):
-        return [call_arg(args, kwargs, 0, "tensor")]
-    if name == "all_reduce_coalesced":
-        return list(call_arg(args, kwargs, 0, "tensors"))
-    return [args[0] if args else next(iter(kwargs.values()), None)]
+    def issue(self, call: Collective, issue):
+        """Issue ``call`` and serve its modelled end on its group's link (see the Note)."""
+        issued = time.monotonic()
+        tensors = call.tensors()
+        on_cuda = bool(tensors) and tensors[0].is_cuda
+        if on_cuda:
+            # The link's stream starts the modelled time where the issuing stream is now.
+            device = tensors[0].device
+            issued_event = torch.cuda.Event()
+            issued_event.record(torch.cuda.current_stream(device))
+        work = issue()
+        sl = self.serial_link(call.group)
+        with self._lock:
+            start, end = sl.reserve(issued, call.kind, call.nbytes, call.group_size)
+            self.served += 1
+            self.modelled_s += end - start
+        if on_cuda:
+            return EmulatedCudaWork(work, self.sleep_on_link(call.group, device, issued_event, end - start), device)
+        return EmulatedWork(work, call.kind, end, call.future_value())
 
 
 _active: Emulator | None = None
-_originals: dict[str, Callable] = {}
 
 
 def active() -> Emulator | None:
@@ -365,22 +271,15 @@ def install(link: Link, cuda_cycles_per_s: float | None = None) -> Emulator:
     global _active
     if _active is not None:
         uninstall()
-    emulator = Emulator(link, cuda_cycles_per_s)
-    for name in _COLLECTIVES:
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        _originals[name] = fn
-        setattr(dist, name, emulator.wrap(name, fn))
-    _active = emulator
-    return emulator
+    _active = Emulator(link, cuda_cycles_per_s)
+    collectives.push(_active)
+    return _active
 
 
 def uninstall() -> None:
     global _active
-    for name, fn in _originals.items():
-        setattr(dist, name, fn)
-    _originals.clear()
+    if _active is not None:
+        collectives.pop(_active)
     _active = None
 
 
@@ -395,22 +294,6 @@ def emulated(link: Link | None, cuda_cycles_per_s: float | None = None):
         yield emulator
     finally:
         uninstall()
-
-
-def ddp_comm_hook(process_group, bucket: dist.GradBucket) -> torch.futures.Future:
-    """DDP comm hook: average a bucket with the (emulated) all_reduce.
-
-    Register with ``ddp.register_comm_hook(group_or_None, ddp_comm_hook)``; same result
-    as DDP's built-in all-reduce, but the bucket is served by the emulated link."""
-    group = process_group if process_group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
-# DDP checks the hook's annotations as objects; this module's are strings (PEP 563).
-ddp_comm_hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
 
 
 def cell_link(opts: dict) -> Link | None:

@@ -59,7 +59,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from impl.streams import accelerator
 from zerobench.spec.checkpointing import recomputing
-from zerobench.instruments.collectives import collective_kind, collective_bytes
+from zerobench.instruments import collectives
+from zerobench.instruments.collectives import CommCounter, Layer
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
 
@@ -73,7 +74,7 @@ def _storages(tensors):
                 yield t.untyped_storage()
 
 
-class StorageTracker(TorchDispatchMode):
+class StorageTracker(TorchDispatchMode, Layer):
     """Follow live tensor storages on one device type; report the peak and its parts.
 
     Usage::
@@ -223,23 +224,25 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        kind = collective_kind(func)
-        if kind is not None:
-            self.comm.record(kind, collective_bytes(kind, args))
         flat_in, _ = tree_flatten((args, kwargs))
         for storage in _storages(flat_in):  # inputs allocated before tracking began
             self._track(storage)
         flat_out, _ = tree_flatten(out)
         for storage in _storages(flat_out):
             self._track(storage)
-        if kind == "all_gather":
-            # all-gather outputs are passed in as arguments (the "out" buffers)
-            target = args[0]
-            for storage in _storages(tree_flatten(target)[0]):
-                uid = self._uid_of.get(storage)
+        return out
+
+    def issue(self, call, issue):
+        """A collective ([Note: one interception]): counted, and an all-gather's output
+        storages marked as unsharded parameters."""
+        self.comm.record(call.kind, call.nbytes)
+        work = issue()
+        if call.kind == "all_gather":
+            for storage in _storages(call.outputs()):
+                uid = self._track(storage)
                 if uid is not None:
                     self._gathered.add(uid)
-        return out
+        return work
 
     def __enter__(self):
         self._original_resize = torch.UntypedStorage.resize_
@@ -251,6 +254,7 @@ class StorageTracker(TorchDispatchMode):
             return result
 
         torch.UntypedStorage.resize_ = resize_
+        collectives.push(self)
         # Tensor.record_stream: the class's own (a device module's patch) or inherited
         self._own_record_stream = torch.Tensor.__dict__.get("record_stream")
         if self.module is not None:
@@ -265,6 +269,7 @@ class StorageTracker(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        collectives.pop(self)
         torch.UntypedStorage.resize_ = self._original_resize
         if self.module is not None:
             if self._own_record_stream is None:
@@ -343,18 +348,3 @@ class StorageTracker(TorchDispatchMode):
         df = pd.DataFrame(rows, columns=["t_s", *CATEGORIES])
         df["total_bytes"] = df[list(CATEGORIES)].sum(axis=1)
         return df
-
-
-class CommCounter:
-    """Bytes and calls of each kind of collective since the last ``reset``."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.bytes = defaultdict(int)
-        self.calls = defaultdict(int)
-
-    def record(self, kind: str, nbytes: int) -> None:
-        self.bytes[kind] += nbytes
-        self.calls[kind] += 1

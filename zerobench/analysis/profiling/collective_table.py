@@ -31,9 +31,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from .trace import Trace
+from zerobench.instruments.link import KINDS, bus_factor  # noqa: F401 (the one vocabulary; re-exported)
 
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
+from .trace import Trace
 
 _DTYPE_BYTES = {
     "float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "half": 2, "bfloat16": 2,
@@ -63,16 +63,6 @@ def kind_of(name: str) -> str:
     if "broadcast" in n:
         return "broadcast"
     return "other"
-
-
-def bus_factor(kind: str, n: int) -> float:
-    """busbw / algbw for a collective of ``kind`` over ``n`` ranks (nccl-tests)."""
-    n = max(int(n), 1)
-    if kind in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n
-    return 1.0
 
 
 def algbw_gbps(nbytes: float, seconds: float) -> float:

@@ -21,10 +21,12 @@ while it is installed
   stream, blocks the host where the host reads a value (``.item()``), and gives every
   new storage a block of the caching-allocator model (zerobench/instruments/vgpu/allocator.py);
 * collectives called through ``torch.distributed`` still run (gloo, or the fake
-  backend), and are timed on a communication stream of their process group by the link
-  model (zerobench/instruments/link.py), as NCCL runs them: the communication stream first waits for
-  the current stream, the returned work's ``wait()`` makes the current stream wait for
-  the collective's end, and a synchronous call does that at once.
+  backend); the device is a layer of the one interception of collectives
+  (zerobench/instruments/collectives.py) and times each on a communication stream of
+  its process group by the link model (zerobench/instruments/link.py), as NCCL runs
+  them: the communication stream first waits for the current stream, the returned
+  work's ``wait()`` makes the current stream wait for the collective's end, and a
+  synchronous call does that at once.
 
 The timeline is computed as the host issues work: [Note: virtual timeline].
 """
@@ -32,7 +34,6 @@ The timeline is computed as the host issues work: [Note: virtual timeline].
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import threading
 import weakref
@@ -42,8 +43,10 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from zerobench.instruments import collectives
+from zerobench.instruments.collectives import Collective, Layer
 from zerobench.instruments.link import Link
-from zerobench.instruments.vgpu import costs
+from zerobench.instruments.vgpu import comm, costs
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
 from zerobench.instruments.vgpu.presets import GpuPreset, HostPreset, gpu_preset, host_preset
@@ -58,7 +61,7 @@ def current() -> "VirtualGpu | None":
     return _active[-1] if _active else None
 
 
-class VirtualGpu:
+class VirtualGpu(Layer):
     """One virtual CUDA device. Use as a context manager: see [Note: virtual device].
 
     ``gpu``/``host``: preset names or presets (zerobench/instruments/vgpu/presets.py). ``link``: the
@@ -68,8 +71,11 @@ class VirtualGpu:
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
-                 inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None):
+                 inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None,
+                 avoid_record_streams: bool = False):
         self.preset = gpu_preset(gpu)
+        # ProcessGroupNCCL's TORCH_NCCL_AVOID_RECORD_STREAMS (unset: False): see issue().
+        self.avoid_record_streams = avoid_record_streams
         if not isinstance(alloc_conf, AllocatorConfig):
             alloc_conf = AllocatorConfig.parse(alloc_conf)
         self.host_preset = host_preset(host)
@@ -223,8 +229,6 @@ class VirtualGpu:
         running = self._collectives_running
         if not running or stream.priority < 0 or alone <= 0:
             return alone
-        from zerobench.instruments.vgpu import comm
-
         hbm = self.preset.hbm_bytes_per_s * self.preset.memory_efficiency
         t = max(stream.tail, self.host.now)
         start, left = t, 1.0  # the fraction of the kernel still to run
@@ -289,7 +293,12 @@ class VirtualGpu:
 
     def record_stream(self, tensor: torch.Tensor, stream: VStream) -> None:
         self.host_op()
-        holder = self._block_of.get(tensor.untyped_storage())
+        self.record_storage_use(tensor, stream)
+
+    def record_storage_use(self, tensor: torch.Tensor, stream: VStream) -> None:
+        """The allocator's side of ``record_stream`` (no host time: C++ does it inside a call)."""
+        local = getattr(tensor, "_local_tensor", None)
+        holder = self._block_of.get((local if local is not None else tensor).untyped_storage())
         if holder is not None and holder[0] is not None:
             self.allocator.record_stream(holder[0], stream)
 
@@ -348,11 +357,9 @@ class VirtualGpu:
 
         supported = optimizer_module._get_foreach_kernels_supported_devices
         patches[(optimizer_module, "_get_foreach_kernels_supported_devices")] = lambda: [*supported(), "cpu"]
-        for name, (kind, nbytes_of) in _collectives().items():
-            if hasattr(dist, name):
-                patches[(dist, name)] = self._wrap_collective(name, getattr(dist, name), kind, nbytes_of)
         for (owner, name), value in patches.items():
             stack.enter_context(_patched(owner, name, value))
+        stack.enter_context(collectives.intercepted(self))  # collectives: issue() below
         stack.enter_context(_Mode(self))
         _active.append(self)
         stack.callback(_active.pop)
@@ -363,46 +370,40 @@ class VirtualGpu:
         stack, self._exit_stack = self._exit_stack, None
         stack.close()
 
-    def _wrap_collective(self, name: str, fn, kind: str, nbytes_of):
-        from zerobench.instruments.emulation import GROUP_POSITION, as_async, call_arg
-        from zerobench.instruments.link import bus_factor
-
-        group_at = GROUP_POSITION[name]
-        gpu = self
-
-        @functools.wraps(fn)
-        def collective(*args, **kwargs):
-            group = call_arg(args, kwargs, group_at, "group")
-            async_op = bool(call_arg(args, kwargs, group_at + 1, "async_op"))
-            size = dist.get_world_size(group)
-            nbytes = nbytes_of(args, kwargs)
-            if not async_op:
-                args, kwargs = as_async(args, kwargs, group_at)
-            work = fn(*args, **kwargs)  # the real (or fake) collective: data stays right
-            gpu.host_op(launch=True)
-            stream = gpu.comm_stream(group)
-            stream.tail = max(stream.tail, gpu._current.tail)  # NCCL: waits for the issuing stream
-            seconds = gpu.preset.kernel_floor_s
-            link = gpu.link_of(group)
-            if link is not None and size > 1:
-                seconds = link.latency_us * 1e-6 + bus_factor(kind, size) * nbytes / (link.bandwidth_gbps * 1e9)
-            # Count what the outputs hold by role: gathered parameters, reduced gradients.
-            role, keyword = {"all_gather": ("unsharded", "output_tensor"),
-                             "reduce_scatter": ("reduced", "output")}.get(kind, (None, None))
-            if role is not None:
-                for storage in _storages(call_arg(args, kwargs, 0, keyword)):
-                    gpu.relabel(storage, role)
-            _, end = stream.enqueue(seconds, f"{kind} {nbytes / 2**20:.2f} MiB")
-            gpu.collectives += 1
-            done = VEvent(gpu)
-            done.time, done.stream = end, stream
-            vwork = VirtualWork(gpu, work, done)
-            if not async_op:
-                vwork.wait()
-                return None
-            return vwork
-
-        return collective
+    def issue(self, call: Collective, issue):
+        """A collective on the communication stream of its group, as NCCL runs it: the
+        stream first waits for the issuing stream; the returned work's ``wait()`` makes the
+        current stream wait for the collective's end ([Note: one interception])."""
+        work = issue()  # the real (or fake) collective: data stays right
+        self.host_op(launch=True)
+        stream = self.comm_stream(call.group)
+        stream.tail = max(stream.tail, self._current.tail)  # NCCL: waits for the issuing stream
+        seconds = self.preset.kernel_floor_s
+        link = self.link_of(call.group)
+        if link is not None and call.group_size > 1:
+            # NCCL's achieved bus bandwidth for this size ([Note: achieved bus bandwidth])
+            seconds = max(comm.collective_seconds(call.kind, call.nbytes, call.group_size, link), seconds)
+        # ProcessGroupNCCL record-streams every input and output onto its stream when
+        # TORCH_NCCL_AVOID_RECORD_STREAMS is unset (the default): a tensor freed by the host
+        # stays active until the communication stream has passed the free, that is until
+        # everything queued on it by then (this collective, and any issued after it) has run.
+        if not self.avoid_record_streams:
+            for tensor in call.tensors():
+                self.record_storage_use(tensor, stream)
+        # Count what the outputs hold by role: gathered parameters, reduced gradients.
+        role = {"all_gather": "unsharded", "reduce_scatter": "reduced"}.get(call.kind)
+        if role is not None:
+            for storage in _storages(call.outputs()):
+                self.relabel(storage, role)
+        start, end = stream.enqueue(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB")
+        if link is not None and call.group_size > 1:  # it slows the compute beside it
+            inter_node = link is not self.link
+            self.record_collective(start, end, comm.bus_bytes_per_s(call.kind, call.nbytes, call.group_size, seconds),
+                                   comm.sm_fraction(inter_node, self.preset.sm_count))
+        self.collectives += 1
+        done = VEvent(self)
+        done.time, done.stream = end, stream
+        return VirtualWork(self, work, done)
 
 
 class VirtualWork:
@@ -428,12 +429,6 @@ class VirtualWork:
         self.wait()
         fut.set_result(None)
         return fut
-
-
-def _collectives() -> dict:
-    from zerobench.instruments.emulation import _COLLECTIVES
-
-    return _COLLECTIVES
 
 
 @contextlib.contextmanager

@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import math
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -38,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from zerobench.spec import data as data_mod
-from zerobench.instruments.emulation import GROUP_POSITION, as_async, call_arg
+from zerobench.instruments import collectives
+from zerobench.instruments.collectives import Layer
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.runs.files import write_json_atomic
 from zerobench.spec.matrix import Cell
@@ -78,23 +77,6 @@ def _batch(w: Workload, world: int, rank: int, step: int, fake: bool):
                 torch.randint(0, m.vocab, (d.batch_size, m.seq_len)))
     inputs, targets = data_mod.rank_batch(m, d.batch_size, world, rank, d.seed, step)
     return inputs.clone(), targets.clone()  # own storages, not views of the global batch
-
-
-def _fake_pg_ddp_hook(module) -> None:
-    """DDP's built-in all-reduce hook asserts on the fake group's result (not a tensor).
-    A hook that hands back the bucket, reduced in place as gloo's all-reduce does, keeps
-    the same buffers alive for the same time."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if isinstance(module, DistributedDataParallel):
-        def hook(_state, bucket):
-            buffer = bucket.buffer()
-            dist.all_reduce(buffer)
-            future = torch.futures.Future()
-            future.set_result(buffer)
-            return future
-
-        module.register_comm_hook(None, hook)
 
 
 def _fake_tensor_mode():
@@ -174,51 +156,21 @@ class _GlooReduceScatterWork:
         return getattr(self._work, name)
 
 
-@contextlib.contextmanager
-def _gloo_reduce_scatter_buffers():
-    """Make ``torch.distributed.reduce_scatter_single`` (and its deprecated name
-    ``reduce_scatter_tensor``) on the fake group return :class:`_GlooReduceScatterWork`;
-    a synchronous call waits at once and drops its Work on return, as gloo's does. The
-    engines call both through the module attribute (zerobench/instruments/emulation.py lists who)."""
-    names = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, n)]
-    originals = {n: getattr(dist, n) for n in names}
-    inside = threading.local()
+class GlooReduceScatterBuffers(Layer):
+    """A collective layer ([Note: one interception]) that gives the fake group's
+    reduce-scatters the buffer gloo's hold: their Work is a :class:`_GlooReduceScatterWork`.
+    A synchronous call is waited at once and its Work dropped on return, as gloo's is."""
 
-    def wrap(name, fn):
-        group_at = GROUP_POSITION[name]
-
-        @functools.wraps(fn)
-        def reduce_scatter(*args, **kwargs):
-            if getattr(inside, "active", False):  # the deprecated name forwards to the new one
-                return fn(*args, **kwargs)
-            async_op = bool(kwargs.get("async_op", False)) or (len(args) > group_at + 1 and bool(args[group_at + 1]))
-            input_tensor = call_arg(args, kwargs, 1, "input")
-            args, kwargs = as_async(args, kwargs, group_at)
-            inside.active = True
-            try:
-                work = fn(*args, **kwargs)
-            finally:
-                inside.active = False
-            work = _GlooReduceScatterWork(work, input_tensor)
-            if async_op:
-                return work
-            work.wait()
-            return None
-
-        return reduce_scatter
-
-    for name in names:
-        setattr(dist, name, wrap(name, originals[name]))
-    try:
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+    def issue(self, call, issue):
+        work = issue()
+        if call.name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+            return _GlooReduceScatterWork(work, call.input())
+        return work
 
 
 def _backend_buffers(backend: str):
     """The backend's own buffers to model (``estimate`` has checked ``backend``)."""
-    return _gloo_reduce_scatter_buffers() if backend == "gloo" else contextlib.nullcontext()
+    return collectives.intercepted(GlooReduceScatterBuffers()) if backend == "gloo" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -252,7 +204,6 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
                 engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
                 model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
                 engine.wrap(model, units)
-                _fake_pg_ddp_hook(engine.module)
                 engine.build_optimizer(spec)
                 for step in range(w.run.memory_warmup_steps):
                     engine.train_step(*_batch(w, world, rank, step, fake), loss)

@@ -112,7 +112,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
 
     from zerobench.engines import OptimizerSpec, RankContext, get_engine
-    from zerobench.whatif.estimate.rank import _batch, _fake_pg_ddp_hook, _fake_tensor_mode, _single_rank_ddp
+    from zerobench.whatif.estimate.rank import _batch, _fake_tensor_mode, _single_rank_ddp
     from zerobench.spec.models import build_for_cell, loss_fn
     from zerobench.instruments.vgpu import VirtualGpu
 
@@ -130,7 +130,6 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
             engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
             model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
             engine.wrap(model, units)
-            _fake_pg_ddp_hook(engine.module)
             engine.build_optimizer(spec)
             for step in range(max(w.run.memory_warmup_steps, 1)):
                 engine.train_step(*_batch(w, world, 0, step, True), loss)
