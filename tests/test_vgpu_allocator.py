@@ -162,3 +162,34 @@ def test_max_split_size_frees_cached_oversize_blocks_before_retrying():
         stats = g.memory_stats()
         del keep, more
     assert stats["num_alloc_retries"] == 0 and stats["reserved_bytes.all.current"] == 160 * MiB
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_model_built_as_users_do_holds_only_its_shards(fake_world, deferred):
+    """[Note: build as users do]: built and wrapped with fully_shard under ``deferred()``
+    (torchtitan's meta-device build, then ``to_empty``), a rank's device never held the
+    unsharded parameters: reserved memory is its shards (a quarter of 8 units at 4 ranks),
+    not the whole model built and then left cached."""
+    import contextlib
+
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    units, width = 8, 1024
+    unit = width * width * 4
+    mesh = init_device_mesh("cpu", (fake_world,))
+    g = gpu(1000)
+    with g:
+        with g.deferred() if deferred else contextlib.nullcontext():
+            model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(units)])
+            for block in model:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        materialized = g.materialize()
+        reserved = g.memory_stats()["reserved_bytes.all.peak"]
+    if deferred:
+        assert materialized == units * unit // fake_world
+        assert reserved <= units * unit // fake_world + 20 * MiB
+    else:
+        assert materialized == 0 and reserved >= units * unit

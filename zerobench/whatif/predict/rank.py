@@ -108,7 +108,8 @@ CAPPED_MARGIN = 20 * 2**20
 
 
 def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
-                trace_path: Path | None = None, alloc_conf: str | None = None) -> dict:
+                trace_path: Path | None = None, alloc_conf: str | None = None,
+                avoid_record_streams: bool = False) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
 
     from zerobench.engines import OptimizerSpec, RankContext, get_engine
@@ -124,12 +125,14 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
         loss = loss_fn(w.model)
         vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
-                          alloc_conf=alloc_conf)
+                          alloc_conf=alloc_conf, avoid_record_streams=avoid_record_streams)
         current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
         with _fake_tensor_mode(), _single_rank_ddp(), vgpu:
-            engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
-            model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
-            engine.wrap(model, units)
+            with vgpu.deferred():  # [Note: build as users do]
+                engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
+                model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
+                engine.wrap(model, units)
+            vgpu.materialize()
             engine.build_optimizer(spec)
             for step in range(max(w.run.memory_warmup_steps, 1)):
                 engine.train_step(*_batch(w, world, 0, step, True), loss)
@@ -212,6 +215,7 @@ def main(argv=None) -> None:
     parser.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF syntax")
     parser.add_argument("--context-mib", type=int, default=None)
     parser.add_argument("--nccl-mib", type=int, default=None)
+    parser.add_argument("--avoid-record-streams", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -228,7 +232,8 @@ def main(argv=None) -> None:
         trace = args.traces / f"{cell.id}.trace.json.gz" if args.traces else None
         current_gpu.clear()
         try:
-            row = predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf)
+            row = predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf,
+                              args.avoid_record_streams)
         except torch.OutOfMemoryError as err:
             traceback.print_exc()
             allocator = current_gpu[-1].allocator if current_gpu else None
