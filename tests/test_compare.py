@@ -50,12 +50,12 @@ def make_run(step_median: float = 0.100, step_mad: float = 0.010, peak_mem: floa
             row.update({c: "" for c in CONTEXT_COLUMNS})
             row.update(workload="quickstart", model="mlp", backend="gloo", device="cpu", batch_size=8, steps=20)
             if st == "ok":
-                row.update(step_time_median_s=step_median, step_time_p10_s=step_median - step_mad,
+                row.update(step_time_s=step_median, step_time_p10_s=step_median - step_mad,
                            step_time_p90_s=step_median + step_mad, step_time_mad_s=step_mad,
                            throughput_samples_s=8 * world_size / step_median, loss_first=3.0 + rank,
                            loss_last=loss_last + rank, peak_mem_bytes=peak_mem + rank * 1024,
                            comm_total_bytes=comm, comm_calls=12, rss_max_bytes=300 * MiB + rank,
-                           cuda_peak_allocated_bytes=None, limiter_stall_s=0.001)
+                           peak_allocated_bytes=None, limiter_stall_s=0.001)
                 for i, d in enumerate([-2, -1, 0, 1, 2] * 4):
                     steps.append({"cell_id": cell, "rank": rank, "step": i,
                                   "step_time_s": step_median + d * step_mad, "loss": 3.0})
@@ -81,8 +81,8 @@ def cli(*argv) -> int:
     ("comm_total_bytes:+0", ("comm_total_bytes",), 0.0, 0.0, None),
     ("comm_total:0", ("comm_total_bytes",), 0.0, 0.0, None),
     ("loss_last:+1e-6", ("loss_last",), 0.0, 1e-6, None),
-    ("step_time:+15%", ("step_time_median_s",), 0.15, 0.0, 3.0),   # time stays spread-aware
-    ("step_time:+15%,k=5", ("step_time_median_s",), 0.15, 0.0, 5.0),
+    ("step_time:+15%", ("step_time_s",), 0.15, 0.0, 3.0),   # time stays spread-aware
+    ("step_time:+15%,k=5", ("step_time_s",), 0.15, 0.0, 5.0),
     ("step_time_p90:+20%, k=0", ("step_time_p90_s",), 0.20, 0.0, 0.0),
     ("throughput_samples:+5%", ("throughput_samples_s",), 0.05, 0.0, 3.0),
 ])
@@ -136,7 +136,7 @@ def test_identical_runs_pass(tmp_path, capsys):
     assert "PASS" in capsys.readouterr().out
     comparison = compare_runs(load_run(base), load_run(new), gate="all")
     assert set(comparison["verdict"]) == {"ok"}
-    assert "cuda_peak_allocated_bytes" not in set(comparison["metric"])  # empty in both: not a row
+    assert "peak_allocated_bytes" not in set(comparison["metric"])  # empty in both: not a row
 
 
 def test_time_rule_is_spread_aware(tmp_path):
@@ -144,14 +144,14 @@ def test_time_rule_is_spread_aware(tmp_path):
     base = load_run(run_folder(tmp_path, "base", step_median=0.100, step_mad=0.010))
     rules = [Rule.parse("step_time:+15%")]
     within_mad = compare_runs(base, load_run(run_folder(tmp_path, "a", step_median=0.120)), rules)
-    r = _row(within_mad, "step_time_median_s")
+    r = _row(within_mad, "step_time_s")
     assert r["verdict"] == "ok" and r["gated"] and r["limit"] == pytest.approx(0.030)
     beyond = compare_runs(base, load_run(run_folder(tmp_path, "b", step_median=0.140)), rules)
-    assert _row(beyond, "step_time_median_s")["verdict"] == "regression"
+    assert _row(beyond, "step_time_s")["verdict"] == "regression"
     assert exit_code(beyond) == 1 and exit_code(within_mad) == 0
     # k=0: the tolerance alone decides, so +20% now fails
     exact = compare_runs(base, load_run(run_folder(tmp_path, "c", step_median=0.120)), [Rule.parse("step_time:+15%,k=0")])
-    assert _row(exact, "step_time_median_s")["verdict"] == "regression"
+    assert _row(exact, "step_time_s")["verdict"] == "regression"
 
 
 def test_time_rule_tight_spread_falls_back_to_tolerance(tmp_path):
@@ -159,16 +159,16 @@ def test_time_rule_tight_spread_falls_back_to_tolerance(tmp_path):
     base = load_run(run_folder(tmp_path, "base", step_median=0.100, step_mad=0.0001))
     rules = [Rule.parse("step_time:+15%,k=3")]
     assert _row(compare_runs(base, load_run(run_folder(tmp_path, "a", step_median=0.112)), rules),
-                "step_time_median_s")["verdict"] == "ok"
+                "step_time_s")["verdict"] == "ok"
     assert _row(compare_runs(base, load_run(run_folder(tmp_path, "b", step_median=0.120)), rules),
-                "step_time_median_s")["verdict"] == "regression"
+                "step_time_s")["verdict"] == "regression"
 
 
 def test_mad_falls_back_to_results_column_without_steps_csv(tmp_path):
     results, _ = make_run(step_mad=0.010)
     base = load_run(write_run(tmp_path / "base", results))  # no steps.csv
     new = load_run(run_folder(tmp_path, "new", step_median=0.120))
-    r = _row(compare_runs(base, new, [Rule.parse("step_time:+15%")]), "step_time_median_s")
+    r = _row(compare_runs(base, new, [Rule.parse("step_time:+15%")]), "step_time_s")
     assert r["verdict"] == "ok" and r["spread"] == pytest.approx(0.030)
 
 

@@ -39,20 +39,20 @@ class _FakeAllocator:
 
 def test_allocator_metrics_read_any_device_module():
     from zerobench.runs.schema import METRIC_BY_NAME
-    from zerobench.rank.worker import allocator_metrics
+    from zerobench.rank.session import allocator_metrics
 
     fake = _FakeAllocator()
-    metrics = allocator_metrics(fake, torch.device("cuda", 1))
+    metrics = allocator_metrics(fake.memory_stats(torch.device("cuda", 1)))
     assert fake.asked == [torch.device("cuda", 1)]
-    assert metrics == {"cuda_peak_allocated_bytes": 3 << 20, "cuda_peak_active_bytes": 7 << 20,
-                       "cuda_peak_reserved_bytes": 8 << 20, "cuda_alloc_retries": 1, "cuda_ooms": 0}
+    assert metrics == {"peak_allocated_bytes": 3 << 20, "peak_active_bytes": 7 << 20,
+                       "peak_reserved_bytes": 8 << 20, "num_alloc_retries": 1, "num_ooms": 0}
     assert set(metrics) <= set(METRIC_BY_NAME)  # every column is documented in the schema
 
 
 def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeypatch):
     """The worker's timing pass with torch.cuda faked: the three peaks are recorded."""
     from zerobench.rank import worker
-    from zerobench.engines import RankContext
+    from zerobench.rank.worlds import World
     from zerobench.spec.matrix import expand
     from zerobench.spec.workload import parse_workload
 
@@ -61,13 +61,18 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     monkeypatch.setattr(worker, "_gpu_telemetry", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(worker.dist, "barrier", lambda *a, **k: None)
+
+    class CudaWorld(World):  # a rank of a one-rank NCCL world, without the process group
+        rank, size, local_rank, backend = 0, 1, 0, "nccl"
+        device, module = torch.device("cuda", 0), torch.cuda
+
+        def barrier(self):
+            pass
 
     workload = parse_workload({"data": {"warmup_steps": 1, "steps": 2}, "matrix": {"engine": ["ddp"]}})
     cell = expand(workload)[0]
-    ctx = RankContext(0, 1, 0, torch.device("cuda", 0), "nccl")
-    runner = worker.CellRunner(workload, cell, ctx)
-    monkeypatch.setattr(runner, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+    runner = worker.CellRunner(workload, cell, CudaWorld())
+    monkeypatch.setattr(runner.session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
 
     class Engine:
         def train_step(self, inputs, targets, loss):
@@ -77,9 +82,9 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
             return {}
 
     metrics = runner.timing_pass(Engine())["metrics"]
-    assert metrics["cuda_peak_active_bytes"] == 7 << 20
-    assert metrics["cuda_peak_allocated_bytes"] == 3 << 20
-    assert metrics["cuda_peak_reserved_bytes"] == 8 << 20
+    assert metrics["peak_active_bytes"] == 7 << 20
+    assert metrics["peak_allocated_bytes"] == 3 << 20
+    assert metrics["peak_reserved_bytes"] == 8 << 20
     assert fake.asked == [torch.device("cuda", 0)]
 
 
@@ -87,14 +92,14 @@ def test_active_peak_is_compared_like_the_allocated_peak():
     from zerobench.analysis.compare.rules import default_rule, resolve_metric
     from zerobench.runs.schema import COLUMN_DTYPES, METRIC_BY_NAME
 
-    active, allocated = METRIC_BY_NAME["cuda_peak_active_bytes"], METRIC_BY_NAME["cuda_peak_allocated_bytes"]
+    active, allocated = METRIC_BY_NAME["peak_active_bytes"], METRIC_BY_NAME["peak_allocated_bytes"]
     assert (active.unit, active.kind, active.better) == (allocated.unit, allocated.kind, allocated.better)
     rule, reference = default_rule(active.name), default_rule(allocated.name)
     assert (rule.rel, rule.abs, rule.k, rule.gates) == (reference.rel, reference.abs, reference.k, reference.gates)
-    assert resolve_metric("cuda_peak_active", [m for m in METRIC_BY_NAME]) == ["cuda_peak_active_bytes"]
-    assert COLUMN_DTYPES["cuda_peak_active_bytes"] == "Int64"
+    assert resolve_metric("peak_active", [m for m in METRIC_BY_NAME]) == ["peak_active_bytes"]
+    assert COLUMN_DTYPES["peak_active_bytes"] == "Int64"
     readme = (ROOT / "README.md").read_text()
-    assert "`cuda_peak_active_bytes`" in readme
+    assert "`peak_active_bytes`" in readme
 
 
 # -- scripts/gpu-check's Python side -------------------------------------------------------

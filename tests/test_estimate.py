@@ -142,7 +142,8 @@ def test_gloo_backend_holds_the_reduce_scatter_buffer_from_wait_until_the_work_d
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from zerobench.whatif.estimate.rank import _backend_buffers
+    from zerobench.instruments.collectives import intercepted
+    from zerobench.rank.worlds import GlooReduceScatterBuffers
     from zerobench.instruments.memory import StorageTracker
 
     dist.init_process_group("fake", world_size=4, rank=0, store=FakeStore())
@@ -150,7 +151,7 @@ def test_gloo_backend_holds_the_reduce_scatter_buffer_from_wait_until_the_work_d
         inp, out = torch.ones(4 * 1000), torch.empty(1000)
         full = inp.untyped_storage().nbytes()
         tracker = StorageTracker("cpu", timeline=False)
-        with warnings.catch_warnings(), _backend_buffers("gloo"), tracker:
+        with warnings.catch_warnings(), intercepted(GlooReduceScatterBuffers()), tracker:
             warnings.simplefilter("ignore", FutureWarning)  # reduce_scatter_tensor's deprecation
             tracker.track_tensors([inp, out])
             base = tracker.current_bytes
@@ -167,7 +168,7 @@ def test_gloo_backend_holds_the_reduce_scatter_buffer_from_wait_until_the_work_d
                 tracker.reset_peak()
                 assert collective(out, inp) is None  # synchronous: waited and dropped inside
                 assert (tracker.current_bytes, tracker.peak_bytes) == (base, base + full)
-        with _backend_buffers("nccl"), StorageTracker("cpu", timeline=False) as nccl:
+        with StorageTracker("cpu", timeline=False) as nccl:
             nccl.track_tensors([inp, out])
             nccl.reset_peak()
             dist.reduce_scatter_single(out, inp)

@@ -312,9 +312,11 @@ def test_a_truncated_results_csv_is_rebuilt_from_cells(tmp_path):
     whole = (run / "results.csv").read_text()
     (run / "results.csv").write_text(whole[: len(whole) - 25])  # cut inside the last row
     os.utime(run / "results.csv")  # newer than every cell record: only its contents give it away
-    rows = RunFolder(run).results()
-    assert (run / "results.csv").read_text() == whole
+    rows = RunFolder(run).results()  # read from cells/, in memory: a reader writes nothing
     assert sorted(rows["cell_id"]) == sorted(json.loads((run / "meta.json").read_text())["cells"])
+    assert (run / "results.csv").read_text() == whole[: len(whole) - 25]
+    assert main(["reference", str(run)]) == 0  # the explicit repair rewrites it
+    assert (run / "results.csv").read_text() == whole
 
 
 # -- 6 and 7. the ranks run the harness's code; losses that diverge ----------------------------

@@ -11,7 +11,7 @@ import pytest
 from zerobench.whatif.estimate import configurations
 from zerobench.instruments.link import resolve_link
 from zerobench.spec.matrix import Cell
-from zerobench.whatif.predict.rank import _minus, _union, timeline_metrics
+from zerobench.whatif.predict.rank import timeline_metrics
 from zerobench.spec.workload import load_workload
 
 
@@ -23,7 +23,10 @@ def test_exposed_communication_is_what_compute_does_not_cover():
     assert m["compute_s"] == 6.0 and m["comm_s"] == 5.0
     assert m["exposed_comm_s"] == pytest.approx(3.0)  # 4-6 and 9-10
     assert m["overlap_ratio"] == pytest.approx(1 - 3 / 5)
-    assert _minus(_union([(0, 2), (1, 3)]), _union([(0.5, 1)])) == pytest.approx(2.5)
+    window = timeline_metrics(spans, 3.5, 6.5)  # clipped to the step's window
+    assert window["compute_s"] == pytest.approx(1.0) and window["exposed_comm_s"] == pytest.approx(2.0)
+    quiet = timeline_metrics([("compute", "mm", 0.0, 4.0, None)], 0.0, 4.0)
+    assert quiet["comm_s"] == 0.0 and quiet["overlap_ratio"] != quiet["overlap_ratio"]  # NaN: nothing to hide
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +96,10 @@ def test_predicted_beside_measured(tmp_path):
 
     run, pred = tmp_path / "run", tmp_path / "pred"
     run.mkdir(), pred.mkdir()
-    pd.DataFrame([{"cell_id": "impl-fsdp-ws1-fp32", "world_size": 1, "rank": 0, "step_time_median_s": 0.010,
-                   "cuda_peak_allocated_bytes": 2**20, "cuda_peak_active_bytes": 2 * 2**20,
-                   "cuda_peak_reserved_bytes": 4 * 2**20},
-                  {"cell_id": "ddp-ws1-fp32", "world_size": 1, "rank": 0, "step_time_median_s": 0.01}]
+    pd.DataFrame([{"cell_id": "impl-fsdp-ws1-fp32", "world_size": 1, "rank": 0, "step_time_s": 0.010,
+                   "peak_allocated_bytes": 2**20, "peak_active_bytes": 2 * 2**20,
+                   "peak_reserved_bytes": 4 * 2**20},
+                  {"cell_id": "ddp-ws1-fp32", "world_size": 1, "rank": 0, "step_time_s": 0.01}]
                  ).to_csv(run / "results.csv", index=False)
     pd.DataFrame([{"config": "impl-fsdp-fp32", "world_size": 1, "status": "ok", "step_time_s": 0.012,
                    "peak_allocated_bytes": 2**20, "peak_active_bytes": 3 * 2**20, "peak_reserved_bytes": 4 * 2**20}]

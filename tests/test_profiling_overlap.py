@@ -50,7 +50,7 @@ def test_cpu_overlap_and_step_breakdown():
     np.testing.assert_array_equal(zp.compute_intervals(t), [[10, 40], [60, 70]])
     (row,) = zp.step_breakdown(t).to_dict("records")
     us = 1e-6
-    assert row["step_s"] == pytest.approx(100 * us)
+    assert row["step_time_s"] == pytest.approx(100 * us)
     assert row["compute_s"] == pytest.approx(40 * us)
     assert row["comm_s"] == pytest.approx(42 * us)
     assert row["overlapped_s"] == pytest.approx(30 * us)

@@ -15,7 +15,7 @@ import pytest
 
 from zerobench.cli import main
 from zerobench.runs.folder import RunFolder
-from zerobench.runs.schema import COLUMN_DOCS, METRIC_BY_NAME
+from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DOCS, METRIC_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = textwrap.dedent("""
@@ -68,14 +68,56 @@ def torchrun_run(tmp_path_factory):
     return run_dir
 
 
-def test_show_builds_tables_and_reference_from_cells(torchrun_run):
-    assert main(["show", str(torchrun_run)]) == 0
-    folder = RunFolder(torchrun_run)
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
+
+
+def test_reading_a_folder_writes_nothing_trains_nothing_imports_nothing(torchrun_run, tmp_path, monkeypatch, capsys):
+    """show, plot and compare of a folder whose cells ran under torchrun: the tables come
+    from cells/ in memory, the missing reference is named, nothing is trained or written
+    (plots/ aside, for plot), and no code the folder names is imported."""
+    import shutil
+
+    from zerobench.harness import reference
+    from zerobench.spec import user_models
+
+    run = tmp_path / "received"
+    shutil.copytree(torchrun_run, run)
+    workload = json.loads((run / "workload.json").read_text())
+    workload["model"]["factory"] = "os:system"  # a received folder may name anything
+    (run / "workload.json").write_text(json.dumps(workload))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a reader trained a model or imported code the folder names")
+
+    monkeypatch.setattr(reference, "reference_losses", forbidden)
+    monkeypatch.setattr(user_models, "import_entry_point", forbidden)
+    before = _files(run)
+    assert main(["show", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "no single-process loss reference" in out and f"zerobench reference {run}" in out
+    assert main(["compare", str(run), str(run)]) == 0
+    assert _files(run) == before
+    assert main(["plot", str(run)]) == 0
+    assert {k: v for k, v in _files(run).items() if not k.startswith("plots/")} == before
+    results = RunFolder(run).results()
+    assert list(results["rank"]) == [0, 1] and results["loss_max_abs_diff_ref"].isna().all()
+    assert RunFolder(run).missing_references() == [CELL]
+
+
+def test_reference_step_computes_the_reference_and_writes_the_tables(torchrun_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "mine"
+    shutil.copytree(torchrun_run, run)
+    assert main(["reference", str(run)]) == 0
+    assert (run / "results.csv").exists() and not RunFolder(run).tables_stale()
+    folder = RunFolder(run)
     results = folder.results()
     assert list(results["rank"]) == [0, 1] and (results["status"] == "ok").all()
     assert results["loss_max_abs_diff_ref"].notna().all()  # the single-process reference was computed
     assert results["loss_max_abs_diff_ref"].max() < 1e-4
-    assert 2 in folder.references()
+    assert 2 in folder.references() and folder.missing_references() == []
     meta = folder.meta()
     assert meta["zerobench_version"] and Path(meta["working_directory"]) == Path.cwd()
     # Axes and counts keep their types when read back.
@@ -118,7 +160,7 @@ def test_every_results_column_is_documented():
     from zerobench.engines import ENGINES
 
     axes = set(EMULATION_AXES) | {a for e in ENGINES for a in engine_axes(e)}
-    documented = set(METRIC_BY_NAME) | set(COLUMN_DOCS) | axes
+    documented = set(METRIC_BY_NAME) | set(COLUMN_DOCS) | axes | set(COLUMN_ALIASES)  # old names read as new
     for csv in sorted((ROOT / "results").glob("**/results.csv")):
         undocumented = set(pd.read_csv(csv, nrows=1).columns) - documented
         assert not undocumented, f"{csv}: {sorted(undocumented)}"

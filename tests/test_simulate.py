@@ -30,10 +30,10 @@ def test_forward_prefetch_hides_all_but_the_first_gather():
     # no prefetch: AG0 [0,4] F0 [4,14] AG1 [14,18] F1 [18,28]; backward AG1 [28,32]
     # B1 [32,42] RS1 [42,46] B0 [42,52] RS0 [52,56]
     off = simulate(sched(forward_prefetch=False), LINK)
-    assert ms(off.step_s) == 56
+    assert ms(off.step_time_s) == 56
     # prefetch: AG1 issued with AG0, [4,8], hidden under F0 [4,14]: one gather less exposed
     on = simulate(sched(forward_prefetch=True), LINK)
-    assert ms(on.step_s) == 52
+    assert ms(on.step_time_s) == 52
     # exposed: AG0 (first gather), AG1 in backward, RS0 at the end
     assert ms(on.exposed_comm_s) == 12
     assert ms(on.comm_s) == 20
@@ -45,7 +45,7 @@ def test_backward_prefetch_pre_post_none():
     # pre:  AG2 [42,46] AG1 [46,50] B2 [46,56] RS2 [56,60] B1 [56,66] RS1 B0 [66,76] RS0 [76,80]
     # post: AG2 [42,46] B2 [46,56] AG1 [56,60] RS2 [60,64] B1 [60,70] B0 [70,80] RS0 [80,84]
     # none: AG2 [42,46] B2 [46,56] RS2 [56,60] AG1 [60,64] B1 [64,74] B0 [74,84] RS0 [84,88]
-    got = {p: ms(simulate(sched(3, backward_prefetch=p), LINK).step_s) for p in ("pre", "post", "none")}
+    got = {p: ms(simulate(sched(3, backward_prefetch=p), LINK).step_time_s) for p in ("pre", "post", "none")}
     assert got == {"pre": 80, "post": 84, "none": 88}
 
 
@@ -56,12 +56,12 @@ def test_limiter_depth_one_defers_the_prefetch_until_a_free():
     free = simulate(sched(3, forward_prefetch=True, backward_prefetch="none"), LINK)
     lim = simulate(sched(3, forward_prefetch=True, backward_prefetch="none", limit_all_gathers=True,
                          limiter_depth=1), LINK)
-    assert ms(lim.step_s - free.step_s) == 4
+    assert ms(lim.step_time_s - free.step_time_s) == 4
     # the limiter bounds the unsharded units alive: root + 1 ticket
     assert lim.max_unsharded_units <= 2 < free.max_unsharded_units
     deep = simulate(sched(3, forward_prefetch=True, backward_prefetch="none", limit_all_gathers=True,
                           limiter_depth=2), LINK)
-    assert ms(deep.step_s) == ms(free.step_s)
+    assert ms(deep.step_time_s) == ms(free.step_time_s)
 
 
 def test_blocking_collectives_hide_nothing():
@@ -69,30 +69,30 @@ def test_blocking_collectives_hide_nothing():
     # [4,14] AG1 [14,18] F1 [18,28] (unit 1 freed, the root kept); backward: AG1 [28,32]
     # B1 [32,42] RS1 [42,46] B0 [46,56] RS0 [56,60]: every collective exposed, 40 + 5 x 4.
     plain = simulate(sched(backward_prefetch="none", blocking_collectives=True), LINK)
-    assert ms(plain.step_s) == 60 and ms(plain.exposed_comm_s) == 20
+    assert ms(plain.step_time_s) == 60 and ms(plain.exposed_comm_s) == 20
     # prefetching moves a wait earlier but hides nothing: the same 60 ms; the same
     # schedule with asynchronous collectives hides AG1 under F0 and RS1 under B0: 52
     pre = simulate(sched(forward_prefetch=True, backward_prefetch="pre", blocking_collectives=True), LINK)
-    assert ms(pre.step_s) == 60 and ms(pre.exposed_comm_s) == 20
-    assert ms(simulate(sched(forward_prefetch=True, backward_prefetch="pre"), LINK).step_s) == 52
+    assert ms(pre.step_time_s) == 60 and ms(pre.exposed_comm_s) == 20
+    assert ms(simulate(sched(forward_prefetch=True, backward_prefetch="pre"), LINK).step_time_s) == 52
 
 
 def test_shard_grad_op_and_no_shard():
     # SHARD_GRAD_OP: no backward all-gathers. Forward AG0 [0,4] F0 [4,14] AG1 [14,18]
     # F1 [18,28]; B1 [28,38] RS1 [38,42] B0 [38,48] RS0 [48,52]
     sgo = simulate(sched(sharding_strategy="SHARD_GRAD_OP"), LINK)
-    assert ms(sgo.step_s) == 52
+    assert ms(sgo.step_time_s) == 52
     assert sgo.max_unsharded_units == 2
     # NO_SHARD: all-reduce 8e6 bytes, factor 2(n-1)/n = 1: 8 ms. F 20, B1 [20,30]
     # AR1 [30,38] B0 [30,40] AR0 [40,48]
-    assert ms(simulate(sched(sharding_strategy="NO_SHARD"), LINK).step_s) == 48
+    assert ms(simulate(sched(sharding_strategy="NO_SHARD"), LINK).step_time_s) == 48
 
 
 def test_reshard_after_forward_false_keeps_units():
     a = simulate(sched(4, engine="torch-fsdp2", reshard_after_forward=True), LINK)
     b = simulate(sched(4, engine="torch-fsdp2", reshard_after_forward=False), LINK)
     # True: root + the unit in backward + its prefetch (3); False: all 4 held from forward on
-    assert b.step_s < a.step_s and b.max_unsharded_units > a.max_unsharded_units
+    assert b.step_time_s < a.step_time_s and b.max_unsharded_units > a.max_unsharded_units
 
 
 def test_hybrid_shard_uses_two_links():
@@ -105,17 +105,17 @@ def test_hybrid_shard_uses_two_links():
 def test_ddp_bucketing_overlaps_backward():
     # DDP, all-reduce per unit (8 ms each): F 20, B1 [20,30] AR1 [30,38] B0 [30,40] AR0 [40,48]
     small = simulate(sched(engine="ddp", bucket_mb=1), LINK)
-    assert ms(small.step_s) == 48
+    assert ms(small.step_time_s) == 48
     # one bucket: AR of 16e6 bytes after B0 at 40: 16 ms -> 56
     one = simulate(sched(engine="ddp", bucket_mb=1000), LINK)
-    assert ms(one.step_s) == 56
+    assert ms(one.step_time_s) == 56
 
 
 def test_zero_gathers_parameters_after_the_step():
     # ZeRO-2: RS per unit 4 ms: B1 [20,30] RS1 [30,34] B0 [30,40] RS0 [40,44]; all-gather of
     # 16e6 bytes, factor 1/2: 8 ms -> 52
     r = simulate(sched(engine="impl-zero", bucket_mb=1, zero_stage=2), LINK)
-    assert ms(r.step_s) == 52
+    assert ms(r.step_time_s) == 52
 
 
 def test_world_size_and_compute_scale():
@@ -132,7 +132,7 @@ def test_schedule_json_round_trip_and_errors(tmp_path):
     s = sched(3, forward_prefetch=True)
     p = tmp_path / "s.json"
     p.write_text(s.to_json())
-    assert simulate(Schedule.load(p), LINK).step_s == simulate(s, LINK).step_s
+    assert simulate(Schedule.load(p), LINK).step_time_s == simulate(s, LINK).step_time_s
     d = json.loads(s.to_json())
     d["knobs"]["backward_prefetch"] = "sideways"
     with pytest.raises(ValueError, match="backward_prefetch.*allowed"):
@@ -155,7 +155,7 @@ from zerobench.instruments.link import Link
 from zerobench.whatif.simulate import Knobs, Schedule, Unit, simulate
 s = Schedule("impl-fsdp", 2, [Unit("a", 1000, 0.01, 0.02), Unit("b", 1000, 0.01, 0.02)], 0.001, Knobs())
 r = simulate(s, Link(1.0, 1.0))
-assert r.step_s > 0.06
+assert r.step_time_s > 0.06
 assert "torch" not in sys.modules
 print("ok")
 """
@@ -264,7 +264,7 @@ def test_cross_validation_predicts_each_cell_from_the_others(tmp_path):
         s.cell_id = name
         s.source = {"emulate_gbps": 1.0, "emulate_latency_us": 0.0}
         r = simulate(s, LINK)
-        s.measured = {"step_time_s": r.step_s, "blocked_comm_s": r.exposed_comm_s}
+        s.measured = {"step_time_s": r.step_time_s, "blocked_comm_s": r.exposed_comm_s}
         return s
 
     cells = {"off": cell("off"), "pre": cell("pre", forward_prefetch=True, backward_prefetch="pre"),

@@ -74,6 +74,20 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_reference(args) -> int:
+    """The explicit repair of a run folder whose cells ran under torchrun."""
+    from zerobench.harness.reference import complete_run
+    from zerobench.runs.folder import RunFolder
+
+    folder = RunFolder(args.run)
+    if not folder.workload_path.exists():
+        raise FileNotFoundError(f"{args.run}: not a zerobench run folder (no workload.json)")
+    updated = complete_run(args.run)
+    print(f"reference: {len(updated)} cell(s) checked against the single-process reference; "
+          f"tables written to {folder.results_path}")
+    return 0
+
+
 def cmd_engines(args) -> int:
     from zerobench.engines import ENGINES
     from zerobench.spec.matrix import engine_axes
@@ -115,15 +129,22 @@ def register_run(sub) -> None:
 
 
 def register_plot(sub) -> None:
-    p = sub.add_parser("plot", help="redraw a run's plots (tables built from cells/ first when needed)")
+    p = sub.add_parser("plot", help="redraw a run's plots (reads the folder; writes only plots/)")
     p.add_argument("run", type=Path)
     p.set_defaults(func=cmd_plot)
 
 
 def register_show(sub) -> None:
-    p = sub.add_parser("show", help="print a run's summary table (tables built from cells/ first when needed)")
+    p = sub.add_parser("show", help="print a run's summary table (reads the folder, writes nothing)")
     p.add_argument("run", type=Path)
     p.set_defaults(func=cmd_show)
+
+
+def register_reference(sub) -> None:
+    p = sub.add_parser("reference", help="compute the loss reference of cells run under torchrun and write the tables "
+                                         "(trains the run's model: only for folders you trust)")
+    p.add_argument("run", type=Path)
+    p.set_defaults(func=cmd_reference)
 
 
 def register_list(sub) -> None:
@@ -261,7 +282,7 @@ def register_predict(sub) -> None:
 
 #: One register function per subcommand, in the order `zerobench --help` lists them.
 #: A new command adds its ``register_<name>(subparsers)`` here.
-COMMANDS = [register_run, register_plot, register_show, register_list, register_engines, register_cells,
+COMMANDS = [register_run, register_plot, register_show, register_reference, register_list, register_engines, register_cells,
             register_compare, register_analyze, register_estimate, register_simulate, register_predict]
 
 

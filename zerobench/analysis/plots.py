@@ -75,7 +75,7 @@ def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
 
 
 def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
-    ok = _ok(results, "step_time_median_s")
+    ok = _ok(results, "step_time_s")
     if ok.empty:
         return None
     colors = _engine_colors(ok["engine"])
@@ -83,13 +83,13 @@ def plot_step_time(results: pd.DataFrame, path: Path) -> Path | None:
     for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
-            ms = ranks["step_time_median_s"] * 1e3
+            ms = ranks["step_time_s"] * 1e3
             engine = ranks["engine"].iloc[0]
             ax.barh(y, ms.median(), color=colors[engine], alpha=0.35, height=0.7)
             offsets = (ranks["rank"] - (len(ranks) - 1) / 2) * 0.15
             ax.errorbar(ms, y + offsets, xerr=[ms - ranks["step_time_p10_s"] * 1e3, ranks["step_time_p90_s"] * 1e3 - ms],
                         fmt="o", color=colors[engine], ms=4, capsize=2, lw=1)
-        ref = _reference_value(frame, "step_time_median_s", "median")
+        ref = _reference_value(frame, "step_time_s", "median")
         if ref is not None:
             ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells,
@@ -193,14 +193,14 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
     """Step time, peak memory and all-gathers in flight against backward/forward
     prefetch (x) and the rate limiter (one line per setting), per FSDP engine whose
     knobs the run varies; DDP and fully_shard's default cell as dashed references."""
-    ok = _ok(results, "step_time_median_s")
+    ok = _ok(results, "step_time_s")
     knob_cols = [c for c in KNOB_AXES if c in ok.columns]
     engines = [e for e, f in ok.groupby("engine") if knob_cols and len(f.drop_duplicates(knob_cols)) > 1
                and f["backward_prefetch"].notna().all()]
     if not engines:
         return None
     metrics = [(m, scale, label) for m, scale, label in (
-        ("step_time_median_s", 1e3, "median step time (ms)"),
+        ("step_time_s", 1e3, "median step time (ms)"),
         ("peak_mem_bytes", 2**-20, "peak memory (MiB)"),
         ("max_inflight_all_gathers", 1, "max all-gathers in flight"),
     ) if m in ok.columns]
@@ -210,7 +210,7 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
     for col, engine in enumerate(engines):
         frame = ok[ok["engine"] == engine]
         per_cell = frame.groupby("cell_id", sort=False).agg(
-            {**{m: ("max" if m != "step_time_median_s" else "median") for m, _, _ in metrics if m in frame},
+            {**{m: ("max" if m != "step_time_s" else "median") for m, _, _ in metrics if m in frame},
              **{k: "first" for k in knob_cols}}).reset_index()
         per_cell["x"] = per_cell.apply(_knob_label, axis=1)
         per_cell["series"] = per_cell.apply(_limiter_label, axis=1)
@@ -225,7 +225,7 @@ def plot_knobs(results: pd.DataFrame, path: Path) -> Path | None:
                 ax.plot(range(len(xs)), sf[metric] * scale, "o-", label=series, ms=5)
             for name, ref in refs.items():
                 if metric in ref and not ref.empty and name != engine:
-                    value = ref[metric].median() if metric == "step_time_median_s" else ref[metric].max()
+                    value = ref[metric].median() if metric == "step_time_s" else ref[metric].max()
                     ax.axhline(value * scale, ls="--", lw=1, color="black" if name == "ddp" else "gray",
                                label=f"{name} (reference)")
             ax.set_ylabel(label, fontsize=8)

@@ -30,7 +30,7 @@ def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.Data
     config = results.drop_duplicates("cell_id").set_index("cell_id")[["world_size", "dtype"]]
     cells = cells.join(config, on="cell_id")
     ref = cells[reference_cells(cells["cell_id"])].set_index(["world_size", "dtype"])
-    for col, out in (("step_time_median_s", "step_time_x_ref"), ("peak_mem_bytes", "peak_mem_x_ref")):
+    for col, out in (("step_time_s", "step_time_x_ref"), ("peak_mem_bytes", "peak_mem_x_ref")):
         if col not in cells.columns or ref.empty:
             cells[out] = float("nan")
             continue
@@ -64,11 +64,29 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
             continue
         table.add_row(
             Text(str(r["cell_id"])), "ok",
-            _num(r.get("step_time_median_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
+            _num(r.get("step_time_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
             _num(r.get("peak_mem_bytes"), 2**-20, "{:.1f}"), _num(r.get("peak_mem_x_ref"), 1, "{:.2f}"),
             _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"), "",
         )
     console.print(table)
+    for note in folder_notes(run_dir):
+        console.print(Text(note), style="yellow", soft_wrap=True)  # commands stay whole, for copying
+
+
+def folder_notes(run_dir: Path) -> list[str]:
+    """What a reader of the folder should know that the table does not say: tables shown
+    from cells/ and cells never checked against the reference ([Note: readers have no
+    side effects] in zerobench/runs/folder.py)."""
+    folder = RunFolder(run_dir)
+    notes = []
+    missing = folder.missing_references()
+    if missing:
+        notes.append(f"note: {len(missing)} cell(s) have no single-process loss reference (run under torchrun); "
+                     f"`zerobench reference {run_dir}` computes it")
+    if folder.tables_stale():
+        notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; "
+                     f"`zerobench reference {run_dir}` writes the tables")
+    return notes
 
 
 def _num(value, scale, fmt) -> str:

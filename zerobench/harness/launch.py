@@ -1,8 +1,13 @@
-"""Starting the ranks of one cell on this machine, the way torchrun does.
+"""Starting rank processes: the ranks of one cell the way torchrun does, and the
+one-rank processes of ``estimate``, ``predict`` and the GPU check.
 
-Each rank is a fresh ``python -m zerobench.worker`` process with the torchrun
-environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
-so what runs here is exactly what runs under torchrun on a cluster.
+Every rank process is started here (:func:`module_command`, :func:`code_env`): as
+``python -P -m <module>`` with the harness's own code first on ``PYTHONPATH``, so a
+rank always runs the ``zerobench`` and ``impl`` the harness runs, never a checkout in
+the current folder. A cell's ranks are ``python -m zerobench.worker`` processes with
+the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT; zerobench/rank/protocol.py), so what runs here is exactly what runs under
+torchrun on a cluster.
 
 [Note: why subprocesses]
 Measured on the 2-core CI machine (torch 2.13, November 2026): spawn costs 3.3-4.2 s per
@@ -25,13 +30,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerobench.rank.protocol import HARNESS_ENV, code_root
+
 FAILURE_GRACE_S = 5.0  # how long peers of a failed rank get to exit on their own
 POLL_S = 0.05
-
-#: Set by the harness in each rank's environment: the harness's pid. A rank that sees it
-#: dies with the harness and never records a result once the harness is gone
-#: (zerobench.rank.worker.watch_harness). Unset under torchrun, where nothing changes.
-HARNESS_ENV = "ZEROBENCH_HARNESS_PID"
 
 
 @dataclass
@@ -48,28 +50,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def code_root() -> Path:
-    """The folder holding the ``zerobench`` and ``impl`` packages the harness runs."""
-    return Path(__file__).resolve().parents[2]
+def module_command(module: str, args: list[str] = ()) -> list[str]:
+    """``python -P -m module args``: ``-P`` keeps the current folder off ``sys.path``, so a
+    checkout there cannot stand in for the harness's own code (see :func:`code_env`)."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
+def code_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """``env`` (this process's environment by default) with the harness's code first on
+    ``PYTHONPATH`` and ``extra`` set."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(code_root()), *filter(None, [env.get("PYTHONPATH")])])
+    return {**env, **extra}
+
+
+def start_module(module: str, args: list[str] = (), env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """Start ``python -P -m module args`` with :func:`code_env`."""
+    return subprocess.Popen(module_command(module, args), env=code_env(env), **popen)
+
+
+def run_module(module: str, args: list[str] = (), env: dict[str, str] | None = None,
+               timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -P -m module args`` to completion with :func:`code_env`, output captured."""
+    return subprocess.run(module_command(module, args), env=code_env(env), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def rank_command(run_dir: Path, cell_id: str, device: str, profile: bool) -> list[str]:
-    """The command of every rank: the worker's torchrun entry point. ``-P`` keeps the
-    current folder off ``sys.path``, so a checkout there cannot stand in for the
-    harness's own code (see :func:`rank_env`)."""
-    cmd = [sys.executable, "-P", "-m", "zerobench.worker", "--run-dir", str(run_dir), "--cell", cell_id,
-           "--device", device]
-    return cmd + ["--profile"] if profile else cmd
+    """The command of every rank of a cell: the worker's torchrun entry point."""
+    args = ["--run-dir", str(run_dir), "--cell", cell_id, "--device", device]
+    return module_command("zerobench.worker", args + ["--profile"] if profile else args)
 
 
 def rank_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
-    """The torchrun environment of one rank, plus the harness's code first on PYTHONPATH
+    """The torchrun environment of one rank, the harness's code first on PYTHONPATH
     (ranks import the same ``zerobench``/``impl`` as the harness) and its pid."""
-    path = os.pathsep.join([str(code_root()), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-                PYTHONPATH=path, **{HARNESS_ENV: str(os.getpid())})
+    return code_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                    LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                    **{HARNESS_ENV: str(os.getpid())})
 
 
 def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, *, threads: int = 1,

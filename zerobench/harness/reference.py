@@ -1,8 +1,11 @@
-"""The single-process reference a data-parallel cell's losses are checked against."""
+"""The single-process reference a data-parallel cell's losses are checked against, and
+``zerobench reference RUN``: the explicit step that computes it for cells run under
+torchrun ([Note: readers have no side effects] in zerobench/runs/folder.py)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from zerobench.spec import data as data_mod
 from zerobench.engines import OptimizerSpec
@@ -59,3 +62,44 @@ def loss_deviation(record: dict, reference: list[float], warmup: int) -> float |
     steps = len(ranks[0]["losses"])
     means = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(steps)]
     return max(abs(m - reference[warmup + i]) for i, m in enumerate(means))
+
+
+def complete_run(run_dir: str | Path, log=print) -> list[str]:
+    """Compute the single-process loss reference of every ok cell of a run folder that
+    lacks one (cells run under torchrun), record each cell's deviation from it, and
+    write the tables. This trains the workload's model, importing any factory its
+    ``workload.json`` names: run it on folders you trust. Returns the cells updated."""
+    from zerobench.harness.preflight import reference_refusal
+    from zerobench.runs.files import write_json_atomic
+    from zerobench.runs.folder import RunFolder, read_json
+    from zerobench.spec.workload import parse_workload
+
+    folder = RunFolder(run_dir)
+    records = [r for r in folder.cell_records() if r["cell_id"] in set(folder.missing_references())]
+    workload = parse_workload(read_json(folder.workload_path), source=str(folder.workload_path)) \
+        if records else None
+    if workload is not None and workload.run.reference:
+        references, failures = folder.references(), {}
+        for world_size in sorted({r["config"]["world_size"] for r in records} - set(references)):
+            log(f"reference: world size {world_size} ...")
+            try:
+                refused = reference_refusal(workload, world_size)
+                if refused:
+                    raise ReferenceFailed(refused)
+                references[world_size] = reference_losses(workload, world_size, workload.run.timeout_s)
+            except ReferenceFailed as err:  # the cells stand; their deviation stays unknown, saying why
+                failures[world_size] = str(err)
+                continue
+            write_json_atomic(folder.reference_path, {str(k): v for k, v in sorted(references.items())})
+        for rec in records:
+            world_size = rec["config"]["world_size"]
+            rec["loss_max_abs_diff_ref"] = loss_deviation(rec, references.get(world_size, []),
+                                                          workload.data.warmup_steps)
+            if world_size in failures:
+                rec["reference_error"] = failures[world_size]
+            write_json_atomic(folder.cell_path(rec["cell_id"]), rec)
+    else:
+        records = []
+    if any(folder.cells_dir.glob("*.json")):
+        folder.write_tables()
+    return [r["cell_id"] for r in records]

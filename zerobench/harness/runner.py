@@ -25,7 +25,7 @@ from zerobench.runs.files import new_stamped_dir, write_json_atomic
 from zerobench.harness import preflight
 from zerobench.harness.launch import code_root, launch_cell
 from zerobench.spec.matrix import Cell, expand
-from zerobench.harness.reference import ReferenceFailed, loss_deviation, reference_losses
+from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
 from zerobench.runs.tables import write_tables
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
 from zerobench.spec.workload import Workload, load_workload
@@ -206,9 +206,12 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
             if cell.skip_reason is None:
                 console.print(f"  torchrun --nproc-per-node <G> --nnodes <N> ... -m zerobench.worker "
                               f"--run-dir {run_dir} --cell {cell.id}", soft_wrap=True)
+        console.print(f"then: zerobench reference {run_dir}   (the loss reference and the tables)", soft_wrap=True)
         return run_dir
     with active.register(run_dir):
         _run_cells(workload, run_dir, cells, todo, profile, device, device_type, console)
+        if RunFolder(run_dir).missing_references():  # cells that ran under torchrun before a --resume
+            complete_run(run_dir, log=lambda line: console.print(Text(line)))
     return run_dir
 
 
@@ -332,7 +335,7 @@ def _one_line(record: dict) -> str:
         first = (record["error"] or "").splitlines()
         return f"[red]FAIL[/] {escape(cid)}: {escape(' | '.join(first[:1] + first[-1:]))}"
     m = [r["metrics"] for r in record["ranks"]]
-    step = sorted(x["step_time_median_s"] for x in m)[len(m) // 2] * 1e3
+    step = sorted(x["step_time_s"] for x in m)[len(m) // 2] * 1e3
     peaks = [p for p in (x.get("peak_mem_bytes") for x in m) if p is not None and p == p and p > 0]
     peak_s = f"peak {max(peaks) / 2**20:.1f} MiB" if peaks else "no memory pass"
     dev = record.get("loss_max_abs_diff_ref")

@@ -39,34 +39,19 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from zerobench.spec import data as data_mod
 from zerobench.rank import devices
-from zerobench.engines import OptimizerSpec, RankContext, get_engine
+from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
+from zerobench.rank.session import Session
+from zerobench.rank.worlds import TorchrunWorld, World
 from zerobench.runs.files import write_atomic, write_json_atomic
-from zerobench.harness.launch import HARNESS_ENV, code_root
-from zerobench.spec.matrix import Cell, expand, find_cell
-from zerobench.instruments.memory import StorageTracker
-from zerobench.spec.models import build_for_cell, loss_fn, samples_to_tokens
 from zerobench.runs.folder import RunFolder, read_json
+from zerobench.spec.matrix import Cell, expand, find_cell
+from zerobench.spec.models import samples_to_tokens
 from zerobench.spec.workload import Workload, parse_workload
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
-
-
-def torchrun_env() -> tuple[int, int, int, int]:
-    try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except KeyError as err:
-        raise SystemExit(
-            f"zerobench.worker: {err.args[0]} is not set. Run it under torchrun "
-            "(torchrun --nproc-per-node N -m zerobench.worker ...) or through `zerobench run`."
-        ) from None
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return rank, world, local_rank, local_world
 
 
 def watch_harness() -> int | None:
@@ -117,63 +102,39 @@ def load_run(run_dir: Path) -> Workload:
 
 
 class CellRunner:
-    """Runs the passes of one cell on this rank and returns its measurements."""
+    """Runs the passes of one cell on this rank and returns its measurements: a driver
+    of the rank session (zerobench/rank/session.py, [Note: the rank session])."""
 
-    def __init__(self, workload: Workload, cell: Cell, ctx: RankContext):
+    def __init__(self, workload: Workload, cell: Cell, world: World):
         self.w = workload
-        self.cell = cell
-        self.ctx = ctx
-        self.engine_cls = get_engine(cell.engine)
-        self.loss = loss_fn(workload.model)
-        self.spec = OptimizerSpec(workload.optimizer.kind, workload.optimizer.lr, workload.optimizer.hyper())
+        self.world = world
+        self.session = Session(workload, cell, world)
+        self.ctx = self.session.ctx
 
     def build(self):
-        engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
-        model, units = build_for_cell(self.w.model, self.w.seed, self.ctx.device,
-                                      self.cell.opts.get("activation_checkpointing", "none"))
-        engine.wrap(model, units)
-        engine.build_optimizer(self.spec)
-        return engine
-
-    def batch(self, step: int):
-        d = self.w.data
-        return data_mod.rank_batch(self.w.model, d.batch_size, self.ctx.world_size, self.ctx.rank, d.seed, step,
-                                   self.ctx.device)
-
-    def sync(self):
-        """At step boundaries only (CUDA): a step's time then covers all its GPU work,
-        while streams still overlap freely inside the step."""
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
+        return self.session.build()
 
     # -- pass 1: timing -------------------------------------------------------------
 
     def timing_pass(self, engine) -> dict:
         d = self.w.data
-        for step in range(d.warmup_steps):
-            engine.train_step(*self.batch(step), self.loss)
+        self.session.warm_up(engine, d.warmup_steps)
         engine.extra_metrics()  # discard what warm-up accumulated
-        cuda = self.ctx.device.type == "cuda"
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(self.ctx.device)
+        self.world.reset_peak_memory_stats()
         telemetry = _gpu_telemetry(self.ctx.device)
         times, losses = [], []
-        dist.barrier()
+        self.world.barrier()
         with telemetry:
             for step in range(d.warmup_steps, d.warmup_steps + d.steps):
-                inputs, targets = self.batch(step)
-                self.sync()
-                start = time.perf_counter()
-                loss = engine.train_step(inputs, targets, self.loss)
-                self.sync()
-                times.append(time.perf_counter() - start)
-                losses.append(float(loss))
+                result = self.session.measured_step(engine, step)
+                times.append(result.seconds)
+                losses.append(float(result.loss))
         metrics = _time_metrics(times, self.ctx.world_size * d.batch_size, samples_to_tokens(self.w.model))
         metrics.update(engine.extra_metrics())
         metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
-        if cuda:
-            metrics.update(allocator_metrics(torch.cuda, self.ctx.device))
-            metrics.update(_mfu(self.w, self.cell.dtype, metrics, self.ctx))
+        metrics.update(self.session.allocator_metrics())
+        if self.ctx.device.type == "cuda":
+            metrics.update(_mfu(self.w, self.session.cell.dtype, metrics, self.ctx))
         metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
         return {"metrics": metrics, "step_times": times, "losses": losses}
 
@@ -186,15 +147,15 @@ class CellRunner:
         if self.ctx.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
         first = self.w.data.warmup_steps + self.w.data.steps
-        batches = [self.batch(first + i) for i in range(self.w.run.profile_steps)]
-        dist.barrier()
+        batches = [self.session.batch(first + i) for i in range(self.w.run.profile_steps)]
+        self.world.barrier()
         # A schedule makes prof.step() label each step ProfilerStep#N (all of them traced).
         with profile(activities=activities, record_shapes=True,
                      schedule=schedule(wait=0, warmup=0, active=len(batches), repeat=1)) as prof:
             for inputs, targets in batches:
                 with record_function("zerobench::step"):
-                    engine.train_step(inputs, targets, self.loss)
-                    self.sync()
+                    engine.train_step(inputs, targets, self.session.loss)
+                    self.world.synchronize()
                 prof.step()  # marks ProfilerStep#N, the step boundaries trace tools (HTA) read
         _export_trace(prof, trace_path)
 
@@ -205,27 +166,14 @@ class CellRunner:
             torch.cuda.synchronize(self.ctx.device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.ctx.device)
-        tracker = StorageTracker(self.ctx.device.type)
-        with tracker:
-            engine = self.build()
-            for step in range(self.w.run.memory_warmup_steps):
-                engine.train_step(*self.batch(step), self.loss)
-            inputs, targets = self.batch(self.w.run.memory_warmup_steps)
-
-            def on_phase(name, engine=engine):
-                tracker.set_phase(name)
-                if name == "optimizer":  # gradients are complete and not yet zeroed
-                    tracker.note_roles("grads", engine.gradient_tensors())
-
-            engine.on_phase = on_phase
-            dist.barrier()
-            tracker.reset_peak()
-            engine.train_step(inputs, targets, self.loss)
-            tracker.set_phase("after")
-            tracker.classify(params=engine.parameter_tensors(), optim=engine.optimizer_state_tensors())
-            dist.barrier()
+        warmup = self.w.run.memory_warmup_steps
+        with self.session.tracker() as tracker:
+            engine = self.session.build()
+            self.session.warm_up(engine, warmup)
+            self.world.barrier()
+            self.session.measured_step(engine, warmup, tracker)
+            self.world.barrier()
             steady = _settled_bytes(tracker)
-            engine.on_phase = None
         breakdown = tracker.peak_breakdown()
         metrics = {
             "peak_mem_bytes": tracker.peak_bytes,
@@ -236,39 +184,14 @@ class CellRunner:
             "peak_mem_unsharded_bytes": breakdown["unsharded"],
             "peak_mem_activations_bytes": breakdown["activations"],
             "steady_mem_bytes": steady,
+            **tracker.comm.columns(),
         }
-        comm = tracker.comm
-        for kind in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other"):
-            metrics[f"comm_{kind}_bytes"] = comm.bytes.get(kind, 0)
-        metrics["comm_total_bytes"] = sum(comm.bytes.values())
-        metrics["comm_calls"] = sum(comm.calls.values())
         timeline = tracker.timeline()
         if len(timeline) > TIMELINE_POINTS:
             timeline = timeline.iloc[:: len(timeline) // TIMELINE_POINTS + 1]
         del engine
         gc.collect()
         return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
-
-
-#: Column -> the caching allocator's statistic (``torch.cuda.memory_stats`` names) it records.
-ALLOCATOR_COLUMNS = {
-    "cuda_peak_allocated_bytes": "allocated_bytes.all.peak",
-    "cuda_peak_active_bytes": "active_bytes.all.peak",
-    "cuda_peak_reserved_bytes": "reserved_bytes.all.peak",
-    "cuda_alloc_retries": "num_alloc_retries",
-    "cuda_ooms": "num_ooms",
-}
-
-
-def allocator_metrics(device_module, device) -> dict:
-    """The caching allocator's figures for ``device``, as result columns.
-
-    ``device_module`` is the module whose ``memory_stats(device)`` answers: ``torch.cuda``
-    on a GPU, or anything exposing the same call under the same statistic names (a
-    virtual GPU). Why active and allocated differ: zerobench/runs/schema.py,
-    [Note: allocator peaks]."""
-    stats = device_module.memory_stats(device)
-    return {column: stats.get(name, 0) for column, name in ALLOCATOR_COLUMNS.items()}
 
 
 def _export_trace(prof, trace_path: Path) -> None:
@@ -315,7 +238,7 @@ def _time_metrics(times: list[float], global_batch: int, tokens_per_sample: int)
 
     median = statistics.median(times)
     return {
-        "step_time_median_s": median,
+        "step_time_s": median,
         "step_time_p10_s": pct(0.10),
         "step_time_p90_s": pct(0.90),
         "step_time_mad_s": statistics.median(abs(t - median) for t in times),
@@ -359,27 +282,20 @@ def _rss_max_bytes() -> int:
 
 
 def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: int | None = None) -> None:
-    rank, world, local_rank, local_world = torchrun_env()
+    env = torchrun_env()
     workload = load_run(run_dir)
     cell = find_cell(workload, cell_id)
     if cell is None:
         cells = ", ".join(c.id for c in expand(workload))
         raise SystemExit(f"zerobench.worker: no cell {cell_id!r} in {run_dir} (cells: {cells})")
-    if cell.world_size != world:
-        raise SystemExit(f"zerobench.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {world}")
+    if cell.world_size != env.world_size:
+        raise SystemExit(f"zerobench.worker: cell {cell_id} needs WORLD_SIZE={cell.world_size}, got {env.world_size}")
 
-    choice = devices.choose(device, local_rank, local_world)
-    dev, backend = choice.device, choice.backend
-    if dev.type == "cpu":
-        torch.set_num_threads(workload.run.threads_per_rank)
-    else:
-        torch.cuda.set_device(dev)
-    dist.init_process_group(backend, device_id=dev if backend == "nccl" else None)
-    ctx = RankContext(rank, world, local_rank, dev, backend)
-    _set_emulation(cell)
-    try:
+    with TorchrunWorld(device, workload.run.threads_per_rank) as world:
+        rank = world.rank
+        _set_emulation(cell)
         started = time.perf_counter()
-        runner = CellRunner(workload, cell, ctx)
+        runner = CellRunner(workload, cell, world)
         engine = runner.build()
         record = runner.timing_pass(engine)
         if profile:
@@ -393,8 +309,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         record["metrics"]["rss_max_bytes"] = _rss_max_bytes()
         record["rank"] = rank
         record["pass_wall_s"] = time.perf_counter() - started
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(record, gathered, dst=0)
+        gathered = world.gather_object(record)
         if rank == 0 and harness_alive(harness):  # an orphan's record is no result: see watch_harness
             diverged = divergence(gathered)
             record = {
@@ -402,16 +317,14 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
                 "status": "failed" if diverged else "ok",
                 "error": diverged,
                 "config": cell.config(),
-                "backend": backend,
-                "device": dev.type,
+                "backend": world.backend,
+                "device": world.device.type,
                 "code_root": str(code_root()),
                 "ranks": gathered,
             }
             if harness is not None:  # accepted by the harness, which adds cell_wall_s, or rerun by --resume
                 record["harness_pid"] = harness
             write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
-    finally:
-        dist.destroy_process_group()
 
 
 def divergence(ranks: list[dict]) -> str | None:

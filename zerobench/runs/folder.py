@@ -2,10 +2,16 @@
 the right types, and how it is updated atomically. Every reader and writer of a run
 folder goes through :class:`RunFolder` (layout: :mod:`zerobench.runs.schema`).
 
-A run whose cells ran under torchrun (``zerobench run --prepare-only``, then
-``torchrun ... -m zerobench.worker``) has ``cells/`` but no tables yet;
-:meth:`RunFolder.ensure_tables` completes it: the single-process loss reference of every
-cell that lacks one, then ``results.csv`` and ``steps.csv``.
+[Note: readers have no side effects]
+Reading a run folder (``zerobench show``, ``plot``, ``compare``, :meth:`RunFolder.results`)
+never writes, never trains and never imports user code: a folder may come from anyone,
+and its ``workload.json`` may name any factory. Where ``results.csv`` is missing or older
+than ``cells/`` (cells run under torchrun, a truncated file), the tables are built from
+``cells/`` in memory. A cell without its single-process loss reference (cells run under
+torchrun) reads with an empty ``loss_max_abs_diff_ref``, and :meth:`RunFolder.missing_references`
+names it. The one repair is explicit: ``zerobench reference RUN``
+(zerobench/harness/reference.py, :func:`complete_run`) computes the missing references and
+writes the tables; ``zerobench run --resume RUN`` does it too.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import pandas as pd
 
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.instruments.link import link_from_config
-from zerobench.runs.schema import COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
 
 #: traces/<cell_id>/rank<r>.json.gz: one folder per cell, so that trace tools which read a
 #: folder as one job (Holistic Trace Analysis) never mix cells.
@@ -214,21 +220,33 @@ class RunFolder:
                     found.append((m.group("cell"), int(m.group("rank")), p))
         return sorted(found)
 
-    def results(self, rebuild: bool = True) -> pd.DataFrame:
-        """results.csv with its dtypes (see :func:`read_table`). With ``rebuild``, the
-        tables are first brought up to date with cells/ (:meth:`ensure_tables`)."""
-        if rebuild:
-            self.ensure_tables()
+    def results(self) -> pd.DataFrame:
+        """results.csv with its dtypes (see :func:`read_table`), or, when it is missing or
+        stale (:meth:`tables_stale`), the same table built from cells/ in memory. Writes
+        nothing ([Note: readers have no side effects])."""
+        if self.tables_stale():
+            results, _, dtypes = self.build_tables()
+            return apply_dtypes(results, {**dtypes, **COLUMN_DTYPES})
         if not self.results_path.exists():
             raise RunFolderError(f"{self.root}: no results.csv and no cells/ to build it from "
                                  "(is this a zerobench run folder?)")
-        return read_table(self.results_path, self._dtypes())
+        return read_table(self.results_path, self._dtypes(), COLUMN_ALIASES)
 
     def steps(self) -> pd.DataFrame | None:
-        """steps.csv (one row per cell x rank x measured step), None when absent."""
+        """steps.csv (one row per cell x rank x measured step), built from cells/ in memory
+        when stale; None when there is neither."""
+        dtypes = {"cell_id": "string", "rank": "Int64", "step": "Int64"}
+        if self.tables_stale():
+            return apply_dtypes(self.build_tables()[1], dtypes)
         if not self.steps_path.exists():
             return None
-        return read_table(self.steps_path, {"cell_id": "string", "rank": "Int64", "step": "Int64"})
+        return read_table(self.steps_path, dtypes)
+
+    def missing_references(self) -> list[str]:
+        """The ok cells whose loss was never checked against the single-process reference
+        (cells run under torchrun): ``zerobench reference RUN`` computes it."""
+        return [r["cell_id"] for r in self.cell_records()
+                if r.get("status") == "ok" and r.get("ranks") and "loss_max_abs_diff_ref" not in r]
 
     def _dtypes(self) -> dict[str, str]:
         sidecar = self.root / DTYPES_FILE
@@ -236,7 +254,8 @@ class RunFolder:
             recorded = read_json(sidecar) if sidecar.exists() else {}
         except DamagedFile:
             recorded = {}  # dtypes only refine how columns read back
-        return {**(recorded if isinstance(recorded, dict) else {}), **COLUMN_DTYPES}
+        recorded = {COLUMN_ALIASES.get(k, k): v for k, v in (recorded if isinstance(recorded, dict) else {}).items()}
+        return {**recorded, **COLUMN_DTYPES}
 
     # -- building and updating ----------------------------------------------------------
 
@@ -269,53 +288,6 @@ class RunFolder:
             want |= {(rec["cell_id"], str(r)) for r in ranks}
         return set(zip(rows["cell_id"], rows["rank"])) == want and len(rows) == len(want)
 
-    def ensure_tables(self) -> bool:
-        """Build results.csv and steps.csv from cells/ when they are missing or older than
-        a cell record, computing the loss reference of cells without one. Returns whether
-        it wrote anything."""
-        if not self.tables_stale():
-            return False
-        self.fill_references()
-        self.write_tables()
-        return True
-
-    def fill_references(self) -> list[str]:
-        """Add ``loss_max_abs_diff_ref`` to every ok cell record that lacks the key (cells run
-        under torchrun), computing the single-process reference of their world sizes once.
-        Returns the cell ids updated."""
-        records = [r for r in self.cell_records() if r.get("status") == "ok" and r.get("ranks")
-                   and "loss_max_abs_diff_ref" not in r]
-        if not records or not self.workload_path.exists():
-            return []
-        # Building models needs torch: only for runs that lack references.
-        from zerobench.harness.reference import ReferenceFailed, loss_deviation, reference_losses
-        from zerobench.spec.workload import parse_workload
-
-        workload = parse_workload(read_json(self.workload_path), source=str(self.workload_path))
-        if not workload.run.reference:
-            return []
-        references, failures = self.references(), {}
-        for world_size in sorted({r["config"]["world_size"] for r in records} - set(references)):
-            from zerobench.harness.preflight import reference_refusal
-
-            try:
-                refused = reference_refusal(workload, world_size)
-                if refused:
-                    raise ReferenceFailed(refused)
-                references[world_size] = reference_losses(workload, world_size, workload.run.timeout_s)
-            except ReferenceFailed as err:  # the cells stand; their deviation stays unknown, saying why
-                failures[world_size] = str(err)
-                continue
-            write_json_atomic(self.reference_path, {str(k): v for k, v in sorted(references.items())})
-        for rec in records:
-            world_size = rec["config"]["world_size"]
-            rec["loss_max_abs_diff_ref"] = loss_deviation(rec, references.get(world_size, []),
-                                                          workload.data.warmup_steps)
-            if world_size in failures:
-                rec["reference_error"] = failures[world_size]
-            write_json_atomic(self.cell_path(rec["cell_id"]), rec)
-        return [r["cell_id"] for r in records]
-
     def build_tables(self) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
         """(results: one row per cell x rank, steps: one row per cell x rank x measured
         step, dtypes of the configuration columns) from cells/ and analysis/summary.csv."""
@@ -336,7 +308,8 @@ class RunFolder:
                     rows.append({**base, "rank": rank, "cell_wall_s": rec.get("cell_wall_s")})
                 continue
             for r in ranks:
-                row = {**base, "rank": r["rank"], **r["metrics"], "cell_wall_s": rec.get("cell_wall_s")}
+                metrics = {COLUMN_ALIASES.get(k, k): v for k, v in r["metrics"].items()}
+                row = {**base, "rank": r["rank"], **metrics, "cell_wall_s": rec.get("cell_wall_s")}
                 row["loss_max_abs_diff_ref"] = rec.get("loss_max_abs_diff_ref")
                 rows.append(row)
                 for i, (t, loss) in enumerate(zip(r["step_times"], r["losses"])):
@@ -367,7 +340,8 @@ class RunFolder:
         earlier values of the same columns. False (nothing written) without results.csv."""
         if not self.results_path.exists():
             return False
-        write_csv_atomic(self.results_path, merge_columns(self.results(rebuild=False), columns))
+        current = read_table(self.results_path, self._dtypes(), COLUMN_ALIASES)  # the file as it is
+        write_csv_atomic(self.results_path, merge_columns(current, columns))
         return True
 
     def emulation(self, cell_id: str):
@@ -384,12 +358,18 @@ def merge_columns(results: pd.DataFrame, columns: pd.DataFrame) -> pd.DataFrame:
     return results.merge(columns, on=["cell_id", "rank"], how="left")
 
 
-def read_table(path: Path, dtypes: dict[str, str]) -> pd.DataFrame:
-    """A CSV of the run folder with the given column dtypes: "string", "boolean" and
-    "Int64" (nullable, so empty cells of other engines' axes keep the type). A column
-    whose values do not fit the dtype (an integer column holding 2.5) stays as read."""
+def read_table(path: Path, dtypes: dict[str, str], aliases: dict[str, str] | None = None) -> pd.DataFrame:
+    """A CSV of the run folder, its columns renamed by ``aliases`` (old name -> new), with
+    the given column dtypes (see :func:`apply_dtypes`)."""
     frame = pd.read_csv(path, dtype={c: "string" for c, d in dtypes.items() if d == "string"},
                         keep_default_na=True)
+    return apply_dtypes(frame.rename(columns=aliases or {}), dtypes)
+
+
+def apply_dtypes(frame: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    """``frame`` with the given column dtypes: "string", "boolean" and "Int64" (nullable,
+    so empty cells of other engines' axes keep the type). A column whose values do not
+    fit the dtype (an integer column holding 2.5) stays as it was."""
     for col in frame.columns:
         want = dtypes.get(col)
         if want == "Int64":
@@ -400,6 +380,8 @@ def read_table(path: Path, dtypes: dict[str, str]) -> pd.DataFrame:
             text = frame[col].astype("string").str.strip().str.lower()
             if text.dropna().isin(["true", "false"]).all():
                 frame[col] = text.map({"true": True, "false": False}).astype("boolean")
+        elif want == "string" and frame[col].dtype != "string":
+            frame[col] = frame[col].astype("string")
     return frame
 
 

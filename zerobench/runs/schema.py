@@ -12,8 +12,12 @@ One run is one folder ``results/<run-id>/``::
 Every file is written atomically (temporary file + rename), so a killed run leaves
 only whole files behind and ``--resume`` can trust what it finds.
 
-This module is the single place that names the columns; the harness writes them,
-``compare`` gates on them, plots draw them.
+This module is the single place that names the columns, for every tool: a run's
+``results.csv``, ``estimate.csv``, ``predict.csv`` and simulate's tables. One quantity has
+one name wherever it appears (``step_time_s``, ``peak_active_bytes``, ``exposed_comm_s``,
+``overlap_ratio``...); the harness writes them, ``compare`` gates on them, plots draw
+them. Folders written before a rename read back under the new names
+(:data:`COLUMN_ALIASES`).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class Metric:
 #: What every cell of every run has (CUDA columns empty on CPU).
 CORE_METRICS: tuple[Metric, ...] = (
     # -- time (timing pass; warm-up excluded) --
-    Metric("step_time_median_s", "s", "median step time over the measured steps", "time"),
+    Metric("step_time_s", "s", "the step time: a run's median over its measured steps; predict's and simulate's "
+           "modelled step", "time"),
     Metric("step_time_p10_s", "s", "10th percentile step time", "time"),
     Metric("step_time_p90_s", "s", "90th percentile step time", "time"),
     Metric("step_time_mad_s", "s", "median absolute deviation of the step times", "context", "none"),
@@ -68,16 +73,18 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
     Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
-    # -- memory (CUDA allocator, timing pass; empty on CPU). See [Note: allocator peaks] --
-    Metric("cuda_peak_allocated_bytes", "B", "caching allocator's peak allocated bytes (torch.cuda.max_memory_allocated) "
+    # -- memory (the caching allocator: a run's timing pass on a GPU, empty on CPU; predict's
+    #    allocator model). See [Note: allocator peaks] --
+    Metric("peak_allocated_bytes", "B", "caching allocator's peak allocated bytes (torch.cuda.max_memory_allocated) "
            "over the measured steps: a block stops counting at free()", "deterministic"),
-    Metric("cuda_peak_active_bytes", "B", "caching allocator's peak active bytes (active_bytes.all.peak) over the "
+    Metric("peak_active_bytes", "B", "caching allocator's peak active bytes (active_bytes.all.peak) over the "
            "measured steps: a freed block counts until the streams that used it pass the free; what "
            "limit_all_gathers bounds", "deterministic"),
-    Metric("cuda_peak_reserved_bytes", "B", "torch.cuda.max_memory_reserved over the measured steps (blocks cached "
+    Metric("peak_reserved_bytes", "B", "torch.cuda.max_memory_reserved over the measured steps (blocks cached "
            "from cudaMalloc, used or not)", "context"),
-    Metric("cuda_alloc_retries", "", "cudaMalloc retries (num_alloc_retries)", "deterministic"),
-    Metric("cuda_ooms", "", "out-of-memory events (num_ooms)", "deterministic"),
+    Metric("num_alloc_retries", "", "cudaMalloc retries: the cache freed and retried (memory_stats num_alloc_retries)",
+           "deterministic"),
+    Metric("num_ooms", "", "out-of-memory events (memory_stats num_ooms)", "deterministic"),
     Metric("rss_max_bytes", "B", "process max RSS (context only: carries ~220 MiB of torch itself)", "context", "none"),
     # -- communication (memory pass, per measured step and rank) --
     Metric("comm_all_gather_bytes", "B", "all-gather bytes per step (size of the gathered output)", "deterministic"),
@@ -93,7 +100,12 @@ CORE_METRICS: tuple[Metric, ...] = (
 
 # [Note: allocator peaks]
 # The CUDA caching allocator keeps three peaks (torch.cuda.memory_stats), recorded as
-# cuda_peak_allocated_bytes, cuda_peak_active_bytes and cuda_peak_reserved_bytes:
+# peak_allocated_bytes, peak_active_bytes and peak_reserved_bytes (a run on a GPU;
+# predict, from the virtual GPU's allocator model). peak_mem_bytes is another instrument:
+# the storage tracker's peak of live tensor bytes (the memory pass, estimate), which on a
+# device with streams also counts freed-but-in-use storages ([Note: freed but still in
+# use] in zerobench/instruments/memory.py), so it is the active peak without the
+# allocator's rounding:
 #
 # * allocated drops when Python frees a tensor (free()), at host time.
 # * active also counts a freed block that another stream still uses: a block with a
@@ -128,7 +140,8 @@ ENGINE_METRICS: tuple[Metric, ...] = (
 # of a few steps, under the profiler's overhead: compare them between cells of one run,
 # not with the timing pass.
 ANALYSIS_METRICS: tuple[Metric, ...] = (
-    Metric("overlap_ratio", "", "traced steps: time computing while communicating / time communicating (HTA)", "time", "higher"),
+    Metric("overlap_ratio", "", "time computing while communicating / time communicating (HTA); NaN when "
+           "nothing was communicated (undefined, not 'all hidden')", "time", "higher"),
     Metric("exposed_comm_s", "s", "per traced step: communication time not covered by compute", "time"),
     Metric("comm_s", "s", "per traced step: communication time (union of comm intervals)", "time"),
     Metric("compute_s", "s", "per traced step: compute time (union of compute intervals)", "time"),
@@ -159,6 +172,36 @@ def bandwidth_metrics() -> tuple[Metric, ...]:
     return tuple(out)
 
 
+#: Columns of the what-if tools' tables (estimate.csv, predict.csv, simulate's) that the
+#: run's do not already name. A name a run column also has means the same quantity
+#: (step_time_s, peak_*_bytes, compute_s, comm_s, exposed_comm_s, overlap_ratio). Every
+#: figure of predict and estimate is deterministic (a pure function of the program and the
+#: presets), whatever the kind its name has in a run.
+WHATIF_METRICS: tuple[Metric, ...] = (
+    Metric("max_unsharded_units", "", "predict, simulate: gathered units alive at once at most (peak active bytes of "
+           "all-gather outputs over the largest one)", "deterministic"),
+    Metric("host_lead_max_s", "s", "predict: how far the compute stream's queue ran ahead of the host at most",
+           "deterministic", "higher"),
+    Metric("host_blocked_s", "s", "predict: host time spent waiting for the device in the step", "deterministic"),
+    Metric("tokens_per_s", "tokens/s", "predict: tokens per second per GPU (the rank's micro-batch over the step)",
+           "time", "higher"),
+    *(Metric(f"state_{role}_{unit}", u, f"estimate: {role} the engine holds on the rank, distinct storages",
+             "deterministic") for role in ("params", "grads", "optim") for unit, u in (("bytes", "B"), ("numel", ""))),
+    Metric("estimate_wall_s", "s", "estimate: wall time of the rank's session", "context", "none"),
+    Metric("predict_wall_s", "s", "predict: wall time of the rank's session", "context", "none"),
+)
+
+#: Old column names, read back under their new ones from folders written before a rename.
+COLUMN_ALIASES: dict[str, str] = {
+    "step_time_median_s": "step_time_s",
+    "cuda_peak_allocated_bytes": "peak_allocated_bytes",
+    "cuda_peak_active_bytes": "peak_active_bytes",
+    "cuda_peak_reserved_bytes": "peak_reserved_bytes",
+    "cuda_alloc_retries": "num_alloc_retries",
+    "cuda_ooms": "num_ooms",
+    "step_s": "step_time_s",
+}
+
 #: NVML sampling during the timing pass (GPU only).
 GPU_TELEMETRY_METRICS: tuple[Metric, ...] = (
     Metric("gpu_util_mean_pct", "%", "NVML utilization, mean over the timed pass", "context", "none"),
@@ -171,7 +214,8 @@ GPU_TELEMETRY_METRICS: tuple[Metric, ...] = (
 
 #: Every metric column the suite may write: the core ones, the engines' own, those
 #: `zerobench analyze` adds after a profiled run, and GPU telemetry where NVML is present.
-METRICS = CORE_METRICS + ENGINE_METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
+METRICS = (CORE_METRICS + ENGINE_METRICS + ANALYSIS_METRICS + bandwidth_metrics() + GPU_TELEMETRY_METRICS
+           + WHATIF_METRICS)
 METRIC_BY_NAME = {m.name: m for m in METRICS}
 
 #: What each identifying and context column holds (engine axes are documented by the
@@ -199,6 +243,6 @@ COLUMN_DOCS: dict[str, str] = {
 #: even when some rows are empty.
 _STRING_COLUMNS = ("run_id", "cell_id", "status", "error", "engine", "dtype", "workload", "model", "backend", "device")
 _INTEGER_COLUMNS = ("world_size", "rank", "batch_size", "steps", "limiter_stalls", "limiter_overruns",
-                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "cuda_alloc_retries", "cuda_ooms",
+                    "max_inflight_all_gathers", "all_gathers", "comm_calls", "num_alloc_retries", "num_ooms",
                     "trace_steps") + tuple(m.name for m in CORE_METRICS if m.unit == "B")
 COLUMN_DTYPES: dict[str, str] = {**{c: "string" for c in _STRING_COLUMNS}, **{c: "Int64" for c in _INTEGER_COLUMNS}}

@@ -51,7 +51,7 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
     if results.empty:
         return results
     agg = {"status": "first", "engine": "first", "error": "first"}
-    for col, how in (("step_time_median_s", "median"), ("peak_mem_bytes", "max"), ("comm_total_bytes", "max"),
+    for col, how in (("step_time_s", "median"), ("peak_mem_bytes", "max"), ("comm_total_bytes", "max"),
                      ("loss_max_abs_diff_ref", "max"), ("throughput_samples_s", "median")):
         if col in results.columns:
             agg[col] = how

@@ -46,8 +46,9 @@ OVERLAP_UNITS = 24  # overlap check: only the first gather of forward and of bac
 
 
 class Target:
-    """Where a check runs: a real GPU (``torch.cuda``, ``cuda:0``, NCCL) or the virtual one
-    (zerobench.instruments.vgpu: its device module, CPU tensors, gloo). The checks below are written
+    """Where a check runs: a world of one rank (zerobench/rank/worlds.py) on a real GPU
+    (``torch.cuda``, ``cuda:0``, NCCL) or on the virtual one (zerobench.instruments.vgpu:
+    its device module, CPU tensors, a fake process group). The checks below are written
     once against this, so ``--virtual`` runs the same check code as a GPU does."""
 
     def __init__(self, virtual: bool = False, **vgpu_options):
@@ -64,33 +65,50 @@ class Target:
             self.module = torch.cuda
             self.device = torch.device("cuda", 0)
             self.device_id = torch.device("cuda", 0)
+        self.world = None
 
     def __enter__(self) -> "Target":
+        from zerobench.rank.worlds import FakeWorld, TorchrunWorld
+
         self.groups = None
-        self._owns_group = not dist.is_initialized()
-        _init_single(self)
-        if self.gpu is not None:
-            self.gpu.__enter__()
+        if dist.is_initialized():  # inside a world someone else made (pytest -m cuda)
+            if self.gpu is not None:
+                self.gpu.__enter__()
+            return self
+        if self.virtual:
+            self.world = FakeWorld(1, gpu=self.gpu)
+        else:
+            _one_rank_env()
+            self.world = TorchrunWorld("cuda")
+        self.world.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.gpu is not None:
+        if self.world is not None:
+            world, self.world = self.world, None
+            world.__exit__(*exc)
+        elif self.gpu is not None:
             self.gpu.__exit__(*exc)
-            if self._owns_group:  # a virtual check leaves no process group behind
-                dist.destroy_process_group()
 
 
-def _init_single(target: "Target | None" = None) -> None:
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+def _one_rank_env() -> None:
+    """The torchrun environment of a world of one rank, where none is set."""
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
+                        ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(name, value)
+    if "MASTER_PORT" not in os.environ:
         from zerobench.harness.launch import free_port
 
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        if target is not None and target.virtual:
-            dist.init_process_group("gloo", rank=0, world_size=1)
-            return
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+        os.environ["MASTER_PORT"] = str(free_port())
+
+
+def _init_single() -> None:
+    """A process group of one rank on cuda:0 (NCCL), left open: for GPU tests and scripts."""
+    if not dist.is_initialized():
+        from zerobench.rank.worlds import TorchrunWorld
+
+        _one_rank_env()
+        TorchrunWorld("cuda").__enter__()
 
 
 def cycles_per_ms(module=torch.cuda, samples: int = 10, trim: int = 2, cycles: int = 10_000_000) -> float:
@@ -360,12 +378,12 @@ def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
     collective its peer never joined, say) is killed, with the others, before this returns."""
     import subprocess
 
-    from zerobench.harness.launch import free_port
+    from zerobench.harness.launch import free_port, start_module
 
     port = free_port()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-gloo-probe-{os.getpid()}.json"
-    procs = [subprocess.Popen([sys.executable, "-m", "zerobench.whatif.gpu_check", "_probe-rank", str(r), str(world),
-                               str(port), str(out)]) for r in range(world)]
+    procs = [start_module("zerobench.whatif.gpu_check", ["_probe-rank", str(r), str(world), str(port), str(out)])
+             for r in range(world)]
     deadline = time.monotonic() + timeout_s
     timed_out = False
     try:

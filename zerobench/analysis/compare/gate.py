@@ -95,13 +95,13 @@ class RunTables:
 
 def load_run(path: str | Path) -> RunTables:
     """Read ``results/<run-id>/`` (or a results.csv inside one) through
-    :class:`zerobench.runs.folder.RunFolder`: the tables are built from cells/ first when
-    they are missing or stale (cells run under torchrun). Raises RunLoadError."""
+    :class:`zerobench.runs.folder.RunFolder`: the tables are built from cells/ in memory
+    when they are missing or stale (cells run under torchrun); nothing is written.
+    Raises RunLoadError."""
     folder = RunFolder(path)
     results_csv = folder.results_path
     try:
-        folder.ensure_tables()
-        results = folder.results(rebuild=False)
+        results = folder.results()
     except RunFolderError:
         raise RunLoadError(f"{folder.root}: no results.csv (is this a run folder?)") from None
     except DamagedFile as e:
@@ -197,7 +197,7 @@ def cell_table(run: RunTables, per_rank: bool = False) -> pd.DataFrame:
 def baseline_spread(run: RunTables, per_rank: bool = False) -> pd.Series:
     """Relative spread of the step times per cell (or cell x rank): MAD / median.
 
-    From steps.csv when present, else from the step_time_mad_s and step_time_median_s
+    From steps.csv when present, else from the step_time_mad_s and step_time_s
     columns. A cell's spread is the median of its ranks' spreads.
     """
     if run.steps is not None and len(run.steps):
@@ -206,9 +206,9 @@ def baseline_spread(run: RunTables, per_rank: bool = False) -> pd.Series:
         g = times.groupby(keys)
         deviation = (times - g.transform("median")).abs()
         rel = deviation.groupby(keys).median() / g.median()
-    elif {"step_time_mad_s", "step_time_median_s"} <= set(run.results.columns):
+    elif {"step_time_mad_s", "step_time_s"} <= set(run.results.columns):
         r = run.results.set_index(["cell_id", "rank"])
-        rel = pd.to_numeric(r["step_time_mad_s"], errors="coerce") / pd.to_numeric(r["step_time_median_s"], errors="coerce")
+        rel = pd.to_numeric(r["step_time_mad_s"], errors="coerce") / pd.to_numeric(r["step_time_s"], errors="coerce")
     else:
         return pd.Series(dtype=float)
     return rel if per_rank else rel.groupby(level="cell_id").median()

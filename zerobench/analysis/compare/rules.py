@@ -46,7 +46,7 @@ class Rule:
     Parsed from ``NAME:+TOL[%][,k=K]``: ``peak_mem:+2%``, ``comm_total_bytes:+0``,
     ``loss_last:+1e-6`` (absolute, in the metric's unit), ``step_time:+15%,k=3``. NAME is
     a metric column, a prefix naming one (``peak_mem`` -> peak_mem_bytes, ``step_time``
-    -> step_time_median_s), or a glob naming several (``comm_*``).
+    -> step_time_s), or a glob naming several (``comm_*``).
     """
 
     metrics: tuple[str, ...]

@@ -127,7 +127,7 @@ def _has_impl_labels(trace: Trace) -> bool:
 
 
 def step_breakdown(trace: Trace, emulation=None) -> pd.DataFrame:
-    """One row per step: step_s, compute_s, comm_s, overlapped_s, exposed_comm_s,
+    """One row per step: step_time_s, compute_s, comm_s, overlapped_s, exposed_comm_s,
     idle_s (= step - compute - exposed comm), overlap_ratio, limiter_wait_s (time in
     ``impl::rate_limiter_wait`` or FSDP1's ``FullyShardedDataParallel.rate_limiter``)
     and collective_wait_s (time in ``impl::wait_*``); NaN for engines that write no
@@ -144,18 +144,18 @@ def step_breakdown(trace: Trace, emulation=None) -> pd.DataFrame:
     rows = []
     for w in step_windows(trace).itertuples():
         clipped = lambda a: iv.total(iv.clip(a, w.ts, w.end)) * 1e-6  # noqa: E731
-        step_s = (w.end - w.ts) * 1e-6
+        step_time_s = (w.end - w.ts) * 1e-6
         comm_s, comp_s, ov_s, exp_s = clipped(comm), clipped(comp), clipped(overlapped), clipped(exposed)
         rows.append({
             "rank": trace.rank,
             "step": w.step,
             "start_s": w.ts * 1e-6,
-            "step_s": step_s,
+            "step_time_s": step_time_s,
             "compute_s": comp_s,
             "comm_s": comm_s,
             "overlapped_s": ov_s,
             "exposed_comm_s": exp_s,
-            "idle_s": max(step_s - comp_s - exp_s, 0.0),
+            "idle_s": max(step_time_s - comp_s - exp_s, 0.0),
             "overlap_ratio": ov_s / comm_s if comm_s > 0 else math.nan,
             "limiter_wait_s": clipped(limiter) if has_limiter else math.nan,
             "collective_wait_s": clipped(waits) if labelled else math.nan,
@@ -186,7 +186,7 @@ def overlap_summary(trace: Trace, emulation=None) -> dict:
     out = {
         "trace_steps": len(b),
         "overlap_ratio": ov / comm if comm > 0 else math.nan,
-        "step_trace_s": b["step_s"].mean(),
+        "step_trace_s": b["step_time_s"].mean(),
     }
     for c in ("exposed_comm_s", "comm_s", "compute_s", "idle_s", "limiter_wait_s", "collective_wait_s"):
         out[c] = b[c].mean()

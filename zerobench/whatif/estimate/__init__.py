@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -127,7 +125,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
             raise ValueError(f"--rank: {rank} is not allowed at world size {ws} (allowed: 0..{ws - 1})")
     if hybrid_shard_size is not None and hybrid_shard_size < 1:
         raise ValueError(f"--hybrid-shard-size: {hybrid_shard_size} is not allowed (allowed: int >= 1)")
-    from zerobench.whatif.estimate.rank import BACKENDS
+    from zerobench.rank.worlds import BACKENDS
 
     if backend not in BACKENDS:
         raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
@@ -207,16 +205,18 @@ def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str]
     """Run ``python -m module`` for one engine configuration (``options``: its option
     pairs) at ``world_sizes``, in a process of its own. Returns the rows it wrote to
     ``--out`` and, if it failed, the last line of its stderr (else None). The estimator
-    and the predictor both run one rank this way."""
+    and the predictor both run one rank this way, through the one launcher
+    (zerobench/harness/launch.py)."""
     with tempfile.TemporaryDirectory(prefix="zerobench-rank-") as tmp:
         tmp = Path(tmp)
         (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
         (tmp / "cell.json").write_text(json.dumps({"engine": cell.engine, "dtype": cell.dtype,
                                                    "options": [list(kv) for kv in options]}))
-        cmd = [sys.executable, "-m", module, "--workload", str(tmp / "workload.json"),
-               "--cell-config", str(tmp / "cell.json"), "--world-sizes", ",".join(map(str, world_sizes)),
-               "--out", str(tmp / "out.json"), *args]
-        proc = subprocess.run(cmd, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=3600)
+        from zerobench.harness.launch import run_module
+
+        proc = run_module(module, ["--workload", str(tmp / "workload.json"), "--cell-config", str(tmp / "cell.json"),
+                                   "--world-sizes", ",".join(map(str, world_sizes)), "--out", str(tmp / "out.json"),
+                                   *args], env=dict(env, OMP_NUM_THREADS="1"), timeout=3600)
         rows = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
         failure = None
         if proc.returncode != 0:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 #: (measured column in results.csv, predicted column in predict.csv, label, scale, unit)
 PAIRS = (
-    ("step_time_median_s", "step_time_s", "step", 1e3, "ms"),
-    ("cuda_peak_allocated_bytes", "peak_allocated_bytes", "peak allocated", 2**-20, "MiB"),
-    ("cuda_peak_active_bytes", "peak_active_bytes", "peak active", 2**-20, "MiB"),
-    ("cuda_peak_reserved_bytes", "peak_reserved_bytes", "peak reserved", 2**-20, "MiB"),
+    ("step_time_s", "step_time_s", "step", 1e3, "ms"),
+    ("peak_allocated_bytes", "peak_allocated_bytes", "peak allocated", 2**-20, "MiB"),
+    ("peak_active_bytes", "peak_active_bytes", "peak active", 2**-20, "MiB"),
+    ("peak_reserved_bytes", "peak_reserved_bytes", "peak reserved", 2**-20, "MiB"),
 )
 
 
@@ -30,7 +30,9 @@ def side_by_side(run_dir: Path, predict_dir: Path):
     predicted, and predicted / measured - 1."""
     import pandas as pd
 
-    measured = pd.read_csv(Path(run_dir) / "results.csv")
+    from zerobench.runs.folder import RunFolder
+
+    measured = RunFolder(run_dir).results()
     predicted = pd.read_csv(Path(predict_dir) / "predict.csv")
     if "rank" in measured.columns:
         measured = measured[measured["rank"] == 0]

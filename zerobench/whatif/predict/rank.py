@@ -2,8 +2,8 @@
 
 The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/engines),
 against a fake process group of the cell's world size, with fake tensors (shapes only)
-and the virtual GPU installed (zerobench/vgpu, [Note: virtual device]): warm-up steps,
-then one measured step whose timeline and memory are read off the virtual device.
+and the virtual GPU installed (zerobench/instruments/vgpu, [Note: virtual device]): the
+rank session (zerobench/rank/session.py) warms up and runs one measured step whose timeline and memory are read off the virtual device.
 Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, one process per
 engine configuration, so that process-group state never leaks between cells.
 
@@ -12,8 +12,9 @@ engine configuration, so that process-group state never leaks between cells.
   done with it (the host synchronises at both ends, as the harness's timing pass does);
 * ``compute_s``: busy time of the compute stream in the step;
 * ``exposed_comm_s``: time in which a collective runs and the compute stream is idle;
-  ``overlap_ratio`` = 1 - exposed / total collective time;
-* ``peak_{allocated,active,reserved}_bytes``: the caching-allocator model's peaks;
+  ``overlap_ratio`` = 1 - exposed / total collective time (NaN without communication);
+* ``peak_{allocated,active,reserved}_bytes``, ``num_alloc_retries``, ``num_ooms``: the
+  caching-allocator model's figures, under the names a run on a GPU gives them;
 * ``max_unsharded_units``: peak active bytes of all-gather outputs over the largest
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
@@ -21,22 +22,20 @@ engine configuration, so that process-group state never leaks between cells.
 * ``tokens_per_s``: this rank's tokens per second; ``tflops_per_gpu`` and ``mfu``: model
   FLOPs by torchtitan's formula ([Note: model FLOPs] in zerobench/spec/flops.py) per
   second, and over the preset's dense peak for the cell's dtype;
-* ``num_alloc_retries``: times the allocator model freed its cache to make room (each
-  synchronises the device), over the warm-up and measured steps;
 * ``capacity_bytes``: what the allocator may reserve, the card less the memory held
   outside it (``outside_allocator_bytes``: CUDA context and NCCL communicators; [Note:
   capacity a process sees] in zerobench/instruments/vgpu/allocator.py);
 * ``status``: ``ok``; ``capped`` when the reserved peak came within a large segment
-  (20 MiB) of the capacity or the allocator had to retry, so that the figures are those
-  of a card that was full, not a prediction of the memory the cell needs; ``oom`` when
-  an allocation failed, ``oom_needed_bytes`` then being what the allocator would have
-  had to reserve for it: at least what the cell needs, since the step stopped there.
+  (20 MiB) of the capacity or the allocator had to retry (``num_alloc_retries`` over
+  the warm-up and measured steps), so that the figures are those of a card that was
+  full, not a prediction of the memory the cell needs; ``oom`` when an allocation
+  failed, ``oom_needed_bytes`` then being what the allocator would have had to reserve
+  for it: at least what the cell needs, since the step stopped there.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import time
@@ -44,7 +43,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from zerobench.runs.files import write_json_atomic
 from zerobench.instruments.link import Link
@@ -57,148 +55,84 @@ from zerobench.spec.workload import parse_workload
 EMULATION_OPTIONS = ("emulate_link", "emulate_gbps", "emulate_latency_us")
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
-def _length(intervals) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of union ``a`` not covered by union ``b`` (both sorted, disjoint)."""
-    total, j = 0.0, 0
-    for start, end in a:
-        cursor = start
-        while j < len(b) and b[j][1] <= cursor:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cursor:
-                total += b[k][0] - cursor
-            cursor = max(cursor, b[k][1])
-            k += 1
-        if cursor < end:
-            total += end - cursor
-    return total
-
-
 def timeline_metrics(spans, start: float, end: float) -> dict:
-    """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]."""
-    compute, comm = [], []
-    for lane, _name, a, b, _args in spans:
-        if b <= start or a >= end:
-            continue
-        (compute if lane == "compute" else comm if lane.startswith("comm") else []).append((max(a, start), min(b, end)))
-    compute, comm = _union(compute), _union(comm)
-    comm_s = _length(comm)
-    exposed = _minus(comm, compute)
-    return {"compute_s": _length(compute), "comm_s": comm_s, "exposed_comm_s": exposed,
-            "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else 1.0}
+    """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
+    (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/runs/schema.py)."""
+    from zerobench.analysis.profiling import intervals as iv
+
+    compute = iv.clip([(a, b) for lane, _name, a, b, _args in spans if lane == "compute"], start, end)
+    comm = iv.clip([(a, b) for lane, _name, a, b, _args in spans if lane.startswith("comm")], start, end)
+    comm_s = iv.total(comm)
+    exposed = iv.total(iv.subtract(comm, compute))
+    return {"compute_s": iv.total(compute), "comm_s": comm_s, "exposed_comm_s": exposed,
+            "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else float("nan")}
 
 
 #: How close to the capacity a reserved peak may come before the cell is reported capped.
 CAPPED_MARGIN = 20 * 2**20
+#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
+current_gpu: list = []
 
 
 def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
                 trace_path: Path | None = None, alloc_conf: str | None = None,
                 avoid_record_streams: bool = False) -> dict:
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
-
-    from zerobench.engines import OptimizerSpec, RankContext, get_engine
-    from zerobench.whatif.estimate.rank import _batch, _fake_tensor_mode, _single_rank_ddp
-    from zerobench.spec.models import build_for_cell, loss_fn
+    """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
+    tensors, a fake process group: warm-up, then one measured step read off the device."""
     from zerobench.instruments.vgpu import VirtualGpu
+    from zerobench.rank.session import Session
+    from zerobench.rank.worlds import FakeWorld
+    from zerobench.spec.models import samples_to_tokens
 
-    world = cell.world_size
     started = time.perf_counter()
-    dist.init_process_group("fake", world_size=world, rank=0, store=FakeStore())
-    try:
-        ctx = RankContext(0, world, 0, torch.device("cpu"), "fake")
-        spec = OptimizerSpec(w.optimizer.kind, w.optimizer.lr, w.optimizer.hyper())
-        loss = loss_fn(w.model)
-        vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
-                          alloc_conf=alloc_conf, avoid_record_streams=avoid_record_streams)
-        current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
-        with _fake_tensor_mode(), _single_rank_ddp(), vgpu:
-            with vgpu.deferred():  # [Note: build as users do]
-                engine = get_engine(cell.engine)(cell.opts, ctx, cell.dtype)
-                model, units = build_for_cell(w.model, w.seed, None, cell.opts.get("activation_checkpointing", "none"))
-                engine.wrap(model, units)
-            vgpu.materialize()
-            engine.build_optimizer(spec)
-            for step in range(max(w.run.memory_warmup_steps, 1)):
-                engine.train_step(*_batch(w, world, 0, step, True), loss)
-            inputs, targets = _batch(w, world, 0, w.run.memory_warmup_steps, True)
-            vgpu.synchronize()
-            vgpu.reset_peak_memory_stats()
-            vgpu.trace.clear()
-            t0 = vgpu.host.now
-            engine.train_step(inputs, targets, loss)
-            vgpu.synchronize()
-            t1 = vgpu.host.now
-            stats = vgpu.memory_stats()
-            extra = engine.extra_metrics() if hasattr(engine, "extra_metrics") else {}
-        if trace_path is not None:
-            trace_path.parent.mkdir(parents=True, exist_ok=True)
-            with gzip.open(trace_path, "wt") as f:
-                json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
-        step_s = t1 - t0
-        from zerobench.spec.models import samples_to_tokens
+    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
+                      alloc_conf=alloc_conf, avoid_record_streams=avoid_record_streams)
+    current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
+    with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
+        session = Session(w, cell, world)
+        engine = session.build()
+        session.warm_up(engine, max(w.run.memory_warmup_steps, 1))
+        world.synchronize()
+        world.reset_peak_memory_stats()
+        vgpu.trace.clear()
+        step = session.measured_step(engine, w.run.memory_warmup_steps)
+        t1 = world.clock()
+        allocator = session.allocator_metrics()
+        extra = engine.extra_metrics()
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(trace_path, "wt") as f:
+            json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
+    step_s = step.seconds
+    tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
+    from zerobench.spec.flops import mfu_metrics, model_flops_per_token
 
-        tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
-        from zerobench.spec.flops import mfu_metrics, model_flops_per_token
-
-        dtype = torch.bfloat16 if cell.dtype == "bf16" else torch.float32
-        throughput = mfu_metrics(tokens / step_s if step_s > 0 and samples_to_tokens(w.model) else None,
-                                 model_flops_per_token(w.model), vgpu.preset.peak(dtype))
-        largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
-        capacity = vgpu.allocator.capacity
-        full = (stats["reserved_bytes.all.peak"] + CAPPED_MARGIN > capacity) or stats["num_alloc_retries"] > 0
-        status, reason = "ok", None
-        if full:
-            status = "capped"
-            reason = (f"reserved memory reached the {capacity / 2**30:.2f} GiB the allocator may hold "
-                      f"({stats['num_alloc_retries']} allocator retries): the figures are a full card's")
-        return {
-            "status": status, "reason": reason,
-            "step_time_s": step_s,
-            **timeline_metrics(vgpu.trace.spans, t0, t1),
-            "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
-            "peak_active_bytes": stats["active_bytes.all.peak"],
-            "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
-            "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
-                                    if largest else 0.0),
-            "host_lead_max_s": vgpu.host_lead_max_s,
-            "host_blocked_s": vgpu.host.blocked_s,
-            "tokens_per_s": tokens / step_s if step_s > 0 else None,
-            **throughput,
-            "limiter_stalls": extra.get("limiter_stalls"),
-            "num_ooms": stats["num_ooms"],
-            "num_alloc_retries": stats["num_alloc_retries"],
-            "capacity_bytes": capacity,
-            "outside_allocator_bytes": vgpu.preset.context_bytes + vgpu.allocator.outside_bytes,
-            "predict_wall_s": time.perf_counter() - started,
-        }
-    finally:
-        dist.destroy_process_group()
-
-
-#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
-current_gpu: list = []
-
-
-def _needed(allocator) -> int | None:
-    """What the allocator would have had to reserve for the request that failed: at least
-    what the cell needs (it stopped there)."""
-    return allocator.needed_bytes if allocator is not None else None
+    dtype = torch.bfloat16 if cell.dtype == "bf16" else torch.float32
+    throughput = mfu_metrics(tokens / step_s if step_s > 0 and samples_to_tokens(w.model) else None,
+                             model_flops_per_token(w.model), vgpu.preset.peak(dtype))
+    largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
+    capacity = vgpu.allocator.capacity
+    status, reason = "ok", None
+    if allocator["peak_reserved_bytes"] + CAPPED_MARGIN > capacity or allocator["num_alloc_retries"] > 0:
+        status = "capped"
+        reason = (f"reserved memory reached the {capacity / 2**30:.2f} GiB the allocator may hold "
+                  f"({allocator['num_alloc_retries']} allocator retries): the figures are a full card's")
+    return {
+        "status": status, "reason": reason,
+        "step_time_s": step_s,
+        **timeline_metrics(vgpu.trace.spans, t1 - step_s, t1),
+        **allocator,
+        "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
+                                if largest else 0.0),
+        "host_lead_max_s": vgpu.host_lead_max_s,
+        "host_blocked_s": vgpu.host.blocked_s,
+        "tokens_per_s": tokens / step_s if step_s > 0 else None,
+        **throughput,
+        "capacity_bytes": capacity,
+        "outside_allocator_bytes": vgpu.preset.context_bytes + vgpu.allocator.outside_bytes,
+        "limiter_stalls": extra.get("limiter_stalls"),
+        "predict_wall_s": time.perf_counter() - started,
+    }
 
 
 def main(argv=None) -> None:
@@ -239,7 +173,7 @@ def main(argv=None) -> None:
             allocator = current_gpu[-1].allocator if current_gpu else None
             first = str(err).strip().splitlines()[0]
             row = {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
-                   "oom_needed_bytes": _needed(allocator),
+                   "oom_needed_bytes": allocator.needed_bytes if allocator else None,
                    "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
                    "capacity_bytes": allocator.capacity if allocator else None}
         except Exception as err:  # one cell never stops the others

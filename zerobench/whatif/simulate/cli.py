@@ -143,7 +143,7 @@ def _cmd_simulate(args) -> int:
     pred, mat = simulate_run(args.run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,
                              plots=not args.no_plots, inter_link=inter, async_collectives=args.async_collectives,
                              cross=args.cross)
-    cols = [c for c in ("cell_id", "world_size", "step_s", "exposed_comm_s", "overlap_ratio", "max_unsharded_units",
+    cols = [c for c in ("cell_id", "world_size", "step_time_s", "exposed_comm_s", "overlap_ratio", "max_unsharded_units",
                         "measured_step_s", "step_error", "measured_exposed_comm_s", "exposed_error") if c in pred]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
         print(pred[cols].round(4).to_string(index=False))

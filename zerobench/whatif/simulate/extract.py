@@ -192,9 +192,9 @@ def _measured(run_dir: Path, cell_id: str) -> dict:
     out = {}
     res = run_dir / "results.csv"
     if res.exists():
-        df = pd.read_csv(res)
+        df = RunFolder(run_dir).results()  # old folders' column names read as today's
         df = df[df["cell_id"] == cell_id]
-        for col, key in (("step_time_median_s", "step_time_s"), ("exposed_comm_s", "exposed_comm_s"),
+        for col, key in (("step_time_s", "step_time_s"), ("exposed_comm_s", "exposed_comm_s"),
                          ("step_trace_s", "step_trace_s"), ("compute_s", "compute_s"), ("idle_s", "idle_s"),
                          ("overlap_ratio", "overlap_ratio")):
             if col in df.columns and df[col].notna().any():

@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from zerobench.analysis.profiling import intervals as iv
 from zerobench.instruments.link import Link, SerialLink
 
 from .schedule import Schedule
@@ -64,7 +65,7 @@ class Span:
 
 @dataclass
 class SimResult:
-    step_s: float
+    step_time_s: float
     compute_s: float
     comm_s: float
     exposed_comm_s: float
@@ -78,32 +79,11 @@ class SimResult:
     """(time, unsharded units, unsharded bytes) after each change."""
 
     def row(self) -> dict:
-        return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+        return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
                 "exposed_comm_s": self.exposed_comm_s, "overlap_ratio": self.overlap_ratio,
                 **{f"util_{k}": v for k, v in self.link_utilisation.items()},
                 "max_unsharded_units": self.max_unsharded_units,
                 "max_unsharded_bytes": self.max_unsharded_bytes}
-
-
-def _merge(spans):
-    out = []
-    for s, e in sorted(spans):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
-def _subtract_len(a, b) -> float:
-    """Length of merged intervals ``a`` not covered by merged intervals ``b``."""
-    total = 0.0
-    for s, e in a:
-        covered = sum(max(0.0, min(e, be) - max(s, bs)) for bs, be in b)
-        total += (e - s) - covered
-    return total
 
 
 class _Rank:
@@ -291,16 +271,16 @@ def simulate(schedule: Schedule, link: Link, world_size: int | None = None, comp
     else:
         r.fsdp_step()
     step = r.t
-    compute = _merge([(s.start, s.end) for s in r.spans if s.lane == "compute"])
-    comm = _merge([(s.start, s.end) for s in r.spans if s.lane in links])
-    comm_s = sum(e - s for s, e in comm)
-    exposed = _subtract_len(comm, compute)
+    compute = iv.merge([(s.start, s.end) for s in r.spans if s.lane == "compute"])
+    comm = iv.merge([(s.start, s.end) for s in r.spans if s.lane in links])
+    comm_s = iv.total(comm)
+    exposed = iv.total(iv.subtract(comm, compute))
     util = {}
     for name in links:
         busy = sum(s.end - s.start for s in r.spans if s.lane == name)
         util[name] = busy / step if step > 0 else 0.0
     return SimResult(
-        step_s=step, compute_s=sum(e - s for s, e in compute), comm_s=comm_s, exposed_comm_s=exposed,
+        step_time_s=step, compute_s=iv.total(compute), comm_s=comm_s, exposed_comm_s=exposed,
         overlap_ratio=(comm_s - exposed) / comm_s if comm_s > 0 else float("nan"),
         link_utilisation=util, max_unsharded_units=max(a[1] for a in r.alive),
         max_unsharded_bytes=max(a[2] for a in r.alive), spans=r.spans, alive=r.alive)

@@ -29,7 +29,7 @@ def plot_gantt(result: SimResult, path, title: str = "") -> Path:
     n = len(lanes)
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 1.6 + 0.4 * n + 1.2), sharex=True,
                                   gridspec_kw={"height_ratios": [n, 1.6]})
-    ax.broken_barh([(0.0, result.step_s * 1e3)], (-0.1, n), facecolors="none", edgecolors="#BBBBBB",
+    ax.broken_barh([(0.0, result.step_time_s * 1e3)], (-0.1, n), facecolors="none", edgecolors="#BBBBBB",
                    linestyles="--")
     yticks, ylabels, seen = [], [], set()
     for j, (lane, parts) in enumerate(lanes):
@@ -44,7 +44,7 @@ def plot_gantt(result: SimResult, path, title: str = "") -> Path:
     ax.set_title(title or "one simulated step", loc="left", fontsize="medium", pad=22)
     ax.legend(loc="lower left", ncols=4, fontsize="small", frameon=False, bbox_to_anchor=(0.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
-    t = [a[0] * 1e3 for a in result.alive] + [result.step_s * 1e3]
+    t = [a[0] * 1e3 for a in result.alive] + [result.step_time_s * 1e3]
     units = [a[1] for a in result.alive]
     ax2.step(t[:-1], units, where="post", color=COLORS["compute"])
     ax2.set_ylabel("unsharded\nunits", fontsize="small")
@@ -53,7 +53,7 @@ def plot_gantt(result: SimResult, path, title: str = "") -> Path:
     return save_figure(fig, path, dpi=120)
 
 
-def plot_heatmap(table, path, value: str = "step_s", title: str = "") -> Path:
+def plot_heatmap(table, path, value: str = "step_time_s", title: str = "") -> Path:
     """Knob setting (rows) x link bandwidth (columns) -> predicted ``value`` in ms."""
     path = Path(path)
     pivot = table.pivot_table(index="setting", columns="gbps", values=value, aggfunc="mean", sort=False) * 1e3
@@ -84,7 +84,7 @@ def plot_validation(pred, path, min_margin: float = MIN_MARGIN) -> Path:
     links = sorted(pred["link"].unique(), key=lambda s: float(s.split()[0]))
     colours = dict(zip(links, plt.get_cmap("viridis")(
         [i / max(len(links) - 1, 1) for i in range(len(links))])))
-    for ax, (p, m, bar, what) in zip(axes, (("step_s", "measured_step_s", STEP_BAR, "step time"),
+    for ax, (p, m, bar, what) in zip(axes, (("step_time_s", "measured_step_s", STEP_BAR, "step time"),
                                             ("exposed_comm_s", "measured_exposed_comm_s", EXPOSED_BAR,
                                              "exposed communication"))):
         ok = pred[(pred[p] > 0) & (pred[m] > 0)]

@@ -35,7 +35,7 @@ def compare(r, m: dict) -> dict:
     step and exposed communication, the errors, and the no-overlap reference (compute
     plus every collective in turn, what a model without schedule rules would say)."""
     step, exposed, flat = m.get("step_time_s"), measured_exposed(m), r.compute_s + r.comm_s
-    return {"measured_step_s": step, "step_error": relative_error(r.step_s, step),
+    return {"measured_step_s": step, "step_error": relative_error(r.step_time_s, step),
             "measured_exposed_comm_s": exposed, "exposed_error": relative_error(r.exposed_comm_s, exposed),
             "no_overlap_step_s": flat, "no_overlap_error": relative_error(flat, step)}
 
@@ -74,7 +74,7 @@ def write_validation(pred, path: Path) -> None:
     for r in pred.itertuples():
         margin = getattr(r, "emulation_margin", math.nan)
         lines.append(f"| {r.cell_id} | {'n/a' if margin != margin else f'{margin:.1f}x'} "
-                     f"| {ms(r.step_s)} | {ms(r.measured_step_s)} | {pct(r.step_error)} "
+                     f"| {ms(r.step_time_s)} | {ms(r.measured_step_s)} | {pct(r.step_error)} "
                      f"| {ms(r.no_overlap_step_s)} | {pct(r.no_overlap_error)} "
                      f"| {ms(r.exposed_comm_s)} | {ms(r.measured_exposed_comm_s)} | {pct(r.exposed_error)} |")
     lines += ["", *validation_summary(pred)]
@@ -137,7 +137,7 @@ def cross_validate(schedules: dict, out: Path):
             r = simulate(variant, link)
             rows.append({"engine": dst.engine, "source": src_id, "target": dst_id, "gbps": link.bandwidth_gbps,
                          "source_gbps": (measured_link(src) or link).bandwidth_gbps,
-                         "step_s": r.step_s, "exposed_comm_s": r.exposed_comm_s, **compare(r, m),
+                         "step_time_s": r.step_time_s, "exposed_comm_s": r.exposed_comm_s, **compare(r, m),
                          "emulation_margin": emulation_margin(dst, link)})
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,184 @@
+"""The rank session: one cell on one rank, in any world.
+
+[Note: the rank session]
+Every tool that runs a cell's engine runs it here: the harness's worker (real ranks,
+its timing, profiling and memory passes), ``estimate`` (one rank of a fake world under
+the storage tracker), ``predict`` (one rank of a fake world on the virtual GPU). A
+:class:`Session` builds the cell's model and engine (zerobench/spec/models.py,
+zerobench/engines), makes the rank's batches (zerobench/spec/data.py), warms up, and
+runs a measured step (:meth:`Session.measured_step`): the host clock from issue to the
+device being done, the storage tracker restarted at its start and told each phase, the
+gradients noted when the optimizer phase starts (before ``zero_grad`` drops them). The
+world (zerobench/rank/worlds.py, [Note: two worlds]) says where: which process group,
+which device and device module, real or fake tensors. The instruments are entered by
+the driver around the session: the emulated link and the profiler by the worker, the
+storage tracker by whoever measures memory (:meth:`Session.tracker`), the virtual GPU
+by its fake world.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zerobench.engines import OptimizerSpec, get_engine
+from zerobench.instruments.memory import StorageTracker
+from zerobench.rank.worlds import World
+from zerobench.spec import data as data_mod
+from zerobench.spec.matrix import Cell
+from zerobench.spec.models import build_for_cell, loss_fn
+from zerobench.spec.workload import Workload
+
+#: Result column -> the caching allocator's statistic (``torch.cuda.memory_stats`` names),
+#: for a GPU's ``torch.cuda`` and the virtual GPU alike. See [Note: allocator peaks] in
+#: zerobench/runs/schema.py.
+ALLOCATOR_COLUMNS = {
+    "peak_allocated_bytes": "allocated_bytes.all.peak",
+    "peak_active_bytes": "active_bytes.all.peak",
+    "peak_reserved_bytes": "reserved_bytes.all.peak",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+}
+
+
+def allocator_metrics(stats: dict) -> dict:
+    """The caching allocator's figures, as result columns, from ``memory_stats()``."""
+    return {column: stats.get(name, 0) for column, name in ALLOCATOR_COLUMNS.items()}
+
+
+def unique_nbytes(tensors) -> tuple[int, int]:
+    """(bytes of the distinct storages, elements) of tensors, DTensors by their local shard."""
+    seen, nbytes, numel = set(), 0, 0
+    for t in tensors:
+        if t is None or not torch.is_tensor(t):
+            continue
+        local = getattr(t, "_local_tensor", None)
+        t = local if local is not None else t
+        if t.dim() == 0:  # optimizer step counters
+            continue
+        numel += t.numel()
+        s = t.untyped_storage()
+        # A FakeTensor reports its fake device (cpu) but holds a meta storage, with no data pointer.
+        key = (id(s), s.nbytes()) if s.device.type == "meta" else s.data_ptr()
+        if key not in seen:
+            seen.add(key)
+            nbytes += s.nbytes()
+    return nbytes, numel
+
+
+@dataclass
+class StepResult:
+    """What one measured step gave."""
+
+    seconds: float
+    """host clock from the step's issue to the device being done with it"""
+    loss: torch.Tensor
+    state: dict[str, int]
+    """with a tracker: ``state_{params,grads,optim}_{bytes,numel}``, the model states the
+    engine holds (distinct storages; gradients as the optimizer phase started)"""
+
+
+class Session:
+    """One cell on one rank; see [Note: the rank session]."""
+
+    def __init__(self, workload: Workload, cell: Cell, world: World):
+        self.w = workload
+        self.cell = cell
+        self.world = world
+        self.ctx = world.context()
+        self.engine_cls = get_engine(cell.engine)
+        self.loss = loss_fn(workload.model)
+        o = workload.optimizer
+        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper())
+
+    # -- building ---------------------------------------------------------------------
+
+    def build(self):
+        """The cell's engine around its freshly built, seeded model, with its optimizer.
+        The world decides what building costs its device (``World.building``: on the
+        virtual GPU, only what the rank holds once wrapped, as a meta-device build)."""
+        with self.world.building():
+            engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
+            device = None if self.world.backend == "fake" else self.ctx.device
+            model, units = build_for_cell(self.w.model, self.w.seed, device,
+                                          self.cell.opts.get("activation_checkpointing", "none"))
+            engine.wrap(model, units)
+        self.world.materialize()
+        engine.build_optimizer(self.spec)
+        return engine
+
+    def tracker(self, timeline: bool = True) -> StorageTracker:
+        """A storage tracker for this world's tensors (meta storages under fake tensors);
+        enter it before :meth:`build` so that it sees the model being made."""
+        return StorageTracker("meta" if self.world.fake_tensors else self.ctx.device.type, timeline=timeline)
+
+    # -- running ----------------------------------------------------------------------
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, targets) at ``step``: its slice of the global batch
+        (zerobench/spec/data.py); under fake tensors, tensors of the same shapes."""
+        d, m = self.w.data, self.w.model
+        if self.world.fake_tensors:
+            if getattr(m, "batch", ""):
+                return data_mod.global_batch(m, d.batch_size, d.seed, step)
+            if m.kind == "mlp":
+                return torch.randn(d.batch_size, m.width), torch.randn(d.batch_size, m.width)
+            return (torch.randint(0, m.vocab, (d.batch_size, m.seq_len)),
+                    torch.randint(0, m.vocab, (d.batch_size, m.seq_len)))
+        inputs, targets = data_mod.rank_batch(m, d.batch_size, self.ctx.world_size, self.ctx.rank, d.seed, step,
+                                              self.ctx.device)
+        if self.world.backend == "fake":  # own storages, not views of the global batch
+            return inputs.clone(), targets.clone()
+        return inputs, targets
+
+    def step(self, engine, step: int) -> torch.Tensor:
+        """One training step on the batch of ``step``; returns the detached loss."""
+        return engine.train_step(*self.batch(step), self.loss)
+
+    def warm_up(self, engine, steps: int, first: int = 0) -> None:
+        for step in range(first, first + steps):
+            self.step(engine, step)
+
+    def measured_step(self, engine, step: int, tracker: StorageTracker | None = None) -> StepResult:
+        """Run the step of ``step`` and measure it: the world's host clock from issue to
+        the device being done (it synchronises at both ends, as a timed step must, while
+        streams overlap freely inside the step); the tracker, if given, restarts its
+        peak at the start, follows the phases and classifies what it saw at the end."""
+        inputs, targets = self.batch(step)
+        grads = (0, 0)  # (bytes, elements) of the gradients as the optimizer phase starts
+
+        def on_phase(name: str) -> None:
+            nonlocal grads
+            tracker.set_phase(name)
+            if name == "optimizer":  # gradients are complete and not yet zeroed
+                found = engine.gradient_tensors()
+                tracker.note_roles("grads", found)
+                grads = unique_nbytes(found)
+
+        world = self.world
+        if tracker is not None:  # a timed step runs with nothing of the tracker's in it
+            engine.on_phase = on_phase
+        try:
+            world.synchronize()
+            if tracker is not None:
+                tracker.reset_peak()
+            start = world.clock()
+            loss = engine.train_step(inputs, targets, self.loss)
+            world.synchronize()
+            seconds = world.clock() - start
+        finally:
+            engine.on_phase = None
+        state: dict[str, int] = {}
+        if tracker is not None:
+            params, optim = engine.parameter_tensors(), engine.optimizer_state_tensors()
+            tracker.set_phase("after")
+            tracker.classify(params=params, optim=optim)
+            for role, (nbytes, numel) in (("params", unique_nbytes(params)), ("grads", grads),
+                                          ("optim", unique_nbytes(optim))):
+                state[f"state_{role}_bytes"], state[f"state_{role}_numel"] = nbytes, numel
+        return StepResult(seconds, loss, state)
+
+    def allocator_metrics(self) -> dict:
+        """The device's caching-allocator figures as result columns ({} on a CPU)."""
+        return allocator_metrics(self.world.memory_stats()) if self.world.module is not None else {}

@@ -1,0 +1,281 @@
+"""The worlds a rank runs in: real ranks under torchrun, or one rank of a fake process
+group in this process.
+
+[Note: two worlds]
+A :class:`World` is a rank's process group, its device, and the module that answers for
+that device's streams, events and memory (``torch.cuda`` on a GPU, the virtual GPU,
+or none on a CPU). The rank session (zerobench/rank/session.py) runs the same cell in
+either:
+
+* :class:`TorchrunWorld`: this process is one rank of a real world, started by
+  ``zerobench run`` or by torchrun (the environment of zerobench/rank/protocol.py);
+  gloo on CPU, NCCL with one GPU per local rank. Collectives move real data.
+* :class:`FakeWorld`: this process is rank ``rank`` of a world of any size whose other
+  ranks do not exist: a process group of backend "fake"
+  (``torch.testing._internal.distributed.fake_pg``), whose collectives return at once
+  with garbage contents. Memory and the program's order are right, numerics are not.
+  Optionally the tensors are fake too (:func:`fake_tensor_mode`: shapes only, any model
+  size), the device is the virtual GPU (zerobench/instruments/vgpu), and the backend's
+  own buffers are modelled (:class:`GlooReduceScatterBuffers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+from zerobench.engines import RankContext
+from zerobench.instruments import collectives
+from zerobench.instruments.collectives import Layer
+from zerobench.rank import devices
+from zerobench.rank.protocol import torchrun_env
+
+
+class World:
+    """A rank's process group and device; see [Note: two worlds]. Use as a context manager."""
+
+    rank: int
+    size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    module = None
+    """the device module (``torch.cuda``, a virtual GPU), or None on a CPU"""
+    fake_tensors = False
+    """whether tensors are FakeTensors (shapes only)"""
+
+    def context(self) -> RankContext:
+        return RankContext(self.rank, self.size, self.local_rank, self.device, self.backend)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def gather_object(self, obj) -> list | None:
+        """Every rank's ``obj``, on rank 0 (None on the others)."""
+        gathered = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
+
+    def synchronize(self) -> None:
+        """Wait for the device (a no-op on a CPU)."""
+        if self.module is not None:
+            self.module.synchronize()
+
+    def clock(self) -> float:
+        """Seconds on the host: the wall clock, or the virtual GPU's host clock."""
+        return time.perf_counter()
+
+    def reset_peak_memory_stats(self) -> None:
+        if self.module is not None:
+            self.module.reset_peak_memory_stats()
+
+    def memory_stats(self) -> dict:
+        return self.module.memory_stats(self.device) if self.module is not None else {}
+
+    def building(self):
+        """Around building and wrapping the model: on a virtual GPU, the build as users do
+        it ([Note: build as users do] in zerobench/instruments/vgpu/device.py); elsewhere
+        the tensors are made where they are (the harness builds real ones on its device)."""
+        return contextlib.nullcontext()
+
+    def materialize(self) -> None:
+        """After :meth:`building`: what the rank holds gets its device memory."""
+
+    def __enter__(self) -> "World":
+        raise NotImplementedError
+
+    def __exit__(self, *exc) -> None:
+        raise NotImplementedError
+
+
+class TorchrunWorld(World):
+    """This process as one rank of a real world (the torchrun environment)."""
+
+    def __init__(self, requested_device: str = "auto", threads: int = 1):
+        env = torchrun_env()
+        self.rank, self.size, self.local_rank = env.rank, env.world_size, env.local_rank
+        choice = devices.choose(requested_device, env.local_rank, env.local_world_size)
+        self.device, self.backend = choice.device, choice.backend
+        self.threads = threads
+        self.module = torch.cuda if self.device.type == "cuda" else None
+
+    def synchronize(self) -> None:
+        if self.module is not None:
+            torch.cuda.synchronize(self.device)
+
+    def __enter__(self) -> "TorchrunWorld":
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+        else:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(self.backend, device_id=self.device if self.backend == "nccl" else None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.destroy_process_group()
+
+
+#: Backends whose own buffers a fake world can model (``FakeWorld(backend=...)``).
+BACKENDS = ("nccl", "gloo")
+
+
+class FakeWorld(World):
+    """Rank ``rank`` of a world of ``size`` ranks that do not exist; see [Note: two worlds].
+
+    ``fake_tensors``: build and run on FakeTensors. ``gpu``: a virtual GPU to run on
+    (a :class:`zerobench.instruments.vgpu.VirtualGpu`, installed while the world is).
+    ``backend``: whose own buffers to model besides the engine's tensors: ``nccl`` (the
+    default) none, as the fake group allocates nothing; ``gloo`` also the buffer gloo's
+    reduce-scatter holds (:class:`GlooReduceScatterBuffers`)."""
+
+    backend = "fake"
+
+    def __init__(self, size: int, rank: int = 0, *, fake_tensors: bool = False, gpu=None, backend: str = "nccl"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+        self.size, self.rank, self.local_rank = size, rank, rank
+        self.device = torch.device("cpu")  # the virtual GPU's tensors are CPU tensors too
+        self.fake_tensors = fake_tensors
+        self.gpu = gpu
+        self.module = gpu
+        self.modelled_backend = backend
+        self._stack: contextlib.ExitStack | None = None
+
+    def clock(self) -> float:
+        return self.gpu.host.now if self.gpu is not None else time.perf_counter()
+
+    def building(self):
+        return self.gpu.deferred() if self.gpu is not None else contextlib.nullcontext()
+
+    def materialize(self) -> None:
+        if self.gpu is not None:
+            self.gpu.materialize()
+
+    def barrier(self) -> None:
+        pass  # no other rank to wait for
+
+    def __enter__(self) -> "FakeWorld":
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
+
+        dist.init_process_group("fake", world_size=self.size, rank=self.rank, store=FakeStore())
+        stack = contextlib.ExitStack()
+        stack.callback(dist.destroy_process_group)
+        try:
+            if self.fake_tensors:
+                stack.enter_context(fake_tensor_mode())
+                stack.enter_context(single_rank_ddp())
+            if self.modelled_backend == "gloo":
+                stack.enter_context(collectives.intercepted(GlooReduceScatterBuffers()))
+            if self.gpu is not None:
+                stack.enter_context(self.gpu)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack, self._stack = self._stack, None
+        stack.close()
+
+
+# -- what a fake world needs ----------------------------------------------------------
+
+
+def fake_tensor_mode():
+    """FakeTensorMode, except that small integer tensors on the host stay real.
+
+    Engines keep bookkeeping in small int tensors that they exchange with the other
+    ranks and then read as data: DDP's C++ reducer its bucket indices and sizes (through
+    data pointers, when it rebuilds its buckets after the first iteration), impl's FSDP
+    its first-iteration execution-order check (``.tolist()``), a DeviceMesh its rank
+    layout. A FakeTensor has no data, so those stay real: what a non-random factory
+    (``empty``, ``zeros``, ``arange``, ...) makes when the result is an integer host
+    tensor of at most ``HOST_CONTROL_MAX_NUMEL`` elements, and what any op makes from
+    inputs that are all such real tensors. A few hundred bytes, outside the tracked
+    (meta) storages. Every floating-point tensor, whatever its size, and every tensor
+    derived from a fake one (the token ids of a fake batch included) stays fake.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._mode_utils import no_dispatch
+    from torch.utils._pytree import tree_leaves
+
+    def small_host_int(t, device: torch.device) -> bool:
+        return (device.type == "cpu" and not t.is_floating_point() and not t.is_complex()
+                and t.numel() <= HOST_CONTROL_MAX_NUMEL)
+
+    class HostControlFakeMode(FakeTensorMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if tensors and all(not isinstance(t, FakeTensor) and small_host_int(t, t.device) for t in tensors):
+                with no_dispatch():
+                    return func(*args, **kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if (not tensors and func.overloadpacket in HOST_CONTROL_FACTORIES and isinstance(out, FakeTensor)
+                    and small_host_int(out, out.fake_device)):
+                with no_dispatch():  # the fake result said what it is: a small integer host tensor
+                    return func(*args, **kwargs)
+            return out
+
+    return HostControlFakeMode(allow_non_fake_inputs=True)
+
+
+#: The largest integer host tensor fake_tensor_mode leaves real (elements).
+HOST_CONTROL_MAX_NUMEL = 1 << 16
+#: Factories whose small integer host results fake_tensor_mode leaves real (never random ones).
+HOST_CONTROL_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.zeros, torch.ops.aten.ones, torch.ops.aten.full,
+                          torch.ops.aten.arange, torch.ops.aten.scalar_tensor}
+
+
+@contextlib.contextmanager
+def single_rank_ddp():
+    """DDP's constructor checks that every rank holds parameters of the same shapes by
+    exchanging them as data. One rank against a fake group has no one to disagree with,
+    and under fake tensors the shapes cannot be read as data: the check is skipped."""
+    from unittest import mock
+
+    with mock.patch("torch.nn.parallel.distributed._verify_param_shape_across_processes", lambda *a, **k: None):
+        yield
+
+
+class _GlooReduceScatterWork:
+    """A fake group's reduce-scatter Work that, once waited, holds what gloo's does.
+
+    gloo (torch 2.13) reduces a copy of the whole input: its Work allocates a buffer of
+    the input's size when the collective is issued (on gloo's thread) and keeps it until
+    the Work is dropped; ``wait()`` then splits it on the waiting thread and copies this
+    rank's chunk into the output. The storage tracker, which sees only the waiting
+    thread's operators, counts the buffer from that split until the Work is dropped, and
+    so does this Work: ``wait()`` allocates it, and it lives as long as the Work.
+    """
+
+    def __init__(self, work, input_tensor: torch.Tensor | None):
+        self._work = work
+        self._input = input_tensor
+        self._buffer = None
+
+    def wait(self, timeout=None) -> bool:
+        if self._buffer is None and self._input is not None:
+            self._work.wait()
+            self._buffer = torch.empty(self._input.numel(), dtype=self._input.dtype, device=self._input.device)
+            self._input = None
+        return True
+
+    def __getattr__(self, name):  # is_completed, get_future, exception, ...: the fake group's
+        return getattr(self._work, name)
+
+
+class GlooReduceScatterBuffers(Layer):
+    """A collective layer ([Note: one interception] in zerobench/instruments/collectives.py)
+    that gives the fake group's reduce-scatters the buffer gloo's hold. A synchronous call
+    is waited at once and its Work dropped on return, as gloo's is."""
+
+    def issue(self, call, issue):
+        work = issue()
+        if call.name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+            return _GlooReduceScatterWork(work, call.input())
+        return work
