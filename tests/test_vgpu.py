@@ -338,21 +338,21 @@ def test_gpu_check_limiter_does_not_empty_the_cache_before_its_measured_forward(
     assert emptied["without_limiter"]["peak_active_above_base_units"] <= 0.6 * piled_up
 
 
-@pytest.mark.parametrize("strategy,avoid_record_streams", [("FULL_SHARD", True), ("SHARD_GRAD_OP", True),
-                                                            ("FULL_SHARD", False)])
-def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strategy, avoid_record_streams):
+@pytest.mark.parametrize("strategy,record_streams", [("FULL_SHARD", False), ("SHARD_GRAD_OP", False),
+                                                      ("FULL_SHARD", True)])
+def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strategy, record_streams):
     """Defect 4 of #18: [Note: reductions in flight] bounds the unsharded gradients in
     *memory*, with the host far ahead of a slow reduce-scatter. Handing them over with
     record_stream kept every unit's gradient active (8 of 8). ProcessGroupNCCL itself
-    record-streams a collective's tensors onto its stream unless
-    TORCH_NCCL_AVOID_RECORD_STREAMS=1: then each freed gradient stays active until the
+    record-streamed a collective's tensors onto its stream before stashing them became its
+    default ([Note: collective tensors]): then each freed gradient stays active until the
     all-gathers the host queued on the same stream after it have run, and they pile up."""
     from impl.fsdp import FullyShardedDataParallel as FSDP
     from impl.fsdp import ShardingStrategy
     from impl.fsdp.flat_param import FlatParamHandle
 
     units, width = 8, 256
-    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), avoid_record_streams=avoid_record_streams)
+    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), record_streams=record_streams)
     original = FlatParamHandle.take_unsharded_grad
 
     def take(handle):
@@ -377,7 +377,7 @@ def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strateg
         gpu.synchronize()
     unit_bytes = width * width * 4
     assert gpu.host.blocked_s < gpu.host.now  # the host did run ahead
-    if avoid_record_streams:
+    if not record_streams:
         assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
     else:
         assert gpu.allocator.peak_active_by_label["unsharded_grad"] >= 6 * unit_bytes
@@ -388,14 +388,12 @@ def test_cpu_offload_moves_each_units_gradient_to_the_host_during_backward(fake_
     pinned host memory while backward goes on (one unit behind its reduce-scatter), so
     at most two shards are on the device at once, not every unit's until the end of
     backward; and the sharded parameters, their gradients and the optimizer state live
-    in host memory, not on the device. (With ProcessGroupNCCL's own record_stream, the
-    reduce-scatter outputs stay active until the queued all-gathers pass: that is the
-    previous test's; here impl's mechanism alone, as with TORCH_NCCL_AVOID_RECORD_STREAMS=1.)"""
+    in host memory, not on the device."""
     from impl.fsdp import CPUOffload
     from impl.fsdp import FullyShardedDataParallel as FSDP
 
     units, width = 8, 256
-    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), avoid_record_streams=True)
+    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0))
     with gpu:
         model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(units)])
         offload = CPUOffload(offload_params=True)

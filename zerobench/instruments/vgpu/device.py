@@ -30,6 +30,17 @@ while it is installed
 
 The timeline is computed as the host issues work: [Note: virtual timeline].
 
+[Note: collective tensors]
+A collective's tensors must not be reused while NCCL's stream still reads or writes
+them. ProcessGroupNCCL has had two ways: ``record_stream`` of every input and output
+onto its stream (the default until TORCH_NCCL_AVOID_RECORD_STREAMS=1 became it: torch
+2.13's ProcessGroupNCCL warns that the variable is deprecated for that reason), so that
+a freed tensor stays active until the stream has passed the free, everything queued on
+it by then included; and *stashing* the tensors in the work until ``wait()`` orders the
+caller's stream after the collective (the default now). ``VirtualGpu(record_streams=...)``
+chooses (``zerobench predict --nccl-record-streams`` for the old way, which is what the
+runs published in 2023-2024 had, and the pile-up FSDP1's limiter exists to bound).
+
 [Note: build as users do]
 Users of sharded engines do not build the whole model on the GPU: torchtitan builds it
 on the meta device, applies ``fully_shard``, then ``to_empty(device="cuda")`` and
@@ -86,10 +97,10 @@ class VirtualGpu(Layer):
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
                  inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None,
-                 avoid_record_streams: bool = False):
+                 record_streams: bool = False):
         self.preset = gpu_preset(gpu)
-        # ProcessGroupNCCL's TORCH_NCCL_AVOID_RECORD_STREAMS (unset: False): see issue().
-        self.avoid_record_streams = avoid_record_streams
+        # How ProcessGroupNCCL keeps a collective's tensors alive: see [Note: collective tensors].
+        self.record_streams = record_streams
         if not isinstance(alloc_conf, AllocatorConfig):
             alloc_conf = AllocatorConfig.parse(alloc_conf)
         self.host_preset = host_preset(host)
@@ -424,11 +435,9 @@ class VirtualGpu(Layer):
         if link is not None and call.group_size > 1:
             # NCCL's achieved bus bandwidth for this size ([Note: achieved bus bandwidth])
             seconds = max(comm.collective_seconds(call.kind, call.nbytes, call.group_size, link), seconds)
-        # ProcessGroupNCCL record-streams every input and output onto its stream when
-        # TORCH_NCCL_AVOID_RECORD_STREAMS is unset (the default): a tensor freed by the host
-        # stays active until the communication stream has passed the free, that is until
-        # everything queued on it by then (this collective, and any issued after it) has run.
-        if not self.avoid_record_streams:
+        # [Note: collective tensors]: recorded on the communication stream, or stashed in
+        # the work until it is waited on.
+        if self.record_streams:
             for tensor in call.tensors():
                 self.record_storage_use(tensor, stream)
         # Count what the outputs hold by role: gathered parameters, reduced gradients.
@@ -444,22 +453,25 @@ class VirtualGpu(Layer):
         self.collectives += 1
         done = VEvent(self)
         done.time, done.stream = end, stream
-        return VirtualWork(self, work, done)
+        return VirtualWork(self, work, done, stash=None if self.record_streams else call.tensors())
 
 
 class VirtualWork:
     """A collective in flight on the virtual GPU (NCCL's ``Work`` semantics)."""
 
-    def __init__(self, gpu: VirtualGpu, work, done: VEvent):
+    def __init__(self, gpu: VirtualGpu, work, done: VEvent, stash: list | None = None):
         self._gpu = gpu
         self._work = work
         self.done = done
+        # The collective's tensors, kept alive until wait(): [Note: collective tensors].
+        self._stash = stash
 
     def wait(self, timeout=None) -> bool:
         if self._work is not None:
             self._work.wait()  # the real data movement (gloo) or nothing (fake)
             self._work = None
         self._gpu.current_stream().wait_event(self.done)
+        self._stash = None  # the current stream is now ordered after the collective
         return True
 
     def is_completed(self) -> bool:

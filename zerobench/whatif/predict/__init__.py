@@ -48,12 +48,12 @@ def _with_matrix(workload):
 def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast", link: str = "nvlink4-8gpu",
             inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
             matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
-            nccl_mib: int | None = None, avoid_record_streams: bool = False) -> Path:
+            nccl_mib: int | None = None, record_streams: bool = False) -> Path:
     """Predict every configuration of the workload at ``world_sizes``; returns the folder.
     ``alloc_conf``: caching-allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax;
     ``context_mib`` / ``nccl_mib``: device memory outside the allocator (the CUDA
-    context; each NCCL communicator), in place of the preset's; ``avoid_record_streams``:
-    as ProcessGroupNCCL with ``TORCH_NCCL_AVOID_RECORD_STREAMS=1``."""
+    context; each NCCL communicator), in place of the preset's; ``record_streams``: as
+    ProcessGroupNCCL did before avoiding record_stream became its default."""
     import pandas as pd
 
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
@@ -70,7 +70,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
             raise ValueError(f"{name}: {value} is not allowed (allowed: ints >= 0)")
     gpu_preset(gpu).with_memory(context_bytes=None if context_mib is None else context_mib * 2**20)
     memory = {"alloc_conf": alloc_conf or "", "context_mib": context_mib, "nccl_mib": nccl_mib,
-              "avoid_record_streams": avoid_record_streams}
+              "record_streams": record_streams}
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
@@ -122,8 +122,8 @@ def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path, 
     for name in ("context_mib", "nccl_mib"):
         if memory[name] is not None:
             args += [f"--{name.replace('_', '-')}", str(memory[name])]
-    if memory["avoid_record_streams"]:
-        args.append("--avoid-record-streams")
+    if memory["record_streams"]:
+        args.append("--record-streams")
     if links["inter_link"] is not None:
         args += ["--inter-link", _link_json(links["inter_link"])]
     # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
@@ -167,7 +167,7 @@ def cmd_predict(args) -> int:
                       link=args.link, inter_link=args.inter_link, node_size=args.node_size,
                       results_root=args.results, matrix=args.matrix, only=args.config, alloc_conf=args.alloc_conf,
                       context_mib=args.context_mib, nccl_mib=args.nccl_mib,
-                      avoid_record_streams=args.nccl_avoid_record_streams)
+                      record_streams=args.nccl_record_streams)
     frame = pd.read_csv(out_dir / "predict.csv")
     print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
           f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
@@ -198,7 +198,7 @@ def register_cli(sub) -> None:
                    help="device memory of the CUDA context, outside the allocator (default: the preset's, 512)")
     p.add_argument("--nccl-mib", type=int, default=None,
                    help="device memory of each NCCL communicator, outside the allocator (default: the preset's, 688)")
-    p.add_argument("--nccl-avoid-record-streams", action="store_true",
-                   help="as TORCH_NCCL_AVOID_RECORD_STREAMS=1: ProcessGroupNCCL does not record-stream collective "
-                        "tensors onto its stream")
+    p.add_argument("--nccl-record-streams", action="store_true",
+                   help="ProcessGroupNCCL record-streams collective tensors onto its stream, as PyTorch did before "
+                        "TORCH_NCCL_AVOID_RECORD_STREAMS became the default (docs/vgpu.md)")
     p.set_defaults(func=cmd_predict)

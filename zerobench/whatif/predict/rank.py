@@ -76,7 +76,7 @@ current_gpu: list = []
 
 def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
                 trace_path: Path | None = None, alloc_conf: str | None = None,
-                avoid_record_streams: bool = False) -> dict:
+                record_streams: bool = False) -> dict:
     """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
     tensors, a fake process group: warm-up, then one measured step read off the device."""
     from zerobench.instruments.vgpu import VirtualGpu
@@ -86,7 +86,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
 
     started = time.perf_counter()
     vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
-                      alloc_conf=alloc_conf, avoid_record_streams=avoid_record_streams)
+                      alloc_conf=alloc_conf, record_streams=record_streams)
     current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
         session = Session(w, cell, world)
@@ -149,7 +149,7 @@ def main(argv=None) -> None:
     parser.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF syntax")
     parser.add_argument("--context-mib", type=int, default=None)
     parser.add_argument("--nccl-mib", type=int, default=None)
-    parser.add_argument("--avoid-record-streams", action="store_true")
+    parser.add_argument("--record-streams", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -167,7 +167,7 @@ def main(argv=None) -> None:
         current_gpu.clear()
         try:
             row = predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf,
-                              args.avoid_record_streams)
+                              args.record_streams)
         except torch.OutOfMemoryError as err:
             traceback.print_exc()
             allocator = current_gpu[-1].allocator if current_gpu else None
