@@ -12,9 +12,7 @@ beside them), ``workload.json`` and ``plots/estimate_peak.png``. See docs/estima
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -139,21 +137,37 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
         opt = "sgd-momentum"
+    # Every cell (and depth) to run, in one process ([Note: one process for many cells]).
+    from zerobench.whatif.jobs import Job
+
+    plans, jobs = {}, []
     for cell in cells:
-        todo, reasons = [], {}
+        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
         for ws in world_sizes:
             why = why_not(cell, ws, hybrid_shard_size)
-            (reasons.__setitem__(ws, why) if why else todo.append(ws))
-        results = {ws: {"status": "skipped", "reason": r} for ws, r in reasons.items()}
-        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
-        if todo:
-            started = time.perf_counter()
-            if shallow is None:
-                results.update(_run_child(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend))
+            if why:
+                plans[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
+                continue
+            for layers in (shallow or (None,)):
+                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=config_id(cell)))
+        plans[config_id(cell)] = shallow
+    found = {}
+    if jobs:
+        started = time.perf_counter()
+        for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log)):
+            found[(job.label, job.world_size, job.layers)] = row
+        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
+    for cell in cells:
+        cid, shallow = config_id(cell), plans[config_id(cell)]
+        results = {}
+        for ws in world_sizes:
+            if (cid, ws) in plans:
+                results[ws] = plans[(cid, ws)]
+            elif shallow is None:
+                results[ws] = found.get((cid, ws, None))
             else:
-                results.update(_run_shallow(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend, shallow))
-            how = f" (depths {shallow[0]} and {shallow[1]}, extrapolated to {w.model.layers})" if shallow else ""
-            log(f"{config_id(cell)}: world sizes {','.join(map(str, todo))} in {time.perf_counter() - started:.1f} s{how}")
+                results[ws] = _extrapolated(w, cell, ws, rank, shallow, found.get((cid, ws, shallow[0])),
+                                            found.get((cid, ws, shallow[1])))
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
             opts = dict(cell.opts)
@@ -185,64 +199,27 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     return out_dir
 
 
-def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, shallow) -> dict:
-    """Rows at the workload's depth extrapolated from depths ``shallow`` ([Note: depth extrapolation])."""
+def _extrapolated(w, cell, ws, rank, shallow, a: dict | None, b: dict | None) -> dict:
+    """The row at the workload's depth from the rows at depths ``shallow`` ([Note: depth extrapolation])."""
     low, high = shallow
-    rows = _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, layers=shallow)
-    out = {}
-    for ws in world_sizes:
-        a, b = rows.get((ws, low)), rows.get((ws, high))
-        if not (a and b and a.get("status") == "ok" and b.get("status") == "ok"):
-            bad = next((r for r in (a, b) if r and r.get("status") != "ok"), None)
-            out[ws] = bad or {"status": "skipped", "reason": "no result from the estimating process"}
-            continue
-        row = depth.extrapolate(a, b, low, high, w.model.layers)
-        out[ws] = depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
-    return out
+    if not (a and b and a.get("status") == "ok" and b.get("status") == "ok"):
+        bad = next((r for r in (a, b) if r and r.get("status") != "ok"), None)
+        return bad or {"status": "skipped", "reason": "no result from the estimating process"}
+    row = depth.extrapolate(a, b, low, high, w.model.layers)
+    return depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
 
 
-def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str], env: dict) -> tuple[list, str | None]:
-    """Run ``python -m module`` for one engine configuration (``options``: its option
-    pairs) at ``world_sizes``, in a process of its own. Returns the rows it wrote to
-    ``--out`` and, if it failed, the last line of its stderr (else None). The estimator
-    and the predictor both run one rank this way, through the one launcher
-    (zerobench/harness/launch.py)."""
-    with tempfile.TemporaryDirectory(prefix="zerobench-rank-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
-        (tmp / "cell.json").write_text(json.dumps({"engine": cell.engine, "dtype": cell.dtype,
-                                                   "options": [list(kv) for kv in options]}))
-        from zerobench.harness.launch import run_module
+def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log) -> list[dict]:
+    from zerobench.whatif.jobs import run_jobs
 
-        proc = run_module(module, ["--workload", str(tmp / "workload.json"), "--cell-config", str(tmp / "cell.json"),
-                                   "--world-sizes", ",".join(map(str, world_sizes)), "--out", str(tmp / "out.json"),
-                                   *args], env=dict(env, OMP_NUM_THREADS="1"), timeout=3600)
-        rows = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
-        failure = None
-        if proc.returncode != 0:
-            failure = (proc.stderr.strip().splitlines() or ["(no output)"])[-1][:200]
-        return rows, failure
-
-
-def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl", layers=None) -> dict:
-    """{world size: row}, or with ``layers`` {(world size, depth): row}."""
     args = ["--rank", str(rank), "--backend", backend]
     if fake_tensors:
         args.append("--fake-tensors")
-    if layers:
-        args += ["--layers", ",".join(map(str, layers))]
     env = dict(os.environ)
     env.pop("LOCAL_WORLD_SIZE", None)
     if hybrid_shard_size:
         env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
-    rows, failure = run_rank_process("zerobench.whatif.estimate.rank", w, cell, cell.options, world_sizes, args, env)
-    key = (lambda row: (row.pop("world_size"), row.pop("layers"))) if layers else (lambda row: row.pop("world_size"))
-    out = {key(row): row for row in rows}
-    if failure is not None:
-        for ws in world_sizes:
-            for k in ([(ws, d) for d in layers] if layers else [ws]):
-                out.setdefault(k, {"status": "skipped", "reason": f"estimating process failed: {failure}"})
-    return out
+    return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process")
 
 
 def format_table(frame) -> str:

@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from zerobench.whatif.estimate import config_id, parse_world_sizes, run_rank_process, select_configurations, why_not
+from zerobench.whatif.estimate import config_id, parse_world_sizes, select_configurations, why_not
 from zerobench.whatif.predict.rank import EMULATION_OPTIONS
 
 #: --matrix: the knobs swept for the engines that have them.
@@ -81,28 +81,34 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     cells = select_configurations(w, only, world_sizes)
     out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
-    rows = []
-    for i, cell in enumerate(cells, 1):
-        todo, results = [], {}
+    from zerobench.whatif.jobs import Job
+
+    # Every cell to run, in one process ([Note: one process for many cells]).
+    results: dict = {}
+    jobs = []
+    for cell in cells:
+        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
         for ws in world_sizes:
             why = why_not(cell, ws, None)
             if why:
-                results[ws] = {"status": "skipped", "reason": why}
+                results[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
             else:
-                todo.append(ws)
-        if todo:
-            started = time.perf_counter()
-            results.update(_run_child(w, cell, todo, gpu, host, links, node_size, out_dir / "traces", memory))
-            log(f"[{i}/{len(cells)}] {config_id(cell)}: world sizes {','.join(map(str, todo))} in "
-                f"{time.perf_counter() - started:.1f} s")
+                jobs.append(Job(cell.engine, cell.dtype, options, ws, label=config_id(cell)))
+    if jobs:
+        started = time.perf_counter()
+        for job, row in zip(jobs, _run_jobs(w, jobs, gpu, host, links, node_size, out_dir / "traces", memory, log)):
+            results[(job.label, job.world_size)] = row
+        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
+    rows = []
+    for cell in cells:
         for ws in world_sizes:
-            res = results.get(ws) or {"status": "skipped", "reason": "no result from the predicting process"}
+            res = results.get((config_id(cell), ws)) or {"status": "skipped",
+                                                          "reason": "no result from the predicting process"}
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": gpu, "host": host, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
                          "alloc_conf": memory["alloc_conf"],
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
-        write_csv_atomic(out_dir / "predict.csv", pd.DataFrame(rows))
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "predict.csv", frame)
     from zerobench.whatif.predict.plots import plot_predict
@@ -115,8 +121,9 @@ def _link_json(link) -> str:
     return json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us, "name": link.name})
 
 
-def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path, memory: dict) -> dict:
-    options = [kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
+def _run_jobs(w, jobs, gpu, host, links, node_size, traces: Path, memory: dict, log) -> list[dict]:
+    from zerobench.whatif.jobs import run_jobs
+
     args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
             "--link", _link_json(links["link"]), "--alloc-conf", memory["alloc_conf"]]
     for name in ("context_mib", "nccl_mib"):
@@ -128,12 +135,7 @@ def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path, 
         args += ["--inter-link", _link_json(links["inter_link"])]
     # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
-    rows, failure = run_rank_process("zerobench.whatif.predict.rank", w, cell, options, world_sizes, args, env)
-    out = {row.pop("world_size"): row for row in rows}
-    if failure is not None:
-        for ws in world_sizes:
-            out.setdefault(ws, {"status": "skipped", "reason": f"predicting process failed: {failure}"})
-    return out
+    return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process")
 
 
 def _int(value) -> str:

@@ -4,8 +4,9 @@ The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/
 against a fake process group of the cell's world size, with fake tensors (shapes only)
 and the virtual GPU installed (zerobench/instruments/vgpu, [Note: virtual device]): the
 rank session (zerobench/rank/session.py) warms up and runs one measured step whose timeline and memory are read off the virtual device.
-Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, one process per
-engine configuration, so that process-group state never leaks between cells.
+Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, every cell in
+one process, each in a fake world of its own ([Note: one process for many cells] in
+zerobench/whatif/jobs.py).
 
 [Note: predicted columns]
 * ``step_time_s``: host time from the start of the measured step to the device being
@@ -44,7 +45,6 @@ from pathlib import Path
 
 import torch
 
-from zerobench.runs.files import write_json_atomic
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu.presets import gpu_preset
 from zerobench.spec.matrix import Cell
@@ -136,10 +136,11 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
 
 
 def main(argv=None) -> None:
+    from zerobench.whatif.jobs import child_loop
+
     parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.rank")
     parser.add_argument("--workload", type=Path, required=True)
-    parser.add_argument("--cell-config", type=Path, required=True, help="JSON: engine, dtype, options")
-    parser.add_argument("--world-sizes", required=True)
+    parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to predict (zerobench/whatif/jobs.py)")
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--link", required=True, help="JSON of the intra-node link")
@@ -154,34 +155,34 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     w = parse_workload(json.loads(args.workload.read_text()), source=str(args.workload))
-    conf = json.loads(args.cell_config.read_text())
     link = Link(**json.loads(args.link))
     inter = Link(**json.loads(args.inter_link)) if args.inter_link else None
     gpu = gpu_preset(args.gpu).with_memory(
         context_bytes=None if args.context_mib is None else args.context_mib * 2**20,
         nccl_bytes_per_group=None if args.nccl_mib is None else args.nccl_mib * 2**20)
-    rows = []
-    for ws in [int(x) for x in args.world_sizes.split(",")]:
-        cell = Cell(conf["engine"], ws, conf["dtype"], tuple(tuple(kv) for kv in conf["options"]))
+
+    def run_one(job) -> dict:
+        cell = job.cell()
         trace = args.traces / f"{cell.id}.trace.json.gz" if args.traces else None
         current_gpu.clear()
         try:
-            row = predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf,
-                              args.record_streams)
+            return predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf,
+                               args.record_streams)
         except torch.OutOfMemoryError as err:
             traceback.print_exc()
             allocator = current_gpu[-1].allocator if current_gpu else None
             first = str(err).strip().splitlines()[0]
-            row = {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
-                   "oom_needed_bytes": allocator.needed_bytes if allocator else None,
-                   "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
-                   "capacity_bytes": allocator.capacity if allocator else None}
+            return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
+                    "oom_needed_bytes": allocator.needed_bytes if allocator else None,
+                    "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
+                    "capacity_bytes": allocator.capacity if allocator else None}
         except Exception as err:  # one cell never stops the others
             traceback.print_exc()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            row = {"status": "skipped", "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
-        rows.append({"world_size": ws, **row})
-        write_json_atomic(args.out, rows)
+            return {"status": "skipped",
+                    "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
+
+    child_loop(args.jobs, args.out, run_one)
 
 
 if __name__ == "__main__":
