@@ -183,13 +183,3 @@ class Streams:
             if getattr(self, name) is stream:
                 return name
         return "?"
-
-
-def new_event(device: torch.device):
-    """An event recorded on the current stream of ``device`` (None on plain CPU)."""
-    module = accelerator(device)
-    if module is None:
-        return None
-    event = module.Event()
-    event.record(module.current_stream(device))
-    return event

@@ -1,6 +1,6 @@
 """The import graph of impl/ and zerobench/ (module- and function-level imports, read
-with ``ast``): it has no cycle, and impl.fsdp's hooks and utilities do not depend on
-its module class.
+with ``ast``): it has no cycle, impl.fsdp's hooks and utilities do not depend on its
+module class, and zerobench's folders import only the folders below them (FLOORS).
 
 Run ``python -m tests.helpers.import_graph impl zerobench`` to print every cycle.
 """
@@ -8,6 +8,7 @@ Run ``python -m tests.helpers.import_graph impl zerobench`` to print every cycle
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,72 @@ def test_fsdp_hooks_and_utilities_do_not_need_the_module_class(graph, module):
     fully_sharded.py can import them all without a cycle."""
     assert f"impl.fsdp.{module}" in graph
     assert "impl.fsdp.fully_sharded" not in _reachable(graph, f"impl.fsdp.{module}")
+
+
+# -- zerobench's floors ---------------------------------------------------------------------
+
+#: What each folder of zerobench/ may import (besides itself, impl and LEAVES). The order
+#: is how a cell's data flows, bottom up: the instruments a rank is measured with, the
+#: engines, the spec of a cell, run folders, the rank, the harness; analysis reads run
+#: folders and never runs a cell (so never the rank or the harness: readers run no code,
+#: [Note: readers have no side effects]); the what-if tools use everything. cli.py,
+#: __main__.py and worker.py sit on top.
+FLOORS = {
+    "instruments": set(),
+    "engines": {"instruments"},
+    "spec": {"engines", "instruments"},
+    "runs": {"instruments"},
+    "rank": {"runs", "spec", "engines", "instruments"},
+    "harness": {"rank", "runs", "spec", "engines", "instruments"},
+    "analysis": {"runs", "spec", "engines", "instruments"},
+    "whatif": {"analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+}
+#: Modules anyone may import: the column vocabulary and atomic writes (no imports of their own).
+LEAVES = {"zerobench.runs.schema", "zerobench.runs.files"}
+#: Modules that build models from a workload, importing whatever factory it names.
+USER_CODE = {"zerobench.spec.models", "zerobench.spec.user_models", "zerobench.spec.data"}
+
+
+def _floor(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "zerobench" and len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def floor_violations(graph) -> list[str]:
+    out = []
+    for module, deps in sorted(graph.items()):
+        floor = _floor(module)
+        if floor is None:
+            continue
+        for dep in sorted(deps):
+            target = _floor(dep)
+            if dep in LEAVES or target == floor or target in FLOORS[floor]:
+                continue
+            if dep.startswith("zerobench"):
+                out.append(f"{module} -> {dep}")
+    return out
+
+
+def test_every_folder_of_zerobench_has_a_floor():
+    import zerobench
+
+    folders = {p.name for p in Path(zerobench.__file__).parent.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(FLOORS)
+
+
+def test_folders_import_only_the_floors_below(graph):
+    bad = floor_violations(graph)
+    assert not bad, "imports against the floors:\n" + "\n".join(bad)
+
+
+def test_the_floor_check_catches_an_upward_import():
+    graph = {"zerobench.instruments.memory": {"zerobench.spec.checkpointing", "zerobench.runs.schema"},
+             "zerobench.analysis.plots": {"zerobench.harness.reference"}, "zerobench.whatif.predict": {"zerobench.rank"}}
+    assert floor_violations(graph) == ["zerobench.analysis.plots -> zerobench.harness.reference",
+                                       "zerobench.instruments.memory -> zerobench.spec.checkpointing"]
+
+
+def test_readers_never_reach_user_code(graph):
+    """Nothing analysis/ imports, directly or not, builds a model from a workload."""
+    for module in (m for m in graph if _floor(m) == "analysis"):
+        assert not (_reachable(graph, module) & USER_CODE), module

@@ -1,10 +1,13 @@
 """A tensor-storage tracker: live tensor bytes per rank, their peak, and what the peak is made of.
 
-Works on any device, CPU included, where no allocator statistics exist. It is a
-``TorchDispatchMode`` (the approach of ``torch.distributed._tools.mem_tracker``): every
-operator's output storages are registered when first seen and dropped, through a weak
-reference, when the storage dies. ``UntypedStorage.resize_`` is followed too, because
-FSDP frees and re-allocates unsharded parameters by resizing storages in place.
+Works on any device, CPU included, where no allocator statistics exist. It listens to
+the one follower of storages (zerobench/instruments/storages.py, [Note: storage
+lifetime]; the approach of ``torch.distributed._tools.mem_tracker``): every storage an
+operator reads or writes is registered when first seen and dropped when it dies;
+``UntypedStorage.resize_`` is followed too, because FSDP frees and re-allocates
+unsharded parameters by resizing storages in place. It is also a layer of the one
+interception of collectives (zerobench/instruments/collectives.py): it counts bytes and
+calls per kind and marks all-gather outputs.
 
 [Note: telling storages apart]
 A storage's role is only known for sure after the fact (a gradient is whatever ends
@@ -46,23 +49,44 @@ vary by about one unit's buffer between runs; steady-state bytes do not).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
-import weakref
 from collections import defaultdict
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakIdKeyDictionary
 
 from impl.streams import accelerator
-from zerobench.spec.checkpointing import recomputing
-from zerobench.instruments import collectives
+from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import CommCounter, Layer
+from zerobench.instruments.storages import Listener
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
+
+# -- the recomputation mark: set by activation checkpointing (zerobench/spec/checkpointing.py)
+#    around a unit's forward recomputed in backward, read by the tracker ----------------
+
+_recompute = threading.local()
+
+
+def recomputing() -> bool:
+    """Whether a checkpointed unit's forward is being recomputed in backward on this thread
+    (the tracker counts what it allocates as activations, recomputed)."""
+    return getattr(_recompute, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def marking_recompute(active: bool = True):
+    """Mark the block as a recomputation (when ``active``) for :func:`recomputing`."""
+    if not active:
+        yield
+        return
+    _recompute.depth = getattr(_recompute, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _recompute.depth -= 1
 
 
 def _storages(tensors):
@@ -74,7 +98,7 @@ def _storages(tensors):
                 yield t.untyped_storage()
 
 
-class StorageTracker(TorchDispatchMode, Layer):
+class StorageTracker(Listener, Layer):
     """Follow live tensor storages on one device type; report the peak and its parts.
 
     Usage::
@@ -89,26 +113,27 @@ class StorageTracker(TorchDispatchMode, Layer):
     """
 
     def __init__(self, device_type: str = "cpu", timeline: bool = True, module=None):
-        super().__init__()
         self.device_type = device_type
         # The device module (torch.cuda, or what stands in for it) where the device has
         # stream queues, else None. See [Note: freed but still in use].
         self.module = module if module is not None else accelerator(device_type)
-        # uid -> the stream a storage was allocated on, and the other streams it was used on
+        # uid (the storage's id in storages.StorageEvents) -> the stream a storage was
+        # allocated on, and the other streams it was used on
         self._allocated_on: dict[int, object] = {}
         self._used_on: dict[int, list] = {}
-        # (stand-in uid, events) of freed bytes still in use on other streams
+        # (stand-in uid, events) of freed bytes still in use on other streams; stand-ins
+        # have negative uids, apart from the storages'
         self._in_use: list[tuple[int, list]] = []
+        self._stand_ins = itertools.count(1)
         # stand-in uid -> the uid whose bytes it holds (its role is that storage's)
         self._stand_in_for: dict[int, int] = {}
         self.current_bytes = 0
         self.peak_bytes = 0
         self.comm = CommCounter()
-        # storage -> uid: storages of the device being followed, while alive
-        self._uid_of = WeakIdKeyDictionary()
-        # uid -> (weakref keeping the finalizer alive, current nbytes)
-        self._live: dict[int, tuple[weakref.ref, int]] = {}
-        self._uids = itertools.count()
+        self._events: storages.StorageEvents | None = None
+        self._listening = False
+        # uid -> current nbytes of the storages (and stand-ins) followed, while alive
+        self._live: dict[int, int] = {}
         # uid -> phase in which it was first seen, and uids of all-gather outputs
         self._born_in: dict[int, str] = {}
         self._gathered: set[int] = set()
@@ -117,70 +142,64 @@ class StorageTracker(TorchDispatchMode, Layer):
         self._at_peak: dict[int, int] = {}
         # (seconds since reset_peak, uid, byte delta) while the timeline is recorded
         self._record_timeline = timeline
-        self._events: list[tuple[float, int, int]] = []
+        self._events_log: list[tuple[float, int, int]] = []
         self._t0 = time.perf_counter()
         self._start_bytes: dict[int, int] = {}
         # uid -> role decided by identity with the engine's tensors
         self._roles: dict[int, str] = {}
-        self._original_resize = None
         # storages die on gloo's worker threads too (see the module docstring)
         self._lock = threading.RLock()
 
-    # -- tracking -----------------------------------------------------------------
+    # -- storage events ([Note: storage lifetime]) -----------------------------------
 
-    def _track(self, storage) -> int | None:
-        if storage.device.type != self.device_type:
-            return None
+    def wants(self, storage) -> bool:
+        return storage.device.type == self.device_type
+
+    def on_new(self, sid: int, storage, nbytes: int) -> None:
         with self._lock:
-            return self._track_locked(storage)
+            self._live[sid] = nbytes
+            self._born_in[sid] = "recompute" if recomputing() else self._phase
+            if self.module is not None:
+                self._allocated_on[sid] = self.module.current_stream()
+                self._release_passed()
+            self._change(sid, nbytes)
 
-    def _track_locked(self, storage) -> int:
-        uid = self._uid_of.get(storage)
-        if uid is not None:
-            return uid
-        uid = next(self._uids)
-        nbytes = storage.nbytes()
-        self._uid_of[storage] = uid
-        self._live[uid] = (weakref.ref(storage, lambda _ref, uid=uid: self._on_free(uid)), nbytes)
-        self._born_in[uid] = "recompute" if recomputing() else self._phase
-        if self.module is not None:
-            self._allocated_on[uid] = self.module.current_stream()
-            self._release_passed()
-        self._change(uid, nbytes)
-        return uid
-
-    def _on_free(self, uid: int) -> None:
+    def on_free(self, sid: int) -> None:
         with self._lock:
-            entry = self._live.pop(uid, None)
-            if entry is not None:
-                self._allocated_on.pop(uid, None)
-                self._change(uid, self._keep_in_use(uid, entry[1]) - entry[1])
+            nbytes = self._live.pop(sid, None)
+            if nbytes is not None:
+                self._allocated_on.pop(sid, None)
+                self._change(sid, self._keep_in_use(sid, nbytes) - nbytes)
 
-    def _on_resize(self, storage, new_nbytes: int) -> None:
+    def on_resize(self, sid: int, storage, old_nbytes: int, new_nbytes: int) -> None:
         with self._lock:
-            uid = self._uid_of.get(storage)
-            if uid is None:
-                self._track_locked(storage)
+            old = self._live.get(sid)
+            if old is None:
                 return
-            ref, old = self._live[uid]
-            self._live[uid] = (ref, new_nbytes)
+            self._live[sid] = new_nbytes
             if new_nbytes < old:
-                self._change(uid, new_nbytes - old + self._keep_in_use(uid, old - new_nbytes))
+                self._change(sid, new_nbytes - old + self._keep_in_use(sid, old - new_nbytes))
             else:
                 if self.module is not None:  # a new block, on the current stream
-                    self._allocated_on[uid] = self.module.current_stream()
+                    self._allocated_on[sid] = self.module.current_stream()
                     self._release_passed()
-                self._change(uid, new_nbytes - old)
+                self._change(sid, new_nbytes - old)
 
-    def _on_record_stream(self, tensor: torch.Tensor, stream) -> None:
-        for storage in _storages([tensor]):
-            with self._lock:
-                uid = self._track(storage)
-                if uid is None or stream == self._allocated_on.get(uid):
-                    continue
-                used = self._used_on.setdefault(uid, [])
-                if stream not in used:
-                    used.append(stream)
+    def on_record_stream(self, sid: int | None, tensor: torch.Tensor, stream) -> None:
+        if sid is None or self.module is None:
+            return
+        with self._lock:
+            if sid not in self._live or stream == self._allocated_on.get(sid):
+                return
+            used = self._used_on.setdefault(sid, [])
+            if stream not in used:
+                used.append(stream)
+
+    def _track(self, storage) -> int | None:
+        """Follow ``storage`` (if it is of this tracker's device type); its uid, or None."""
+        if not self._listening or not self.wants(storage):
+            return None
+        return self._events.see(storage)
 
     def _keep_in_use(self, uid: int, nbytes: int) -> int:
         """Of ``nbytes`` just freed from ``uid``, the bytes still in use on other streams:
@@ -193,8 +212,8 @@ class StorageTracker(TorchDispatchMode, Layer):
             event = self.module.Event()
             event.record(stream)
             events.append(event)
-        stand_in = next(self._uids)
-        self._live[stand_in] = (None, nbytes)
+        stand_in = -next(self._stand_ins)
+        self._live[stand_in] = nbytes
         self._stand_in_for[stand_in] = uid
         self._in_use.append((stand_in, events))
         return nbytes
@@ -205,7 +224,7 @@ class StorageTracker(TorchDispatchMode, Layer):
         still = []
         for stand_in, events in self._in_use:
             if all(e.query() for e in events):
-                _, nbytes = self._live.pop(stand_in)
+                nbytes = self._live.pop(stand_in)
                 self._change(stand_in, -nbytes)
             else:
                 still.append((stand_in, events))
@@ -216,21 +235,10 @@ class StorageTracker(TorchDispatchMode, Layer):
             return
         self.current_bytes += delta
         if self._record_timeline:
-            self._events.append((time.perf_counter() - self._t0, uid, delta))
+            self._events_log.append((time.perf_counter() - self._t0, uid, delta))
         if self.current_bytes > self.peak_bytes:
             self.peak_bytes = self.current_bytes
-            self._at_peak = {u: n for u, (_, n) in self._live.items()}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        flat_in, _ = tree_flatten((args, kwargs))
-        for storage in _storages(flat_in):  # inputs allocated before tracking began
-            self._track(storage)
-        flat_out, _ = tree_flatten(out)
-        for storage in _storages(flat_out):
-            self._track(storage)
-        return out
+            self._at_peak = dict(self._live)
 
     def issue(self, call, issue):
         """A collective ([Note: one interception]): counted, and an all-gather's output
@@ -244,39 +252,16 @@ class StorageTracker(TorchDispatchMode, Layer):
                     self._gathered.add(uid)
         return work
 
-    def __enter__(self):
-        self._original_resize = torch.UntypedStorage.resize_
-        tracker, original = self, self._original_resize
-
-        def resize_(storage, size):
-            result = original(storage, size)
-            tracker._on_resize(storage, size)
-            return result
-
-        torch.UntypedStorage.resize_ = resize_
+    def __enter__(self) -> "StorageTracker":
+        self._events = storages.listen(self)  # kept after exit: classify() looks storages up
+        self._listening = True
         collectives.push(self)
-        # Tensor.record_stream: the class's own (a device module's patch) or inherited
-        self._own_record_stream = torch.Tensor.__dict__.get("record_stream")
-        if self.module is not None:
-            original_record_stream = torch.Tensor.record_stream
+        return self
 
-            def record_stream(tensor, stream):
-                result = original_record_stream(tensor, stream)
-                tracker._on_record_stream(tensor, stream)
-                return result
-
-            torch.Tensor.record_stream = record_stream
-        return super().__enter__()
-
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         collectives.pop(self)
-        torch.UntypedStorage.resize_ = self._original_resize
-        if self.module is not None:
-            if self._own_record_stream is None:
-                del torch.Tensor.record_stream
-            else:
-                torch.Tensor.record_stream = self._own_record_stream
-        return super().__exit__(*exc)
+        storages.unlisten(self)
+        self._listening = False
 
     # -- what the harness calls ----------------------------------------------------
 
@@ -294,9 +279,9 @@ class StorageTracker(TorchDispatchMode, Layer):
         with self._lock:
             self._release_passed()
         self.peak_bytes = self.current_bytes
-        self._at_peak = {u: n for u, (_, n) in self._live.items()}
+        self._at_peak = dict(self._live)
         self._start_bytes = dict(self._at_peak)
-        self._events = []
+        self._events_log = []
         self._t0 = time.perf_counter()
         self.comm.reset()
 
@@ -304,7 +289,7 @@ class StorageTracker(TorchDispatchMode, Layer):
         """Decide roles (see [Note: telling storages apart]); call with live tensors."""
         for role, tensors in (("optim", optim), ("grads", grads), ("params", params)):
             for storage in _storages(tensors):
-                uid = self._uid_of.get(storage)
+                uid = self._events.sid_of(storage) if self._events is not None else None
                 if uid is not None:
                     self._roles[uid] = role
 
@@ -342,7 +327,7 @@ class StorageTracker(TorchDispatchMode, Layer):
         for uid, nbytes in self._start_bytes.items():
             live[self.role(uid)] += nbytes
         rows = [{"t_s": 0.0, **{c: live[c] for c in CATEGORIES}}]
-        for t, uid, delta in self._events:
+        for t, uid, delta in self._events_log:
             live[self.role(uid)] += delta
             rows.append({"t_s": t, **{c: live[c] for c in CATEGORIES}})
         df = pd.DataFrame(rows, columns=["t_s", *CATEGORIES])

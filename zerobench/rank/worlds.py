@@ -115,7 +115,7 @@ class TorchrunWorld(World):
         return self
 
     def __exit__(self, *exc) -> None:
-        dist.destroy_process_group()
+        _destroy_process_group()
 
 
 #: Backends whose own buffers a fake world can model (``FakeWorld(backend=...)``).
@@ -162,7 +162,7 @@ class FakeWorld(World):
 
         dist.init_process_group("fake", world_size=self.size, rank=self.rank, store=FakeStore())
         stack = contextlib.ExitStack()
-        stack.callback(dist.destroy_process_group)
+        stack.callback(_destroy_process_group)
         try:
             if self.fake_tensors:
                 stack.enter_context(fake_tensor_mode())
@@ -180,6 +180,15 @@ class FakeWorld(World):
     def __exit__(self, *exc) -> None:
         stack, self._stack = self._stack, None
         stack.close()
+
+
+def _destroy_process_group() -> None:
+    """Destroy the default group, and the HYBRID_SHARD groups impl.fsdp made over it (a
+    later world in this process must never be handed a group of this one)."""
+    from impl.fsdp.process_groups import forget_cached_groups
+
+    forget_cached_groups()
+    dist.destroy_process_group()
 
 
 # -- what a fake world needs ----------------------------------------------------------

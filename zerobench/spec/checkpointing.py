@@ -17,7 +17,6 @@ non-reentrant ``checkpoint_wrapper`` before any engine wraps the model, so every
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import defaultdict
 from functools import partial
 
@@ -25,6 +24,8 @@ import torch
 import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from zerobench.instruments.memory import marking_recompute, recomputing  # noqa: F401 (recomputing: re-exported)
 
 MODES = ("none", "full", "every:K", "ops")
 
@@ -62,7 +63,8 @@ def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module], mod
 
 def _wrap(unit: nn.Module, selective: bool) -> nn.Module:
     """``unit`` in torch's non-reentrant ``checkpoint_wrapper``, its forward marked so that
-    the memory tracker can tell a recomputation's tensors apart (see :func:`recomputing`)."""
+    the memory tracker can tell a recomputation's tensors apart
+    (:func:`zerobench.instruments.memory.recomputing`)."""
     return checkpoint_wrapper(unit, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=_checkpoint_marked,
                               use_reentrant=False, context_fn=_selective_contexts if selective else _plain_contexts)
 
@@ -73,7 +75,7 @@ def _checkpoint_marked(function, *args, **kwargs):
 
 def _run_marked(function, *args, **kwargs):
     # Inside backward (a graph task is running) this call is the recomputation.
-    with _mark_recompute(torch._C._current_graph_task_id() != -1):
+    with marking_recompute(torch._C._current_graph_task_id() != -1):
         return function(*args, **kwargs)
 
 
@@ -116,29 +118,6 @@ def _selective_contexts():
 
 def _plain_contexts():
     return contextlib.nullcontext(), contextlib.nullcontext()
-
-
-# -- the recomputation mark ---------------------------------------------------------------
-
-_state = threading.local()
-
-
-def recomputing() -> bool:
-    """Whether a checkpointed unit's forward is being recomputed in backward on this thread
-    (the memory tracker counts what it allocates as activations, recomputed)."""
-    return getattr(_state, "depth", 0) > 0
-
-
-@contextlib.contextmanager
-def _mark_recompute(active: bool):
-    if not active:
-        yield
-        return
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
 
 
 def _parents(model: nn.Module, units: list[nn.Module]) -> dict[int, tuple[nn.Module, str]]:

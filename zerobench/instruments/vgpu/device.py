@@ -15,7 +15,10 @@ while it is installed
 * ``torch.cpu``'s stream stubs (``Stream``, ``Event``, ``current_stream``, ``stream``,
   ``synchronize``), through which PyTorch's FSDP1 and fully_shard route every stream
   call on a CPU device, are replaced by the virtual ones;
-* ``Tensor.record_stream`` and ``UntypedStorage.resize_`` report to the allocator model;
+* every storage's life (new, free, ``UntypedStorage.resize_``, ``Tensor.record_stream``)
+  reaches the allocator model from the one follower of storages
+  (zerobench/instruments/storages.py, [Note: storage lifetime]), of which the device is
+  a listener;
 * a ``TorchDispatchMode`` sees every operator: it charges the host its dispatch cost,
   enqueues a kernel of the modelled duration (zerobench/instruments/vgpu/costs.py) on the current
   stream, blocks the host where the host reads a value (``.item()``), and gives every
@@ -61,15 +64,15 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-import weakref
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from zerobench.instruments import collectives
+from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Collective, Layer
+from zerobench.instruments.storages import Listener
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu import comm, costs
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
@@ -86,7 +89,7 @@ def current() -> "VirtualGpu | None":
     return _active[-1] if _active else None
 
 
-class VirtualGpu(Layer):
+class VirtualGpu(Layer, Listener):
     """One virtual CUDA device. Use as a context manager: see [Note: virtual device].
 
     ``gpu``/``host``: preset names or presets (zerobench/instruments/vgpu/presets.py). ``link``: the
@@ -120,8 +123,13 @@ class VirtualGpu(Layer):
         self._current = self.default
         self.streams: list[VStream] = [self.default]
         self._comm_streams: dict = {}
-        # storage -> allocator block, for storages that live on the device
-        self._block_of = WeakIdKeyDictionary()
+        # storage id (storages.StorageEvents) -> its allocator block, for storages that
+        # live on the device (None while resized to nothing)
+        self._blocks: dict[int, object] = {}
+        self._events: storages.StorageEvents | None = None
+        # >0 while an operator runs inside the device's dispatch mode: its new storages get
+        # their blocks once its kernel is enqueued (_Mode), wherever the follower sits
+        self._in_op = 0
         # pinned host storages: never on the device
         self._host_storages = WeakIdKeyDictionary()
         self._lock = threading.RLock()
@@ -131,7 +139,7 @@ class VirtualGpu(Layer):
         self.collectives = 0
         # [Note: build as users do]: storages made while a model is built and wrapped,
         # not yet given device memory, and whether such a build is under way.
-        self._deferred = WeakIdKeyDictionary()
+        self._deferred: dict[int, int] = {}  # storage id -> bytes, not yet on the device
         self._deferring = False
         # NCCL kernels that may still be running beside the next compute kernel:
         # [(start, end, bus bytes/s, share of SMs)]; see [Note: NCCL beside compute] in comm.py.
@@ -278,9 +286,10 @@ class VirtualGpu(Layer):
         return t - start
 
     def relabel(self, storage, label: str) -> None:
-        holder = self._block_of.get(storage)
-        if holder is not None and holder[0] is not None:
-            self.allocator.relabel(holder[0], label)
+        sid = self._events.sid_of(storage) if self._events is not None else None
+        block = self._blocks.get(sid) if sid is not None else None
+        if block is not None:
+            self.allocator.relabel(block, label)
 
     def comm_stream(self, group) -> VStream:
         key = group if group is not None else "WORLD"
@@ -305,70 +314,79 @@ class VirtualGpu(Layer):
     def materialize(self) -> int:
         """Give every storage made under ``deferred()`` that is still alive its device
         memory now (what ``to_empty`` / ``param_init_fn`` allocate); returns its bytes."""
-        alive = list(self._deferred.keys())
-        self._deferred = WeakIdKeyDictionary()
-        for storage in alive:
-            self.track(storage)
-        return sum(storage.nbytes() for storage in alive)
-
-    def track(self, storage, stream: VStream | None = None) -> None:
-        """Give ``storage`` a block on ``stream`` (the current one) unless it has one."""
-        if storage.device.type not in ("cpu", "meta") or storage in self._host_storages:
-            return  # meta: a fake tensor's storage (shapes only)
         with self._lock:
-            if storage in self._block_of or storage in self._deferred:
+            waiting, self._deferred = self._deferred, {}
+            for sid, nbytes in waiting.items():
+                self._blocks[sid] = self.allocator.malloc(nbytes, self._current, self._label) if nbytes else None
+            self._count()
+        return sum(waiting.values())
+
+    # -- storage events ([Note: storage lifetime]) -----------------------------------
+
+    replaces_record_stream = True  # a CPU tensor's own record_stream cannot take a virtual stream
+
+    def wants(self, storage) -> bool:
+        """Device memory: CPU tensors' storages (meta ones under fake tensors), not pinned
+        host buffers, and not before the operator making it has enqueued its kernel."""
+        return (self._in_op == 0 and storage.device.type in ("cpu", "meta")
+                and storage not in self._host_storages)
+
+    def track(self, storage) -> None:
+        """Give ``storage`` a block on the current stream unless it has one."""
+        if self._events is not None:
+            self._events.see(storage)
+
+    def on_new(self, sid: int, storage, nbytes: int) -> None:
+        with self._lock:
+            if self._deferring:  # [Note: build as users do]: no device memory yet
+                self._deferred[sid] = nbytes
                 return
-            if self._deferring:
-                self._deferred[storage] = True
-                return
-            holder = [None]  # the storage's current block; a resize_ replaces it
-            self._block_of[storage] = holder
-            weakref.finalize(storage, self._free, holder)
-            nbytes = storage.nbytes()
-            if nbytes:
-                holder[0] = self.allocator.malloc(nbytes, stream or self._current, self._label)
+            self._blocks[sid] = self.allocator.malloc(nbytes, self._current, self._label) if nbytes else None
+            self._count()
             self._count()
 
-    def _free(self, holder: list) -> None:
+    def on_free(self, sid: int) -> None:
         with self._lock:
-            if holder[0] is not None:
-                self.allocator.free(holder[0])
-                holder[0] = None
+            if self._deferred.pop(sid, None) is not None:
+                return  # never had device memory
+            block = self._blocks.pop(sid, None)
+            if block is not None:
+                self.allocator.free(block)
             self._count()
+
+    def on_resize(self, sid: int, storage, old_nbytes: int, new_nbytes: int) -> None:
+        """The old block is freed, a new one allocated (unless it shrank in place)."""
+        with self._lock:
+            if sid in self._deferred:
+                self._deferred[sid] = new_nbytes  # its size when it is materialized counts
+                return
+            block = self._blocks.get(sid)
+            if block is not None and block.size >= new_nbytes and new_nbytes:
+                return  # unchanged or shrunk in place: the block stays
+            if block is not None:
+                self.allocator.free(block)
+            self._blocks[sid] = self.allocator.malloc(new_nbytes, self._current, self._label) if new_nbytes else None
+            self._count()
+
+    def on_record_stream(self, sid: int | None, tensor: torch.Tensor, stream: VStream) -> None:
+        self.host_op()
+        block = self._blocks.get(sid) if sid is not None else None
+        if block is not None:
+            self.allocator.record_stream(block, stream)
 
     def _count(self) -> None:
         s = self.allocator.stats
         self.trace.counter(self.host.now, {"allocated": s["allocated"], "active": s["active"],
                                            "reserved": s["reserved"]})
 
-    def record_stream(self, tensor: torch.Tensor, stream: VStream) -> None:
-        self.host_op()
-        self.record_storage_use(tensor, stream)
-
     def record_storage_use(self, tensor: torch.Tensor, stream: VStream) -> None:
         """The allocator's side of ``record_stream`` (no host time: C++ does it inside a call)."""
         local = getattr(tensor, "_local_tensor", None)
-        holder = self._block_of.get((local if local is not None else tensor).untyped_storage())
-        if holder is not None and holder[0] is not None:
-            self.allocator.record_stream(holder[0], stream)
-
-    def resize_storage(self, storage, nbytes: int) -> None:
-        """``UntypedStorage.resize_``: the old block is freed, a new one allocated."""
-        if storage.device.type not in ("cpu", "meta") or storage in self._host_storages:
-            return
-        self.track(storage)
-        with self._lock:
-            if storage in self._deferred:
-                return  # no device memory yet: its size when it is materialized counts
-            holder = self._block_of[storage]
-            if holder[0] is not None and holder[0].size >= nbytes and nbytes:
-                return  # unchanged or shrunk in place: the block stays
-            if holder[0] is not None:
-                self.allocator.free(holder[0])
-                holder[0] = None
-            if nbytes > 0:
-                holder[0] = self.allocator.malloc(nbytes, self._current, self._label)
-            self._count()
+        storage = (local if local is not None else tensor).untyped_storage()
+        sid = self._events.sid_of(storage) if self._events is not None else None
+        block = self._blocks.get(sid) if sid is not None else None
+        if block is not None:
+            self.allocator.record_stream(block, stream)
 
     # -- installing ------------------------------------------------------------------
 
@@ -376,22 +394,12 @@ class VirtualGpu(Layer):
         import impl.streams
 
         stack = contextlib.ExitStack()
-        gpu = self
         stack.enter_context(impl.streams.use_accelerator("cpu", self))
         patches = {
             (torch.cpu, "Stream"): self.Stream, (torch.cpu, "Event"): self.Event,
             (torch.cpu, "current_stream"): self.current_stream, (torch.cpu, "stream"): self.stream,
             (torch.cpu, "synchronize"): self.synchronize,
-            (torch.Tensor, "record_stream"): lambda t, s: gpu.record_stream(t, s),
         }
-        original_resize = torch.UntypedStorage.resize_
-
-        def resize_(storage, size):
-            result = original_resize(storage, size)
-            gpu.resize_storage(storage, int(size))
-            return result
-
-        patches[(torch.UntypedStorage, "resize_")] = resize_
         # PyTorch's FSDP1 skips record_stream on a device type other than cuda, mtia, xpu
         # or privateuse1: the only CPU-only branch of its stream code. On the virtual GPU
         # the hand-over is what sets its memory profile, so it is made, through
@@ -413,6 +421,8 @@ class VirtualGpu(Layer):
             stack.enter_context(_patched(owner, name, value))
         stack.enter_context(collectives.intercepted(self))  # collectives: issue() below
         stack.enter_context(_Mode(self))
+        self._events = storages.listen(self)  # after the mode: see [Note: storage lifetime]
+        stack.callback(storages.unlisten, self)
         _active.append(self)
         stack.callback(_active.pop)
         self._exit_stack = stack
@@ -536,7 +546,11 @@ class _Mode(TorchDispatchMode):
             gpu.track(storage)
         if func in costs.SYNCHRONIZING and not on_host:
             gpu._current.synchronize()
-        out = func(*args, **kwargs)
+        gpu._in_op += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            gpu._in_op -= 1
         if on_host:
             for storage in _storages(out):
                 gpu._host_storages[storage] = True

@@ -25,7 +25,6 @@ work one out by hand.
 from __future__ import annotations
 
 import itertools
-from typing import Callable
 
 _ids = itertools.count(1)
 
@@ -189,8 +188,3 @@ class Trace:
         for t, values in self.counters:
             events.append({"ph": "C", "pid": pid, "name": "memory (bytes)", "ts": t * 1e6, "args": values})
         return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def lane_busy(trace: Trace, lane: str, predicate: Callable[[str], bool] = lambda _: True) -> float:
-    """Seconds of spans on ``lane`` whose name satisfies ``predicate``."""
-    return sum(end - start for ln, name, start, end, _ in trace.spans if ln == lane and predicate(name))

@@ -77,6 +77,9 @@ class SimResult:
     spans: list[Span] = field(default_factory=list)
     alive: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, unsharded units, unsharded bytes) after each change."""
+    order: list[tuple[str, int]] = field(default_factory=list)
+    """("all_gather" | "free", unit index) in program order: what the contract with the
+    engines' own code checks (tests/test_simulate_contract.py)."""
 
     def row(self) -> dict:
         return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
@@ -102,6 +105,7 @@ class _Rank:
         self.deferred: deque = deque()  # limiter: prefetches waiting for a ticket
         self.pending_grads: list[float] = []  # ends of gradient reductions in flight
         self.alive: list[tuple[float, int, int]] = [(0.0, 0, 0)]
+        self.order: list[tuple[str, int]] = []  # ("all_gather" | "free", unit) in program order
 
     # ---- links
     def group(self) -> tuple[str, int]:
@@ -138,12 +142,14 @@ class _Rank:
         self.ag_end[u] = self.collective(link, "all_gather", self.s.units[u].param_bytes, size, at,
                                          f"all_gather {self.s.units[u].name}")
         self.held.add(u)
+        self.order.append(("all_gather", u))
         if ticketed:
             self.tickets.append(u)
         self._mark(at)
 
     def free(self, u: int, at: float) -> None:
         self.held.discard(u)
+        self.order.append(("free", u))
         if u in self.tickets:
             self.tickets.remove(u)
         self._mark(at)
@@ -283,4 +289,4 @@ def simulate(schedule: Schedule, link: Link, world_size: int | None = None, comp
         step_time_s=step, compute_s=iv.total(compute), comm_s=comm_s, exposed_comm_s=exposed,
         overlap_ratio=(comm_s - exposed) / comm_s if comm_s > 0 else float("nan"),
         link_utilisation=util, max_unsharded_units=max(a[1] for a in r.alive),
-        max_unsharded_bytes=max(a[2] for a in r.alive), spans=r.spans, alive=r.alive)
+        max_unsharded_bytes=max(a[2] for a in r.alive), spans=r.spans, alive=r.alive, order=r.order)

@@ -1,0 +1,206 @@
+"""The life of tensor storages, followed once for every instrument that needs it.
+
+[Note: storage lifetime]
+The storage tracker (zerobench/instruments/memory.py) and the virtual GPU's caching
+allocator (zerobench/instruments/vgpu/) both need to know when a storage is made, when
+it dies, when it is resized in place (FSDP frees an unsharded parameter with
+``untyped_storage().resize_(0)`` and makes it again the same way) and when it is used on
+another stream (``Tensor.record_stream``). One :class:`StorageEvents` sees all four, and
+tells every :class:`Listener` that wants the storage:
+
+* new: a ``TorchDispatchMode`` registers every storage an operator reads or writes the
+  first time it sees it (inputs too: a tensor made before any listener listened is new
+  when first used), and :meth:`StorageEvents.see` registers one on request;
+* free: a weak reference to the storage reports its death (on whichever thread drops
+  the last reference: gloo frees a collective's tensors on its worker thread);
+* resize: ``UntypedStorage.resize_`` is patched;
+* record_stream: ``Tensor.record_stream`` is patched. A listener that stands in for the
+  device (the virtual GPU, whose streams a CPU tensor's real ``record_stream`` cannot
+  take) says so (``replaces_record_stream``), and the real call is then not made.
+
+Each storage gets one id, shared by every listener; a listener added later hears of a
+storage the first time the storage is seen after it started listening. It is installed
+while at least one listener listens (:func:`listen` / :func:`unlisten`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+class Listener:
+    """A consumer of storage events (see [Note: storage lifetime]). Override what you need."""
+
+    #: whether this listener stands in for the device's own ``Tensor.record_stream``
+    replaces_record_stream = False
+
+    def wants(self, storage) -> bool:
+        """Whether to follow this storage (asked once, when it is first seen)."""
+        return True
+
+    def on_new(self, sid: int, storage, nbytes: int) -> None:
+        pass
+
+    def on_free(self, sid: int) -> None:
+        pass
+
+    def on_resize(self, sid: int, storage, old_nbytes: int, new_nbytes: int) -> None:
+        pass
+
+    def on_record_stream(self, sid: int | None, tensor: torch.Tensor, stream) -> None:
+        """``sid`` is None for a storage this listener does not follow."""
+
+
+def storages_of(values):
+    """The storages holding the bytes of the tensors in ``values`` (a DTensor's local
+    shard's); leaves that are not tensors are skipped."""
+    for t in tree_flatten(values)[0]:
+        if isinstance(t, torch.Tensor):
+            local = getattr(t, "_local_tensor", None)
+            yield (local if local is not None else t).untyped_storage()
+
+
+class StorageEvents(TorchDispatchMode):
+    """The one follower of storages ([Note: storage lifetime]). Use the module's
+    :func:`listen` and :func:`unlisten`, not this class."""
+
+    def __init__(self):
+        super().__init__()
+        self.listeners: list[Listener] = []
+        self._sid_of = WeakIdKeyDictionary()  # storage -> its id, while alive
+        # sid -> (the weak reference reporting its death, current nbytes, listeners following it)
+        self._live: dict[int, tuple[weakref.ref, int, list[Listener]]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.RLock()
+        self._originals: dict = {}
+
+    # -- events ---------------------------------------------------------------------
+
+    def see(self, storage) -> int:
+        """Register ``storage`` (if new) with every listener that wants it and does not
+        follow it yet; return its id."""
+        with self._lock:
+            sid = self._sid_of.get(storage)
+            if sid is None:
+                sid = next(self._ids)
+                self._sid_of[storage] = sid
+                ref = weakref.ref(storage, lambda _ref, sid=sid: self._freed(sid))
+                self._live[sid] = (ref, storage.nbytes(), [])
+            _, nbytes, following = self._live[sid]
+            new = [lst for lst in self.listeners if lst not in following and lst.wants(storage)]
+            following.extend(new)
+        for listener in new:
+            listener.on_new(sid, storage, nbytes)
+        return sid
+
+    def sid_of(self, storage) -> int | None:
+        return self._sid_of.get(storage)
+
+    def _freed(self, sid: int) -> None:
+        with self._lock:
+            entry = self._live.pop(sid, None)
+        if entry is not None:
+            for listener in entry[2]:
+                listener.on_free(sid)
+
+    def _resized(self, storage, size: int) -> None:
+        with self._lock:
+            sid = self._sid_of.get(storage)
+            entry = self._live.get(sid) if sid is not None else None
+            if entry is not None:
+                self._live[sid] = (entry[0], int(size), entry[2])
+        if entry is None:
+            self.see(storage)
+            return
+        for listener in list(entry[2]):
+            listener.on_resize(sid, storage, entry[1], int(size))
+        self.see(storage)  # listeners that joined since it was last seen
+
+    def _recorded(self, tensor: torch.Tensor, stream) -> None:
+        for storage in storages_of([tensor]):
+            sid = self.see(storage)
+            with self._lock:
+                following = list(self._live[sid][2]) if sid in self._live else []
+            for listener in self.listeners:
+                listener.on_record_stream(sid if listener in following else None, tensor, stream)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for storage in storages_of((args, kwargs)):  # tensors made before anyone listened
+            self.see(storage)
+        out = func(*args, **kwargs)
+        for storage in storages_of(out):
+            self.see(storage)
+        return out
+
+    # -- installing -----------------------------------------------------------------
+
+    def install(self) -> None:
+        events = self
+        resize = torch.UntypedStorage.resize_
+        self._originals["resize_"] = resize
+        # Tensor.record_stream: the class's own attribute, or inherited from the C class
+        self._originals["record_stream"] = torch.Tensor.__dict__.get("record_stream")
+        record_stream = torch.Tensor.record_stream
+
+        def resize_(storage, size):
+            result = resize(storage, size)
+            events._resized(storage, size)
+            return result
+
+        def recorded(tensor, stream):
+            if not any(lst.replaces_record_stream for lst in events.listeners):
+                record_stream(tensor, stream)
+            events._recorded(tensor, stream)
+
+        torch.UntypedStorage.resize_ = resize_
+        torch.Tensor.record_stream = recorded
+        self.__enter__()
+
+    def uninstall(self) -> None:
+        self.__exit__(None, None, None)
+        torch.UntypedStorage.resize_ = self._originals.pop("resize_")
+        own = self._originals.pop("record_stream")
+        if own is None:
+            del torch.Tensor.record_stream
+        else:
+            torch.Tensor.record_stream = own
+
+
+_events: StorageEvents | None = None
+
+
+def listen(listener: Listener) -> StorageEvents:
+    """Start telling ``listener`` of storages; installs the follower with the first one.
+    Call on the thread that runs the operators (the dispatch mode is pushed there)."""
+    global _events
+    if _events is None:
+        _events = StorageEvents()
+        _events.install()
+    _events.listeners.append(listener)
+    return _events
+
+
+def unlisten(listener: Listener) -> None:
+    global _events
+    events = _events
+    events.listeners.remove(listener)
+    with events._lock:
+        for _, _, following in events._live.values():
+            if listener in following:
+                following.remove(listener)
+    if not events.listeners:
+        events.uninstall()
+        _events = None
+
+
+def current() -> StorageEvents | None:
+    """The installed follower, if any listener listens."""
+    return _events
