@@ -113,3 +113,31 @@ def test_a_bad_preset_figure_names_the_field():
         GpuPreset("bad", memory_bytes=1 << 30, peak_flops={torch.float32: 1e12}, memory_efficiency=1.5)
     with pytest.raises(ValueError, match="context_bytes"):
         GpuPreset("bad", memory_bytes=1 << 20, peak_flops={torch.float32: 1e12}, context_bytes=2 << 20)
+
+
+def test_rms_norm_is_one_kernel_each_way_saving_its_input_and_rstd_as_on_a_gpu():
+    """[Note: fused on the GPU]: the CPU decomposes F.rms_norm into eight kernels and saves
+    two fp32 copies of its input; the virtual GPU runs it as the GPU's fused kernel, with
+    the same values and gradients."""
+    from zerobench.instruments.vgpu import HostPreset, VirtualGpu
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(64, dtype=torch.bfloat16, requires_grad=True)
+    reference = F.rms_norm(x.float(), (64,), w.float(), 1e-5)
+    reference.sum().backward()
+    ref_gx, ref_gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    gpu = VirtualGpu(host=HostPreset("zero", 0.0, 0.0))
+    with gpu:
+        kernels = gpu.kernels
+        y = F.rms_norm(x, (64,), w, 1e-5)
+        assert gpu.kernels == kernels + 1
+        saved = [t for t in y.grad_fn.saved_tensors]
+        assert {tuple(t.shape) for t in saved} == {(4, 16, 64), (64,), (4, 16, 1)}
+        assert {t.dtype for t in saved if t.dim() == 3 and t.shape[-1] == 64} == {torch.bfloat16}
+        y.sum().backward()
+        assert gpu.kernels <= kernels + 4  # the backward kernel (and autograd's own accumulation)
+    assert torch.allclose(y.float(), reference, atol=2e-2)
+    assert torch.allclose(x.grad.float(), ref_gx.float(), atol=3e-2, rtol=3e-2)
+    assert torch.allclose(w.grad.float(), ref_gw.float(), atol=5e-1, rtol=5e-2)

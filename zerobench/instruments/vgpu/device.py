@@ -141,6 +141,7 @@ class VirtualGpu(Layer, Listener):
         # not yet given device memory, and whether such a build is under way.
         self._deferred: dict[int, int] = {}  # storage id -> bytes, not yet on the device
         self._deferring = False
+        self._fusing: "_FusedKernel | None" = None  # see fused() and [Note: fused on the GPU]
         # NCCL kernels that may still be running beside the next compute kernel:
         # [(start, end, bus bytes/s, share of SMs)]; see [Note: NCCL beside compute] in comm.py.
         self._collectives_running: list[tuple[float, float, float, float]] = []
@@ -250,6 +251,22 @@ class VirtualGpu(Layer, Listener):
             return self.link
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         return self.link if len({r // self.node_size for r in ranks}) <= 1 else self.inter_link
+
+    @contextlib.contextmanager
+    def fused(self, name: str):
+        """Operators run inside are one kernel of the GPU's ([Note: fused on the GPU] in
+        fused.py): no host cost or kernel each; on leaving, one launch and one memory-bound
+        kernel of the bytes the caller says it read and wrote."""
+        kernel = _FusedKernel()
+        previous, self._fusing = self._fusing, kernel
+        try:
+            yield kernel
+        finally:
+            self._fusing = previous
+        self.host_op(launch=True)
+        memory_s = kernel.nbytes / (self.preset.hbm_bytes_per_s * self.preset.memory_efficiency)
+        self._current.enqueue(self.beside_collectives(self._current, 0.0, memory_s, self.preset.kernel_floor_s), name)
+        self.kernels += 1
 
     def record_collective(self, start: float, end: float, bus_bytes_per_s: float, sm_share: float) -> None:
         """An NCCL kernel runs on the device in [start, end]: compute kernels beside it run slower."""
@@ -417,6 +434,10 @@ class VirtualGpu(Layer, Listener):
 
         supported = optimizer_module._get_foreach_kernels_supported_devices
         patches[(optimizer_module, "_get_foreach_kernels_supported_devices")] = lambda: [*supported(), "cpu"]
+        # Operators a GPU fuses into one kernel: [Note: fused on the GPU] in fused.py.
+        from zerobench.instruments.vgpu import fused
+
+        patches[(torch.nn.functional, "rms_norm")] = fused.rms_norm(self)
         for (owner, name), value in patches.items():
             stack.enter_context(_patched(owner, name, value))
         stack.enter_context(collectives.intercepted(self))  # collectives: issue() below
@@ -515,6 +536,18 @@ def _storages(obj):
             yield (local if local is not None else t).untyped_storage()
 
 
+class _FusedKernel:
+    """The bytes one fused kernel reads and writes (VirtualGpu.fused)."""
+
+    def __init__(self):
+        self.nbytes = 0
+
+    def reads(self, *tensors) -> None:
+        self.nbytes += sum(costs.accessed_bytes(t) for t in tensors if t is not None)
+
+    writes = reads
+
+
 class _Mode(TorchDispatchMode):
     """Every operator: host cost, a kernel on the current stream, new storages tracked."""
 
@@ -525,6 +558,17 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         gpu = self.gpu
         kwargs = kwargs or {}
+        if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
+            for storage in _storages((args, kwargs)):
+                gpu.track(storage)
+            gpu._in_op += 1
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                gpu._in_op -= 1
+            for storage in _storages(out):
+                gpu.track(storage)
+            return out
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:  # a host buffer: this CPU-only build cannot pin, and it is not device memory
             kwargs = {**kwargs, "pin_memory": False}
