@@ -78,3 +78,18 @@ def test_compute_beside_a_running_collective_is_slowed_for_the_overlap_only():
     gpu.record_collective(2e-3, 3e-3, 0.0, 0.15)
     assert len(gpu._collectives_running) == 1
     assert gpu.beside_collectives(gpu.default, 0.5e-3, 0.0, 0.0) == pytest.approx(0.5e-3)  # ends before it
+
+
+def test_a_collective_across_nodes_moves_only_the_hops_between_them_over_the_network():
+    """[Note: across nodes]: 64 ranks on 8 nodes, one 50 GB/s NIC per GPU: each NIC carries
+    7/63 of the all-gather's bus bytes, at 80 % of its rate; the NVLink part inside the
+    node is shorter here, so the network part is the collective's time."""
+    ib, nvlink = PRESETS["ib-400g"], PRESETS["nvlink4-8gpu"]
+    size = 4 * GiB
+    seconds = comm.collective_seconds("all_gather", size, 64, ib, nodes=8, intra_link=nvlink)
+    network = 20e-6 + (63 / 64) * size * 7 / 63 / (50e9 * 0.8)
+    assert seconds == pytest.approx(network)
+    assert seconds > comm.collective_seconds("all_gather", size, 64, nvlink)
+    # a flat ring at the NIC's rate would have been 9 times longer
+    assert comm.collective_seconds("all_gather", size, 64, ib) == pytest.approx(
+        20e-6 + (63 / 64) * size / (50e9 * 0.8))

@@ -29,6 +29,19 @@ priced as before, latency plus bytes over the bandwidth, at ``ACHIEVED_FRACTION`
 its peak: the network chapter's ~80 % rule, which its measurements bear out (78-82 %
 on NVLink rings; 73 % per accelerator across four EFA nodes).
 
+[Note: across nodes]
+A collective over ``n`` ranks on ``k`` nodes of ``g = n / k`` GPUs each, one NIC per GPU,
+does not run a flat ring at the NIC's rate: NCCL builds its rings (one per channel) so
+that only the hops between nodes cross the network, and the node's ``g`` NICs carry
+them in parallel. Each NIC then moves ``(k - 1) / k * S / g`` bytes of an all-gather of
+``S`` (twice that for an all-reduce), so the bus bandwidth nccl-tests reports is the
+NIC's rate times ``(n - 1) / (k - 1)``, and the rate per accelerator is ``busbw * (k - 1) /
+(n - 1)`` (stas00/ml-engineering, network/README.md, "busbw overstates the wire by
+exactly the reciprocal of the fraction of bytes that cross it": 73 % of a 50 GB/s NIC
+measured across 4 EFA nodes). So the network part takes ``bus_factor * S * (k - 1) /
+(n - 1)`` bytes at ``ACHIEVED_FRACTION`` of the NIC's rate, and the collective takes the
+longer of that and the same collective inside a node (the ring's NVLink hops).
+
 [Note: NCCL beside compute]
 An NCCL kernel runs on SMs and moves its data through HBM, so the compute kernels that
 overlap it run slower (NVIDIA/nccl#1428: on A100s, a GEMM 1.18 -> 2.08 ms and attention
@@ -128,14 +141,23 @@ def bus_factor(kind: str, group_size: int) -> float:
     return factor(kind, group_size)
 
 
-def collective_seconds(kind: str, nbytes: int, group_size: int, link) -> float:
+def collective_seconds(kind: str, nbytes: int, group_size: int, link, nodes: int = 1, intra_link=None) -> float:
     """How long NCCL takes for one collective of ``nbytes`` over ``group_size`` ranks on
     ``link`` (a zerobench.instruments.link.Link): the published curve's bus bandwidth
     where the link has one, else its latency plus the bytes at ``ACHIEVED_FRACTION``
-    of its peak. A group of one rank costs nothing on the wire."""
+    of its peak. A group of one rank costs nothing on the wire. A group spanning
+    ``nodes`` > 1 nodes (``link`` then being the network, ``intra_link`` the node's own)
+    takes the longer of its two parts: [Note: across nodes]."""
     if group_size <= 1 or nbytes <= 0:
         return 0.0
     factor = bus_factor(kind, group_size)
+    if nodes > 1:
+        # [Note: across nodes]: each node's NICs carry (nodes - 1) / group_size of the
+        # collective's bus bytes between them; the rest of the ring is inside the nodes.
+        wire = factor * nbytes * (nodes - 1) / (group_size - 1)
+        network = link.latency_us * 1e-6 + wire / (link.bandwidth_gbps * 1e9 * ACHIEVED_FRACTION)
+        inside = collective_seconds(kind, nbytes, group_size, intra_link) if intra_link is not None else 0.0
+        return max(network, inside)
     busbw = curve_busbw(link.name, kind, nbytes, group_size)
     if busbw is not None:
         return factor * nbytes / (busbw * 1e9)

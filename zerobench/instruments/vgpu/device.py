@@ -245,12 +245,16 @@ class VirtualGpu(Layer, Listener):
         finally:
             self._label = previous
 
+    def nodes_of(self, group) -> int:
+        """How many nodes of ``node_size`` ranks the group's ranks span."""
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        return len({r // self.node_size for r in ranks})
+
     def link_of(self, group) -> Link | None:
         """``inter_link`` for a group whose ranks span nodes of ``node_size``, else ``link``."""
         if self.inter_link is None:
             return self.link
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        return self.link if len({r // self.node_size for r in ranks}) <= 1 else self.inter_link
+        return self.link if self.nodes_of(group) <= 1 else self.inter_link
 
     @contextlib.contextmanager
     def fused(self, name: str):
@@ -465,7 +469,9 @@ class VirtualGpu(Layer, Listener):
         link = self.link_of(call.group)
         if link is not None and call.group_size > 1:
             # NCCL's achieved bus bandwidth for this size ([Note: achieved bus bandwidth])
-            seconds = max(comm.collective_seconds(call.kind, call.nbytes, call.group_size, link), seconds)
+            nodes = self.nodes_of(call.group) if link is not self.link else 1
+            seconds = max(comm.collective_seconds(call.kind, call.nbytes, call.group_size, link, nodes, self.link),
+                          seconds)
         # [Note: collective tensors]: recorded on the communication stream, or stashed in
         # the work until it is waited on.
         if self.record_streams:
