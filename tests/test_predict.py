@@ -115,6 +115,7 @@ def test_predicted_beside_measured(tmp_path):
     assert gpu_preset_for("NVIDIA H100 PCIe") == "h100-pcie" and gpu_preset_for("NVIDIA GH200 480GB") == "gh200-96gb"
 
 
+@pytest.mark.slow
 def test_a_cell_that_runs_out_of_memory_says_what_it_needed(tmp_path):
     """With all but 16 MiB of the card held by the CUDA context, the quickstart MLP's cell
     runs out of memory: the row says so and gives what the allocator would have had to
@@ -128,6 +129,7 @@ def test_a_cell_that_runs_out_of_memory_says_what_it_needed(tmp_path):
     assert row["capacity_bytes"] == 16 * 2**20 and row["oom_needed_bytes"] > 16 * 2**20
 
 
+@pytest.mark.slow
 def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     """impl-fsdp's HYBRID_SHARD is invalid at 2 ranks (one group of one): checked at a
     placeholder world size of 2, it vanished from predict.csv. torch-fsdp1's runs on the
