@@ -44,22 +44,19 @@ longer of that and the same collective inside a node (the ring's NVLink hops).
 
 [Note: NCCL beside compute]
 An NCCL kernel runs on SMs and moves its data through HBM, so the compute kernels that
-overlap it run slower (NVIDIA/nccl#1428: on A100s, a GEMM 1.18 -> 2.08 ms and attention
-0.18 -> 0.33 ms while an all-gather runs). Modelled from the two resources it takes:
-
-* SMs: one CTA per channel. Within a node NCCL's kernels kept 15 % of the SMs busy in
-  NVIDIA/nccl#1432; across nodes, a network collective needs about 2 SMs per NIC
-  (NVIDIA/nccl#689), one NIC per GPU here;
-* HBM: each byte on the wire is stored to and read back from memory, and read from or
-  written to the user's buffer: 3 bytes of HBM traffic per byte of bus bandwidth
-  (NVIDIA/nccl#1428, the NCCL maintainer's figure).
-
-So a compute kernel that would take ``max(compute_s, memory_s)`` alone takes
-``max(compute_s / (1 - sm_fraction), memory_s * hbm / (hbm - 3 * busbw))`` while an NCCL
-kernel runs (only for the part of it that overlaps). Kernels on a high-priority stream
-(FSDP2 creates its all-gather and reduce-scatter streams with priority -1) are
-scheduled first and are not slowed. The NCCL kernel itself is not slowed in return
-(its time stays the curve's).
+overlap it run slower. NVIDIA/nccl#1428 measured it in GPT training on 8 A100s, each
+kernel with and without an all-gather beside it: GEMM 1.18 -> 2.08 ms (x1.76), attention
+0.18 -> 0.33 ms (x1.83), elementwise 0.02 -> 0.05 ms (x2.5); the NCCL maintainer's
+explanation is HBM contention (each byte on the bus is stored and read back, and read
+from or written to the user's buffer: 3 bytes of HBM). Those are the factors here, by
+kind of kernel (compute-bound GEMMs and convolutions, attention, memory-bound), scaled
+by how much traffic the collective beside it moves: a collective at the bus bandwidth
+of that measurement (A100 NVLink's, 234.9 GB/s) or more slows by the full factor, one
+at half of it by half the factor's excess, and so on (``contention``). Only the part of
+a kernel that overlaps a collective is slowed. Kernels on a high-priority stream (FSDP2
+makes its all-gather and reduce-scatter streams with priority -1) are scheduled first
+and are not slowed. The NCCL kernel itself is not slowed in return (its time stays the
+curve's), a simplification: nccl#1428 saw it slowed too.
 """
 
 from __future__ import annotations
@@ -70,12 +67,10 @@ from dataclasses import dataclass
 
 #: The fraction of a link's peak a collective reaches where no curve is published.
 ACHIEVED_FRACTION = 0.80
-#: HBM bytes per byte of bus bandwidth an NCCL kernel moves (NVIDIA/nccl#1428).
-HBM_BYTES_PER_BUS_BYTE = 3.0
-#: Share of the SMs NCCL's kernels occupy within a node (NVIDIA/nccl#1432).
-INTRA_NODE_SM_FRACTION = 0.15
-#: SMs a network collective occupies per NIC (NVIDIA/nccl#689).
-SMS_PER_NIC = 2
+#: Slowdown of a kernel beside an NCCL all-gather, by kind (NVIDIA/nccl#1428, 8x A100).
+SLOWDOWN = {"compute": 2.08 / 1.18, "attention": 0.33 / 0.18, "memory": 0.05 / 0.02}
+#: The bus bandwidth of that measurement's link, at which the factors apply in full (GB/s).
+SLOWDOWN_AT_GBPS = 234.89
 
 _KiB = 1024
 
@@ -171,14 +166,8 @@ def bus_bytes_per_s(kind: str, nbytes: int, group_size: int, seconds: float) -> 
     return bus_factor(kind, group_size) * nbytes / seconds
 
 
-def sm_fraction(inter_node: bool, sm_count: int) -> float:
-    """Share of the SMs a running NCCL kernel occupies. See [Note: NCCL beside compute]."""
-    return min(SMS_PER_NIC / sm_count, 1.0) if inter_node else INTRA_NODE_SM_FRACTION
-
-
-def slowed(compute_s: float, memory_s: float, hbm_bytes_per_s: float, busbw_bytes_per_s: float,
-           sm_share: float) -> float:
-    """How long a kernel of ``compute_s`` / ``memory_s`` alone takes beside an NCCL kernel
-    moving ``busbw_bytes_per_s`` and occupying ``sm_share`` of the SMs."""
-    left = max(hbm_bytes_per_s - HBM_BYTES_PER_BUS_BYTE * busbw_bytes_per_s, 0.1 * hbm_bytes_per_s)
-    return max(compute_s / (1.0 - sm_share), memory_s * hbm_bytes_per_s / left)
+def contention(kind: str, busbw_bytes_per_s: float) -> float:
+    """How much slower a kernel of ``kind`` ("compute", "attention", "memory") runs beside
+    collectives moving ``busbw_bytes_per_s`` on the bus. See [Note: NCCL beside compute]."""
+    share = min(busbw_bytes_per_s / (SLOWDOWN_AT_GBPS * 1e9), 1.0)
+    return 1.0 + (SLOWDOWN[kind] - 1.0) * share

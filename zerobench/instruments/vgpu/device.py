@@ -272,31 +272,31 @@ class VirtualGpu(Layer, Listener):
         self._current.enqueue(self.beside_collectives(self._current, 0.0, memory_s, self.preset.kernel_floor_s), name)
         self.kernels += 1
 
-    def record_collective(self, start: float, end: float, bus_bytes_per_s: float, sm_share: float) -> None:
+    def record_collective(self, start: float, end: float, bus_bytes_per_s: float) -> None:
         """An NCCL kernel runs on the device in [start, end]: compute kernels beside it run slower."""
         now = self.host.now  # a kernel issued from now on starts at or after now
         self._collectives_running = [c for c in self._collectives_running if c[1] > now]
         if end > start:
-            self._collectives_running.append((start, end, bus_bytes_per_s, sm_share))
+            self._collectives_running.append((start, end, bus_bytes_per_s))
 
-    def beside_collectives(self, stream: VStream, compute_s: float, memory_s: float, floor_s: float) -> float:
+    def beside_collectives(self, stream: VStream, compute_s: float, memory_s: float, floor_s: float,
+                           attention: bool = False) -> float:
         """How long a kernel issued now on ``stream`` runs, given the NCCL kernels running
         beside it (piecewise: slowed while one runs, at its own speed otherwise). A kernel
         on a high-priority stream is not slowed. See [Note: NCCL beside compute]."""
-        alone = max(compute_s, memory_s) + floor_s
+        body = max(compute_s, memory_s)
+        alone = body + floor_s
         running = self._collectives_running
-        if not running or stream.priority < 0 or alone <= 0:
+        if not running or stream.priority < 0 or body <= 0:
             return alone
-        hbm = self.preset.hbm_bytes_per_s * self.preset.memory_efficiency
+        kind = "attention" if attention else "compute" if compute_s >= memory_s else "memory"
         t = max(stream.tail, self.host.now)
         start, left = t, 1.0  # the fraction of the kernel still to run
         while left > 0:
             active = [c for c in running if c[0] <= t < c[1]]
             upcoming = [c[0] for c in running if c[0] > t] + [c[1] for c in active]
             if active:
-                bus = sum(c[2] for c in active)
-                share = min(sum(c[3] for c in active), 0.9)
-                speed = 1.0 / (comm.slowed(compute_s, memory_s, hbm, bus, share) + floor_s)
+                speed = 1.0 / (body * comm.contention(kind, sum(c[2] for c in active)) + floor_s)
             else:
                 speed = 1.0 / alone
             until = min(upcoming, default=math.inf)
@@ -484,9 +484,7 @@ class VirtualGpu(Layer, Listener):
                 self.relabel(storage, role)
         start, end = stream.enqueue(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB")
         if link is not None and call.group_size > 1:  # it slows the compute beside it
-            inter_node = link is not self.link
-            self.record_collective(start, end, comm.bus_bytes_per_s(call.kind, call.nbytes, call.group_size, seconds),
-                                   comm.sm_fraction(inter_node, self.preset.sm_count))
+            self.record_collective(start, end, comm.bus_bytes_per_s(call.kind, call.nbytes, call.group_size, seconds))
         self.collectives += 1
         done = VEvent(self)
         done.time, done.stream = end, stream
@@ -616,7 +614,8 @@ class _Mode(TorchDispatchMode):
                                                  gpu.preset.kernel_floor_s) if not host_side else seconds
             else:
                 cost = costs.kernel_cost(func, args, kwargs, out, gpu.preset)
-                seconds = gpu.beside_collectives(gpu._current, cost.compute_s, cost.memory_s, cost.floor_s)
+                seconds = gpu.beside_collectives(gpu._current, cost.compute_s, cost.memory_s, cost.floor_s,
+                                                 attention=func in costs.ATTENTION)
             gpu._current.enqueue(seconds, func.__name__)
             gpu.kernels += 1
             lead = gpu.default.tail - gpu.host.now
