@@ -254,9 +254,12 @@ def _mfu(w, dtype: str, metrics: dict, ctx) -> dict:
     from zerobench.spec.flops import mfu_metrics, model_flops_per_token
 
     tokens = metrics.get("throughput_tokens_s")
+    flops = model_flops_per_token(w.model)
+    if not tokens or not flops:  # a model without token FLOPs (an MLP, a user's model)
+        return {}
     peak = gpu_preset(preset_for_device(torch.cuda.get_device_name(ctx.device))).peak(
         torch.bfloat16 if dtype == "bf16" else torch.float32)
-    return mfu_metrics(tokens / ctx.world_size if tokens else None, model_flops_per_token(w.model), peak)
+    return mfu_metrics(tokens / ctx.world_size, flops, peak)
 
 
 def _gpu_telemetry(device: torch.device):
