@@ -264,3 +264,46 @@ def test_gpu_doc_names_the_pinned_torch():
     pinned = re.search(r"torch==(\d+\.\d+)", (ROOT / ".ci" / "run").read_text()).group(1)
     named = set(re.findall(r"torch (\d+\.\d+)", (ROOT / "docs" / "gpu.md").read_text()))
     assert named == {pinned}, (named, pinned)
+
+
+def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypatch):
+    """[Note: model FLOPs]: a timing pass on an H100 (faked) of a Llama records
+    tflops_per_gpu and mfu against the bf16 peak of the closest preset, 989 TFLOP/s."""
+    from zerobench.rank import worker
+    from zerobench.rank.worlds import World
+    from zerobench.spec.flops import model_flops_per_token
+    from zerobench.spec.matrix import expand
+    from zerobench.spec.workload import parse_workload
+
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(worker, "_gpu_telemetry", lambda device: contextlib.nullcontext())
+
+    class CudaWorld(World):
+        rank, size, local_rank, backend = 0, 1, 0, "nccl"
+        device, module = torch.device("cuda", 0), torch.cuda
+
+        def barrier(self):
+            pass
+
+    workload = parse_workload({"model": {"kind": "llama", "layers": 2, "d_model": 64, "heads": 4, "kv_heads": 2,
+                                         "ffn_hidden": 128, "vocab": 100, "seq_len": 32},
+                               "data": {"warmup_steps": 0, "steps": 2, "batch_size": 4},
+                               "matrix": {"engine": ["ddp"], "dtype": ["bf16"]}})
+    runner = worker.CellRunner(workload, expand(workload)[0], CudaWorld())
+    monkeypatch.setattr(runner.session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+
+    class Engine:
+        def train_step(self, inputs, targets, loss):
+            return torch.tensor(1.0)
+
+        def extra_metrics(self):
+            return {}
+
+    metrics = runner.timing_pass(Engine())["metrics"]
+    per_gpu = metrics["throughput_tokens_s"]  # one rank
+    flops = model_flops_per_token(workload.model)
+    assert metrics["tflops_per_gpu"] == pytest.approx(per_gpu * flops / 1e12)
+    assert metrics["mfu"] == pytest.approx(per_gpu * flops / 989e12)

@@ -34,10 +34,23 @@ def count(cfg) -> int:
     ("llama2-7b", 6_738_415_616),    # Llama 2 7B as released
     ("llama3-8b", 8_030_261_248),    # Llama 3 8B as released
     ("llama3-70b", 70_553_706_496),  # Llama 3 70B as released
+    ("llama2-13b", 13_015_864_320),  # Llama 2 13B as released
 ])
 def test_presets_have_the_published_parameter_counts(preset, params):
     cfg = parse_workload({"model": {"kind": "llama", "preset": preset}}).model
     assert count(cfg) == params
+
+
+def test_the_loss_in_fp32_upcasts_the_logits_as_torchtitan_does():
+    logits = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    targets = torch.randint(0, 64, (2, 16))
+    assert loss_fn(llama()).__call__(logits, targets).dtype == torch.bfloat16
+    upcast = loss_fn(llama(loss_dtype="fp32"))(logits, targets)
+    assert upcast.dtype == torch.float32
+    assert upcast.item() == pytest.approx(torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten()).item())
+    with pytest.raises(WorkloadError, match=r"model.loss_dtype: 'bf16' is not allowed \(allowed: 'model', 'fp32'\)"):
+        llama(loss_dtype="bf16")
 
 
 def test_explicit_keys_override_the_preset_and_tying_shares_the_head():
@@ -161,7 +174,7 @@ def test_checkpointing_is_an_axis_of_every_engine():
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"preset": "llama4"}, r"model.preset: 'llama4' is not allowed \(allowed: 'llama2-7b', 'llama3-8b', 'llama3-70b'\)"),
+    ({"preset": "llama4"}, r"model.preset: 'llama4' is not allowed \(allowed: 'llama2-7b', 'llama2-13b', 'llama3-8b', 'llama3-70b'\)"),
     ({"kv_heads": 3}, r"model.kv_heads: 3 does not divide model.heads=4"),
     ({"heads": 5}, r"model.heads: 5 does not divide model.d_model=32"),
     ({"ffn_hidden": 0}, r"model.ffn_hidden: 0 is not allowed \(allowed: int from 1 to 2\*\*63 - 1\)"),

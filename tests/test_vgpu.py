@@ -24,8 +24,9 @@ US = 1e-6
 # kernels have no floor, and copies and elementwise kernels stream at 1 GB/s.
 TOY_HOST = HostPreset("toy", dispatch_s=10 * US, launch_s=10 * US)
 TOY_GPU = GpuPreset("toy", memory_bytes=1 << 30, peak_flops={torch.float32: 1e12, torch.bfloat16: 4e12},
-                    hbm_bytes_per_s=1.25e9, pcie_bytes_per_s=1.25e9, sleep_cycles_per_s=1e9,
-                    matmul_efficiency=0.5, memory_efficiency=0.8, kernel_floor_s=0.0)
+                    hbm_bytes_per_s=1.25e9, pcie_bytes_per_s=1.25e9, sm_clock_hz=1e9,
+                    matmul_efficiency=0.5, memory_efficiency=0.8, kernel_floor_s=0.0, gemm_floor_s=0.0,
+                    context_bytes=0, nccl_bytes_per_group=0)
 
 
 def toy(**kwargs) -> VirtualGpu:
@@ -112,15 +113,18 @@ def test_metadata_markers_and_collective_dispatch_ops_launch_no_kernel(fake_worl
     assert gpu.collectives == 1
 
 
-def test_matmul_is_priced_by_flops_and_dtype():
+def test_matmul_is_priced_by_flops_dtype_and_shape():
+    """256x512 @ 512x1024 on 132 SMs: best tiles 64x64, 64 of them, one wave of 132
+    (64 of the 132 SMs busy) and each tile's k-loop of 512 plus its fixed 128."""
     a, b = torch.ones(256, 512), torch.ones(512, 1024)
     flops = 2 * 256 * 512 * 1024
+    factor = (256 * 1024 * 512) / (132 * 64 * 64 * (512 + 128))
     seconds, counted, nbytes = costs.duration(torch.ops.aten.mm.default, (a, b), {}, a @ b, TOY_GPU)
     assert counted == flops and nbytes == (256 * 512 + 512 * 1024 + 256 * 1024) * 4
-    assert seconds == pytest.approx(max(flops / 0.5e12, nbytes / 1e9))
+    assert seconds == pytest.approx(max(flops / 0.5e12 / factor, nbytes / 1e9))
     a16, b16 = a.bfloat16(), b.bfloat16()
     seconds16, _, _ = costs.duration(torch.ops.aten.mm.default, (a16, b16), {}, a16 @ b16, TOY_GPU)
-    assert seconds16 == pytest.approx(max(flops / 2e12, nbytes / 2 / 1e9))
+    assert seconds16 == pytest.approx(max(flops / 2e12 / factor, nbytes / 2 / 1e9))
 
 
 # -- the caching allocator -----------------------------------------------------------
@@ -170,7 +174,7 @@ def test_cached_blocks_are_reused_per_stream_and_empty_cache_returns_segments():
 
 def test_out_of_memory_is_reported_like_cuda():
     gpu = VirtualGpu(gpu=GpuPreset("tiny", memory_bytes=64 << 20, peak_flops={torch.float32: 1e12},
-                                   hbm_bytes_per_s=1e12), host=TOY_HOST)
+                                   hbm_bytes_per_s=1e12, context_bytes=0), host=TOY_HOST)
     with gpu:
         keep = torch.empty(40 << 20, dtype=torch.uint8)
         with pytest.raises(torch.OutOfMemoryError, match="virtual GPU out of memory"):
@@ -199,8 +203,9 @@ def test_collectives_run_on_a_comm_stream_timed_by_the_link(fake_world):
         gpu._sleep(1_000_000)  # compute until ~1 ms: the collective waits for it (NCCL)
         work = dist.all_gather_into_tensor(out, inp, async_op=True)
         comm = gpu.comm_stream(None)
-        # 100 us + (3/4) * 4 MiB / 1 GB/s
-        expected = 100 * US + 0.75 * (4 << 20) / 1e9
+        # 100 us + (3/4) * 4 MiB at 80 % of 1 GB/s (a link with no published curve:
+        # [Note: achieved bus bandwidth] in comm.py)
+        expected = 100 * US + 0.75 * (4 << 20) / (1e9 * 0.8)
         start = comm.tail - expected
         assert start == pytest.approx(gpu.default.tail, abs=1e-9) and not work.is_completed()
         compute_before = gpu.default.tail
@@ -335,17 +340,21 @@ def test_gpu_check_limiter_does_not_empty_the_cache_before_its_measured_forward(
     assert emptied["without_limiter"]["peak_active_above_base_units"] <= 0.6 * piled_up
 
 
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strategy):
+@pytest.mark.parametrize("strategy,record_streams", [("FULL_SHARD", False), ("SHARD_GRAD_OP", False),
+                                                      ("FULL_SHARD", True)])
+def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strategy, record_streams):
     """Defect 4 of #18: [Note: reductions in flight] bounds the unsharded gradients in
     *memory*, with the host far ahead of a slow reduce-scatter. Handing them over with
-    record_stream kept every unit's gradient active (8 of 8)."""
+    record_stream kept every unit's gradient active (8 of 8). ProcessGroupNCCL itself
+    record-streamed a collective's tensors onto its stream before stashing them became its
+    default ([Note: collective tensors]): then each freed gradient stays active until the
+    all-gathers the host queued on the same stream after it have run, and they pile up."""
     from impl.fsdp import FullyShardedDataParallel as FSDP
     from impl.fsdp import ShardingStrategy
     from impl.fsdp.flat_param import FlatParamHandle
 
     units, width = 8, 256
-    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0))
+    gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), record_streams=record_streams)
     original = FlatParamHandle.take_unsharded_grad
 
     def take(handle):
@@ -370,7 +379,10 @@ def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strateg
         gpu.synchronize()
     unit_bytes = width * width * 4
     assert gpu.host.blocked_s < gpu.host.now  # the host did run ahead
-    assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
+    if not record_streams:
+        assert gpu.allocator.peak_active_by_label["unsharded_grad"] <= 2 * unit_bytes
+    else:  # how many pile up depends on how far the host runs ahead: at least twice the bound
+        assert gpu.allocator.peak_active_by_label["unsharded_grad"] >= 4 * unit_bytes
 
 
 def test_cpu_offload_moves_each_units_gradient_to_the_host_during_backward(fake_world):
@@ -421,7 +433,7 @@ def test_fused_attention_is_priced_by_its_flops_and_host_scalars_do_not_synchron
         flops = 2 * (2 * 4 * 512 * 512 * 64) // 2  # QK^T and PV, half of each when causal
         tail = gpu.default.tail
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
-        attention_s = flops / (TOY_GPU.peak_flops[torch.float32] * TOY_GPU.attention_efficiency)
+        attention_s = flops / (TOY_GPU.peak_flops[torch.float32] * TOY_GPU.attention_fwd_efficiency)
         assert gpu.default.tail - tail >= attention_s
         torch.ones(10_000_000)  # a 40 ms fill: the device is far behind the host
         step = torch.tensor(0.0)
@@ -491,3 +503,36 @@ def test_a_dtensor_operator_is_priced_by_the_local_shard(fake_world):
         # dispatch and launch; the global size would take 8 ms
         local_s = 2 * full.numel() * 4 // fake_world / 1e9
         assert local_s <= gpu.default.tail - start <= local_s + 0.1 * MS
+
+
+def test_adamw_takes_the_foreach_path_on_the_virtual_gpu_with_the_same_numerics():
+    """torch.optim sends device type "cpu" to its single-tensor path; a GPU takes the
+    foreach path, so the virtual GPU does too, and the parameters come out the same."""
+    torch.manual_seed(0)
+    params = [torch.randn(64, 32, requires_grad=True) for _ in range(6)]
+    grads = [torch.randn(64, 32) for _ in range(6)]
+    twins = [p.detach().clone().requires_grad_() for p in params]
+
+    def steps(ps):
+        opt = torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+        for _ in range(3):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opt.step()
+
+    gpu = toy()
+    with gpu:
+        steps(params)
+        foreach_kernels = gpu.kernels
+        names = {name for lane, name, *_ in gpu.trace.spans if lane == "compute"}
+    steps(twins)
+    assert any(name.startswith("_foreach_") for name in names)
+    assert all(torch.equal(p, q) for p, q in zip(params, twins))
+    single = toy()
+    import torch.optim.optimizer as optimizer_module
+
+    with single:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(optimizer_module, "_get_foreach_kernels_supported_devices", lambda: ["cuda"])
+            steps([p.detach().clone().requires_grad_() for p in twins])
+    assert single.kernels > 2 * foreach_kernels  # one parameter at a time: many more kernels

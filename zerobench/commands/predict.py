@@ -26,6 +26,15 @@ def arguments(p) -> None:
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS)
     p.add_argument("--matrix", action="store_true", help="sweep prefetch x limiter x reshard")
     p.add_argument("--config", action="append", help="only this configuration id (repeatable)")
+    p.add_argument("--alloc-conf", default="", help="caching-allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax: "
+                   "expandable_segments:True, max_split_size_mb:N (docs/vgpu.md)")
+    p.add_argument("--context-mib", type=int, default=None,
+                   help="device memory of the CUDA context, outside the allocator (default: the preset's, 512)")
+    p.add_argument("--nccl-mib", type=int, default=None,
+                   help="device memory of each NCCL communicator, outside the allocator (default: the preset's, 688)")
+    p.add_argument("--nccl-record-streams", action="store_true",
+                   help="ProcessGroupNCCL record-streams collective tensors onto its stream, as PyTorch did before "
+                        "TORCH_NCCL_AVOID_RECORD_STREAMS became the default (docs/vgpu.md)")
 
 
 def main(args) -> int:
@@ -41,7 +50,8 @@ def main(args) -> int:
         out_dir = predict(args.workload, parse_world_sizes(args.world_sizes), gpu=args.gpu, host=args.host,
                           link=args.link, inter_link=args.inter_link, node_size=args.node_size,
                           results_root=args.results, matrix=args.matrix, only=args.config,
-                          progress=progress, log=progress.print)
+                          alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
+                          record_streams=args.nccl_record_streams, progress=progress, log=progress.print)
     frame = pd.read_csv(out_dir / "predict.csv")
     print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
           f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")

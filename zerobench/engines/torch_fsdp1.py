@@ -33,6 +33,19 @@ class TorchFSDP1Engine(Engine):
         def policy(module, recurse, nonwrapped_numel):
             return recurse or module in units
 
+        # HYBRID_SHARD: FSDP1 takes a node to be torch.cuda.device_count() ranks, which has no
+        # meaning on a CPU device (torch.cpu says 1). The shard groups are given as a 2-D mesh
+        # instead, of the size impl's HYBRID_SHARD takes (LOCAL_WORLD_SIZE, the ranks of one
+        # node as torchrun sets it, else half the world), as users pass one with device_mesh.
+        mesh = None
+        if self.opts["sharding_strategy"] == "HYBRID_SHARD":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from impl.fsdp.process_groups import default_shard_size
+
+            shard = default_shard_size(self.ctx.world_size)
+            mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size // shard, shard),
+                                    mesh_dim_names=("replicate", "shard"))
         mp = None
         if self.dtype == "bf16":
             mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
@@ -45,6 +58,7 @@ class TorchFSDP1Engine(Engine):
             limit_all_gathers=self.opts["limit_all_gathers"],
             mixed_precision=mp,
             use_orig_params=bool(self.opts.get("use_orig_params", False)),
+            device_mesh=mesh,
             # FSDP1 refuses CPU-only execution unless told the device explicitly.
             device_id=self.ctx.device if self.ctx.device.type == "cuda" else torch.device("cpu"),
         )

@@ -95,12 +95,16 @@ class Session:
     # -- building ---------------------------------------------------------------------
 
     def build(self):
-        """The cell's engine around its freshly built, seeded model, with its optimizer."""
-        engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
-        device = None if self.world.backend == "fake" else self.ctx.device
-        model, units = build_for_cell(self.w.model, self.w.seed, device,
-                                      self.cell.opts.get("activation_checkpointing", "none"))
-        engine.wrap(model, units)
+        """The cell's engine around its freshly built, seeded model, with its optimizer.
+        The world decides what building costs its device (``World.building``: on the
+        virtual GPU, only what the rank holds once wrapped, as a meta-device build)."""
+        with self.world.building():
+            engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
+            device = None if self.world.backend == "fake" else self.ctx.device
+            model, units = build_for_cell(self.w.model, self.w.seed, device,
+                                          self.cell.opts.get("activation_checkpointing", "none"))
+            engine.wrap(model, units)
+        self.world.materialize()
         engine.build_optimizer(self.spec)
         return engine
 

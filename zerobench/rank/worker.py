@@ -134,6 +134,8 @@ class CellRunner:
         metrics.update(engine.extra_metrics())
         metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
         metrics.update(self.session.allocator_metrics())
+        if self.ctx.device.type == "cuda":
+            metrics.update(_mfu(self.w, self.session.cell.dtype, metrics, self.ctx))
         metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
         return {"metrics": metrics, "step_times": times, "losses": losses}
 
@@ -250,6 +252,21 @@ def _time_metrics(times: list[float], global_batch: int, tokens_per_sample: int)
         "throughput_samples_s": global_batch / median,
         "throughput_tokens_s": global_batch * tokens_per_sample / median if tokens_per_sample else None,
     }
+
+
+def _mfu(w, dtype: str, metrics: dict, ctx) -> dict:
+    """tflops_per_gpu and mfu of a GPU run ([Note: model FLOPs] in zerobench/spec/flops.py),
+    against the dense peak of the closest preset to this device."""
+    from zerobench.instruments.vgpu.presets import gpu_preset, preset_for_device
+    from zerobench.spec.flops import mfu_metrics, model_flops_per_token
+
+    tokens = metrics.get("throughput_tokens_s")
+    flops = model_flops_per_token(w.model)
+    if not tokens or not flops:  # a model without token FLOPs (an MLP, a user's model)
+        return {}
+    peak = gpu_preset(preset_for_device(torch.cuda.get_device_name(ctx.device))).peak(
+        torch.bfloat16 if dtype == "bf16" else torch.float32)
+    return mfu_metrics(tokens / ctx.world_size, flops, peak)
 
 
 def _gpu_telemetry(device: torch.device):

@@ -85,6 +85,15 @@ class World:
     def memory_stats(self) -> dict:
         return self.module.memory_stats(self.device) if self.module is not None else {}
 
+    def building(self):
+        """Around building and wrapping the model: on a virtual GPU, the build as users do
+        it ([Note: build as users do] in zerobench/instruments/vgpu/device.py); elsewhere
+        the tensors are made where they are (the harness builds real ones on its device)."""
+        return contextlib.nullcontext()
+
+    def materialize(self) -> None:
+        """After :meth:`building`: what the rank holds gets its device memory."""
+
     def __enter__(self) -> "World":
         raise NotImplementedError
 
@@ -165,6 +174,13 @@ class FakeWorld(World):
 
     def clock(self) -> float:
         return self.gpu.host.now if self.gpu is not None else time.perf_counter()
+
+    def building(self):
+        return self.gpu.deferred() if self.gpu is not None else contextlib.nullcontext()
+
+    def materialize(self) -> None:
+        if self.gpu is not None:
+            self.gpu.materialize()
 
     def barrier(self) -> None:
         pass  # no other rank to wait for

@@ -56,6 +56,10 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("step_time_mad_s", "s", "median absolute deviation of the step times", "context", "none"),
     Metric("throughput_samples_s", "samples/s", "global samples per second (world batch / median step)", "time", "higher"),
     Metric("throughput_tokens_s", "tokens/s", "global tokens per second (gpt only)", "time", "higher"),
+    Metric("tflops_per_gpu", "TFLOP/s", "model TFLOP/s per GPU by torchtitan's formula (gpt and llama, runs on a "
+           "GPU; [Note: model FLOPs] in zerobench/spec/flops.py)", "time", "higher"),
+    Metric("mfu", "", "model FLOPs utilisation: tflops_per_gpu over the card's dense peak for the cell's dtype",
+           "time", "higher"),
     # -- losses (timing pass) --
     Metric("loss_first", "", "loss of the first measured step on this rank", "deterministic", "none"),
     Metric("loss_last", "", "loss of the last measured step on this rank", "deterministic", "none"),

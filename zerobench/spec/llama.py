@@ -145,4 +145,7 @@ class Llama(nn.Module):
         cos, sin = cos.to(idx.device, x.dtype), sin.to(idx.device, x.dtype)  # rotated in x's dtype, as HF does
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.head(self.norm(x))  # (batch, seq, vocab) logits
+        logits = self.head(self.norm(x))  # (batch, seq, vocab)
+        # loss_dtype "fp32": upcast here, as torchtitan's model does, so that the bf16 logits
+        # are freed at once rather than held beside their fp32 copy through the loss.
+        return logits.float() if self.cfg.loss_dtype == "fp32" else logits

@@ -86,13 +86,15 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.loss_dtype = cfg.loss_dtype
 
     def forward(self, idx):
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))  # (batch, seq, vocab) logits
+        logits = self.head(self.ln_f(x))  # (batch, seq, vocab)
+        return logits.float() if self.loss_dtype == "fp32" else logits  # as in llama.py
 
 
 def construct(cfg: ModelConfig) -> nn.Module:
@@ -151,6 +153,12 @@ def loss_fn(cfg: ModelConfig):
         from zerobench.spec.user_models import checked_loss, import_callable
 
         return checked_loss("model.loss", name, import_callable("model.loss", name))
+
+    if getattr(cfg, "loss_dtype", "model") == "fp32":
+        def next_token_fp32(logits, targets):  # the model upcast them already (llama.py); a no-op then
+            return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+        return next_token_fp32
 
     def next_token(logits, targets):
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())

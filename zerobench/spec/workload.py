@@ -58,8 +58,12 @@ class GPTConfig:
     vocab: int = 512
     mlp_ratio: int = 4
     """Hidden width of each block's MLP as a multiple of d_model."""
+    loss_dtype: Literal["model", "fp32"] = "model"
+    """dtype of the cross-entropy: ``"model"``, the logits' own (bf16 under bf16 compute);
+    ``"fp32"``, the logits upcast first, as torchtitan's ``cross_entropy_loss`` does."""
 
     def check(self) -> None:
+        _check_loss_dtype(self.loss_dtype)
         if self.seq_len < 2:
             raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
         for name in ("layers", "d_model", "heads", "vocab", "mlp_ratio", "seq_len"):
@@ -76,6 +80,8 @@ class GPTConfig:
 LLAMA_PRESETS: dict[str, dict[str, Any]] = {
     "llama2-7b": dict(layers=32, d_model=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000,
                       seq_len=4096, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False),
+    "llama2-13b": dict(layers=40, d_model=5120, heads=40, kv_heads=40, ffn_hidden=13824, vocab=32000,
+                       seq_len=4096, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False),
     "llama3-8b": dict(layers=32, d_model=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
                       seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False),
     "llama3-70b": dict(layers=80, d_model=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256,
@@ -110,8 +116,12 @@ class LlamaConfig:
     """RMSNorm's epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding's weight with the output head."""
+    loss_dtype: Literal["model", "fp32"] = "model"
+    """dtype of the cross-entropy: ``"model"``, the logits' own (bf16 under bf16 compute);
+    ``"fp32"``, the logits upcast first, as torchtitan's ``cross_entropy_loss`` does."""
 
     def check(self) -> None:
+        _check_loss_dtype(self.loss_dtype)
         if self.seq_len < 2:
             raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
         for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
@@ -128,6 +138,14 @@ class LlamaConfig:
             raise WorkloadError(f"model.rope_theta: {self.rope_theta} is not allowed (allowed: float > 0)")
         if not self.norm_eps > 0:
             raise WorkloadError(f"model.norm_eps: {self.norm_eps} is not allowed (allowed: float > 0)")
+
+
+LOSS_DTYPES = ("model", "fp32")
+
+
+def _check_loss_dtype(value) -> None:
+    if value not in LOSS_DTYPES:
+        raise WorkloadError(f"model.loss_dtype: {value!r} is not allowed (allowed: {', '.join(map(repr, LOSS_DTYPES))})")
 
 
 #: Keys of ``[model]`` that a user model (``factory``) does not receive as keyword arguments.

@@ -1,20 +1,28 @@
-"""How long an operator runs on the virtual GPU: a roofline over FLOPs and bytes.
+"""How long an operator runs on the virtual GPU: a roofline over FLOPs and bytes, with
+the shape of each GEMM and the direction of each attention kernel taken into account.
 
 [Note: operator cost]
 For an operator that launches a kernel,
 
-    duration = max(flops / (peak_flops(dtype) * matmul_efficiency),
-                   bytes / (hbm_bandwidth * memory_efficiency)) + kernel_floor
+    duration = max(compute_s, bytes / (hbm_bandwidth * memory_efficiency)) + floor
 
-FLOPs come from ``torch.utils.flop_counter``'s registry (matmuls, convolutions: the
-operators whose cost is arithmetic). Fused attention is priced apart: its FLOPs (half
-when causal) at the preset's ``attention_efficiency``, because a flash kernel reaches a
-smaller share of the peak than a GEMM. Every other operator is priced by
-its bytes alone: the bytes of its tensor inputs plus those of its outputs (what a
-kernel must read and write at least). The dtype of the peak is that of the first
-floating-point input. This is the roofline of PyTorch's ``RuntimeEstimator`` in its
-"roofline" mode, with stated efficiencies in place of measured ones
-(see [Note: virtual GPU presets]).
+* a GEMM (``mm``, ``addmm``, ``bmm``, ``baddbmm``): ``compute_s`` is its FLOPs at the
+  card's large-GEMM rate times the shape factor of gemm.py ([Note: GEMM shapes]: tile
+  and wave quantisation, small K), and ``floor`` is ``gemm_floor_s``;
+* fused attention: its FLOPs (half when causal, as a flash kernel skips the masked half
+  of the score matrix) at ``attention_fwd_efficiency`` or ``attention_bwd_efficiency``
+  of the peak, FlashAttention-2's backward reaching less of it than its forward;
+* any other operator ``torch.utils.flop_counter`` counts FLOPs for (convolutions): its
+  FLOPs at the large-GEMM rate;
+* everything else is memory-bound: ``compute_s`` is 0.
+
+The bytes are those of the tensor inputs and outputs (what a kernel must read and
+write at least), an expanded input counted once per element it really holds (a stride-0
+dimension reads the same element again), as ``torch.utils._runtime_estimation``'s
+``get_num_bytes`` counts them; memory-bound kernels stream them at the preset's
+measured fraction of HBM bandwidth. The dtype of the peak is that of the first
+floating-point input. This is PyTorch's ``RuntimeEstimator`` roofline with measured
+efficiencies in place of its peaks (see [Note: virtual GPU presets]).
 
 Operators that launch no kernel cost only host time: views and other metadata-only
 operators, ``empty``-style allocations, ``record_stream``, the few that only read a
@@ -23,9 +31,12 @@ tensor's metadata, and the dispatcher ops of collectives and of ``record_functio
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from zerobench.instruments.vgpu import gemm
 from zerobench.instruments.vgpu.presets import GpuPreset
 
 aten = torch.ops.aten
@@ -75,14 +86,29 @@ def _tensors(obj) -> list:
     return list(tensors_in(obj))
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes this rank holds: a DTensor's local shard, not its global size. (The dispatch
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's tensor: a DTensor's local shard, not its global size. (The dispatch
     mode sees a DTensor operator, e.g. fully_shard's optimizer step on sharded
     parameters, before DTensor maps it onto the local shard.)"""
     local = getattr(t, "_local_tensor", None)
-    if local is not None:
-        t = local
+    return local if local is not None else t
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of the elements this rank's tensor spans (a DTensor by its local shard)."""
+    t = _local(t)
     return t.numel() * t.element_size()
+
+
+def accessed_bytes(t: torch.Tensor) -> int:
+    """Bytes a kernel reads or writes for ``t``: an expanded (stride-0) dimension counts
+    once, as ``torch.utils._runtime_estimation.get_num_bytes`` counts it."""
+    t = _local(t)
+    elements = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            elements *= size
+    return elements * t.element_size()
 
 
 def flops(func, args, kwargs, out) -> int:
@@ -110,25 +136,51 @@ def attention_flops(func, args, kwargs) -> int:
     return n // 2 if causal else n
 
 
-# Fused attention: priced by attention_flops at the preset's attention efficiency.
-ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default,
-             aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+# Fused attention: priced by attention_flops at the preset's forward or backward efficiency.
+ATTENTION_FORWARD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
+ATTENTION_BACKWARD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+ATTENTION = ATTENTION_FORWARD | ATTENTION_BACKWARD
 
 
-def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
-    """(seconds, flops, bytes) of one kernel on ``gpu``."""
+class Cost(NamedTuple):
+    """One kernel's modelled cost on an idle device."""
+
+    compute_s: float
+    memory_s: float
+    floor_s: float
+    flops: int
+    nbytes: int
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.floor_s
+
+
+def kernel_cost(func, args, kwargs, out, gpu: GpuPreset) -> Cost:
+    """The parts of one kernel's time on ``gpu``. See [Note: operator cost]."""
     inputs = _tensors((args, kwargs))
-    nbytes = sum(tensor_bytes(t) for t in inputs) + sum(tensor_bytes(t) for t in _tensors(out))
+    nbytes = sum(accessed_bytes(t) for t in inputs) + sum(accessed_bytes(t) for t in _tensors(out))
     dtype = next((t.dtype for t in inputs if t.is_floating_point()), torch.float32)
+    floor = gpu.kernel_floor_s
     if func in ATTENTION:
         n_flops = attention_flops(func, args, kwargs)
-        peak = gpu.peak_flops.get(dtype, gpu.peak_flops[torch.float32])
-        compute_s = n_flops / (peak * gpu.attention_efficiency)
+        efficiency = gpu.attention_fwd_efficiency if func in ATTENTION_FORWARD else gpu.attention_bwd_efficiency
+        compute_s = n_flops / (gpu.peak(dtype) * efficiency)
     else:
         n_flops = flops(func, args, kwargs, out)
         compute_s = n_flops / gpu.flops_per_s(dtype) if n_flops else 0.0
+        shape = gemm.dims(func._overloadpacket.__name__, [tuple(_local(t).shape) for t in inputs])
+        if shape is not None:
+            compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
+            floor = gpu.gemm_floor_s
     memory_s = nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
-    return max(compute_s, memory_s) + gpu.kernel_floor_s, n_flops, nbytes
+    return Cost(compute_s, memory_s, floor, n_flops, nbytes)
+
+
+def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
+    """(seconds, flops, bytes) of one kernel on an idle ``gpu``."""
+    cost = kernel_cost(func, args, kwargs, out, gpu)
+    return cost.seconds, cost.flops, cost.nbytes
 
 
 def host_duration(args, kwargs, out, host) -> float:
@@ -138,9 +190,9 @@ def host_duration(args, kwargs, out, host) -> float:
     return nbytes / host.bytes_per_s
 
 
-def copy_duration(nbytes: int, gpu: GpuPreset, host_device: bool) -> float:
-    """A copy of ``nbytes``: over PCIe when one side is host memory, else within HBM
-    (read and write)."""
+def copy_duration(read_bytes: int, write_bytes: int, gpu: GpuPreset, host_device: bool) -> float:
+    """A copy that reads ``read_bytes`` and writes ``write_bytes``: over PCIe when one side
+    is host memory (the larger of the two crosses it), else within HBM (both)."""
     if host_device:
-        return nbytes / (gpu.pcie_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s
-    return 2 * nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s
+        return max(read_bytes, write_bytes) / (gpu.pcie_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s
+    return (read_bytes + write_bytes) / (gpu.hbm_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s

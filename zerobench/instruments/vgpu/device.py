@@ -32,11 +32,37 @@ while it is installed
   synchronous call does that at once.
 
 The timeline is computed as the host issues work: [Note: virtual timeline].
+
+[Note: collective tensors]
+A collective's tensors must not be reused while NCCL's stream still reads or writes
+them. ProcessGroupNCCL has had two ways: ``record_stream`` of every input and output
+onto its stream (the default until TORCH_NCCL_AVOID_RECORD_STREAMS=1 became it: torch
+2.13's ProcessGroupNCCL warns that the variable is deprecated for that reason), so that
+a freed tensor stays active until the stream has passed the free, everything queued on
+it by then included; and *stashing* the tensors in the work until ``wait()`` orders the
+caller's stream after the collective (the default now). ``VirtualGpu(record_streams=...)``
+chooses (``zerobench predict --nccl-record-streams`` for the old way, which is what the
+runs published in 2023-2024 had, and the pile-up FSDP1's limiter exists to bound).
+
+[Note: build as users do]
+Users of sharded engines do not build the whole model on the GPU: torchtitan builds it
+on the meta device, applies ``fully_shard``, then ``to_empty(device="cuda")`` and
+initialises the weights, so each rank only ever allocates its shards; FSDP1's
+``param_init_fn`` materialises one unit at a time as it wraps. Building the unsharded
+model in the device instead leaves its blocks cached and split for activations (for
+Llama 2 7B, 227 segments, 26.1 GiB, in every reserved peak). So a model is built and
+wrapped under ``deferred()``: the storages made meanwhile (parameters, the engine's
+flat and sharded copies of them) get no device memory, and ``materialize()`` gives it
+to the ones still alive when wrapping is done -- what the rank holds: the shards under
+the FSDPs, the whole model under DDP and ZeRO-1/2, whose ranks keep it. The values are
+unchanged: the tensors are built as before (on the CPU or as fake tensors); only the
+allocator model sees the build as meta-device initialisation does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import torch
@@ -48,7 +74,8 @@ from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Collective, Layer
 from zerobench.instruments.storages import Listener
 from zerobench.instruments.link import Link
-from zerobench.instruments.vgpu import costs
+from zerobench.instruments.vgpu import comm, costs
+from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
 from zerobench.instruments.vgpu.presets import GpuPreset, HostPreset, gpu_preset, host_preset
 from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
@@ -72,8 +99,13 @@ class VirtualGpu(Layer, Listener):
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
-                 inter_link: Link | None = None, node_size: int = 8):
+                 inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None,
+                 record_streams: bool = False):
         self.preset = gpu_preset(gpu)
+        # How ProcessGroupNCCL keeps a collective's tensors alive: see [Note: collective tensors].
+        self.record_streams = record_streams
+        if not isinstance(alloc_conf, AllocatorConfig):
+            alloc_conf = AllocatorConfig.parse(alloc_conf)
         self.host_preset = host_preset(host)
         self.link = link
         self.inter_link = inter_link
@@ -84,7 +116,9 @@ class VirtualGpu(Layer, Listener):
         self.device = torch.device("cpu")  # where the tensors are; see the Note
         self.host = Host()
         self.trace = Trace(trace)
-        self.allocator = CachingAllocator(self, self.preset.memory_bytes, malloc_synchronizes)
+        # What the allocator may reserve: [Note: capacity a process sees] in allocator.py.
+        self.allocator = CachingAllocator(self, self.preset.memory_bytes - self.preset.context_bytes,
+                                          malloc_synchronizes, alloc_conf)
         self.default = VStream(self, "compute")
         self._current = self.default
         self.streams: list[VStream] = [self.default]
@@ -103,6 +137,14 @@ class VirtualGpu(Layer, Listener):
         self._exit_stack: contextlib.ExitStack | None = None
         self.kernels = 0
         self.collectives = 0
+        # [Note: build as users do]: storages made while a model is built and wrapped,
+        # not yet given device memory, and whether such a build is under way.
+        self._deferred: dict[int, int] = {}  # storage id -> bytes, not yet on the device
+        self._deferring = False
+        self._fusing: "_FusedKernel | None" = None  # see fused() and [Note: fused on the GPU]
+        # NCCL kernels that may still be running beside the next compute kernel:
+        # [(start, end, bus bytes/s, share of SMs)]; see [Note: NCCL beside compute] in comm.py.
+        self._collectives_running: list[tuple[float, float, float, float]] = []
 
     # -- the torch.cuda API ----------------------------------------------------------
 
@@ -203,12 +245,66 @@ class VirtualGpu(Layer, Listener):
         finally:
             self._label = previous
 
+    def nodes_of(self, group) -> int:
+        """How many nodes of ``node_size`` ranks the group's ranks span."""
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        return len({r // self.node_size for r in ranks})
+
     def link_of(self, group) -> Link | None:
         """``inter_link`` for a group whose ranks span nodes of ``node_size``, else ``link``."""
         if self.inter_link is None:
             return self.link
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        return self.link if len({r // self.node_size for r in ranks}) <= 1 else self.inter_link
+        return self.link if self.nodes_of(group) <= 1 else self.inter_link
+
+    @contextlib.contextmanager
+    def fused(self, name: str):
+        """Operators run inside are one kernel of the GPU's ([Note: fused on the GPU] in
+        fused.py): no host cost or kernel each; on leaving, one launch and one memory-bound
+        kernel of the bytes the caller says it read and wrote."""
+        kernel = _FusedKernel()
+        previous, self._fusing = self._fusing, kernel
+        try:
+            yield kernel
+        finally:
+            self._fusing = previous
+        self.host_op(launch=True)
+        memory_s = kernel.nbytes / (self.preset.hbm_bytes_per_s * self.preset.memory_efficiency)
+        self._current.enqueue(self.beside_collectives(self._current, 0.0, memory_s, self.preset.kernel_floor_s), name)
+        self.kernels += 1
+
+    def record_collective(self, start: float, end: float, bus_bytes_per_s: float) -> None:
+        """An NCCL kernel runs on the device in [start, end]: compute kernels beside it run slower."""
+        now = self.host.now  # a kernel issued from now on starts at or after now
+        self._collectives_running = [c for c in self._collectives_running if c[1] > now]
+        if end > start:
+            self._collectives_running.append((start, end, bus_bytes_per_s))
+
+    def beside_collectives(self, stream: VStream, compute_s: float, memory_s: float, floor_s: float,
+                           attention: bool = False) -> float:
+        """How long a kernel issued now on ``stream`` runs, given the NCCL kernels running
+        beside it (piecewise: slowed while one runs, at its own speed otherwise). A kernel
+        on a high-priority stream is not slowed. See [Note: NCCL beside compute]."""
+        body = max(compute_s, memory_s)
+        alone = body + floor_s
+        running = self._collectives_running
+        if not running or stream.priority < 0 or body <= 0:
+            return alone
+        kind = "attention" if attention else "compute" if compute_s >= memory_s else "memory"
+        t = max(stream.tail, self.host.now)
+        start, left = t, 1.0  # the fraction of the kernel still to run
+        while left > 0:
+            active = [c for c in running if c[0] <= t < c[1]]
+            upcoming = [c[0] for c in running if c[0] > t] + [c[1] for c in active]
+            if active:
+                speed = 1.0 / (body * comm.contention(kind, sum(c[2] for c in active)) + floor_s)
+            else:
+                speed = 1.0 / alone
+            until = min(upcoming, default=math.inf)
+            if t + left / speed <= until:
+                return t + left / speed - start
+            left -= (until - t) * speed
+            t = until
+        return t - start
 
     def relabel(self, storage, label: str) -> None:
         sid = self._events.sid_of(storage) if self._events is not None else None
@@ -223,7 +319,28 @@ class VirtualGpu(Layer, Listener):
             stream = VStream(self, f"comm{len(self._comm_streams)}")
             self.streams.append(stream)
             self._comm_streams[key] = stream
+            if dist.get_world_size(group) > 1:  # NCCL sets up this group's communicator and its buffers
+                self.allocator.hold_outside(self.preset.nccl_bytes_per_group)
         return stream
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Build and wrap a model as users do on a GPU: see [Note: build as users do]."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
+    def materialize(self) -> int:
+        """Give every storage made under ``deferred()`` that is still alive its device
+        memory now (what ``to_empty`` / ``param_init_fn`` allocate); returns its bytes."""
+        with self._lock:
+            waiting, self._deferred = self._deferred, {}
+            for sid, nbytes in waiting.items():
+                self._blocks[sid] = self.allocator.malloc(nbytes, self._current, self._label) if nbytes else None
+            self._count()
+        return sum(waiting.values())
 
     # -- storage events ([Note: storage lifetime]) -----------------------------------
 
@@ -242,11 +359,17 @@ class VirtualGpu(Layer, Listener):
 
     def on_new(self, sid: int, storage, nbytes: int) -> None:
         with self._lock:
+            if self._deferring:  # [Note: build as users do]: no device memory yet
+                self._deferred[sid] = nbytes
+                return
             self._blocks[sid] = self.allocator.malloc(nbytes, self._current, self._label) if nbytes else None
+            self._count()
             self._count()
 
     def on_free(self, sid: int) -> None:
         with self._lock:
+            if self._deferred.pop(sid, None) is not None:
+                return  # never had device memory
             block = self._blocks.pop(sid, None)
             if block is not None:
                 self.allocator.free(block)
@@ -255,6 +378,9 @@ class VirtualGpu(Layer, Listener):
     def on_resize(self, sid: int, storage, old_nbytes: int, new_nbytes: int) -> None:
         """The old block is freed, a new one allocated (unless it shrank in place)."""
         with self._lock:
+            if sid in self._deferred:
+                self._deferred[sid] = new_nbytes  # its size when it is materialized counts
+                return
             block = self._blocks.get(sid)
             if block is not None and block.size >= new_nbytes and new_nbytes:
                 return  # unchanged or shrunk in place: the block stays
@@ -273,6 +399,15 @@ class VirtualGpu(Layer, Listener):
         s = self.allocator.stats
         self.trace.counter(self.host.now, {"allocated": s["allocated"], "active": s["active"],
                                            "reserved": s["reserved"]})
+
+    def record_storage_use(self, tensor: torch.Tensor, stream: VStream) -> None:
+        """The allocator's side of ``record_stream`` (no host time: C++ does it inside a call)."""
+        local = getattr(tensor, "_local_tensor", None)
+        storage = (local if local is not None else tensor).untyped_storage()
+        sid = self._events.sid_of(storage) if self._events is not None else None
+        block = self._blocks.get(sid) if sid is not None else None
+        if block is not None:
+            self.allocator.record_stream(block, stream)
 
     # -- installing ------------------------------------------------------------------
 
@@ -295,6 +430,18 @@ class VirtualGpu(Layer, Listener):
 
         for module in (flat_param_module, runtime_utils_module):
             patches[(module, "_no_dispatch_record_stream")] = lambda t, s: t.record_stream(s)
+        # torch.optim takes its foreach path (a few multi-tensor kernels per step) only for
+        # parameters on a device type it lists; on "cpu" it loops over the parameters one at
+        # a time, ten-odd kernels each. A GPU takes the foreach path, so the virtual GPU
+        # lists "cpu" too. The foreach and single-tensor updates compute the same values.
+        import torch.optim.optimizer as optimizer_module
+
+        supported = optimizer_module._get_foreach_kernels_supported_devices
+        patches[(optimizer_module, "_get_foreach_kernels_supported_devices")] = lambda: [*supported(), "cpu"]
+        # Operators a GPU fuses into one kernel: [Note: fused on the GPU] in fused.py.
+        from zerobench.instruments.vgpu import fused
+
+        patches[(torch.nn.functional, "rms_norm")] = fused.rms_norm(self)
         for (owner, name), value in patches.items():
             stack.enter_context(_patched(owner, name, value))
         stack.enter_context(collectives.intercepted(self))  # collectives: issue() below
@@ -321,32 +468,45 @@ class VirtualGpu(Layer, Listener):
         seconds = self.preset.kernel_floor_s
         link = self.link_of(call.group)
         if link is not None and call.group_size > 1:
-            seconds = link.duration_s(call.kind, call.nbytes, call.group_size)
+            # NCCL's achieved bus bandwidth for this size ([Note: achieved bus bandwidth])
+            nodes = self.nodes_of(call.group) if link is not self.link else 1
+            seconds = max(comm.collective_seconds(call.kind, call.nbytes, call.group_size, link, nodes, self.link),
+                          seconds)
+        # [Note: collective tensors]: recorded on the communication stream, or stashed in
+        # the work until it is waited on.
+        if self.record_streams:
+            for tensor in call.tensors():
+                self.record_storage_use(tensor, stream)
         # Count what the outputs hold by role: gathered parameters, reduced gradients.
         role = {"all_gather": "unsharded", "reduce_scatter": "reduced"}.get(call.kind)
         if role is not None:
             for storage in _storages(call.outputs()):
                 self.relabel(storage, role)
-        _, end = stream.enqueue(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB")
+        start, end = stream.enqueue(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB")
+        if link is not None and call.group_size > 1:  # it slows the compute beside it
+            self.record_collective(start, end, comm.bus_bytes_per_s(call.kind, call.nbytes, call.group_size, seconds))
         self.collectives += 1
         done = VEvent(self)
         done.time, done.stream = end, stream
-        return VirtualWork(self, work, done)
+        return VirtualWork(self, work, done, stash=None if self.record_streams else call.tensors())
 
 
 class VirtualWork:
     """A collective in flight on the virtual GPU (NCCL's ``Work`` semantics)."""
 
-    def __init__(self, gpu: VirtualGpu, work, done: VEvent):
+    def __init__(self, gpu: VirtualGpu, work, done: VEvent, stash: list | None = None):
         self._gpu = gpu
         self._work = work
         self.done = done
+        # The collective's tensors, kept alive until wait(): [Note: collective tensors].
+        self._stash = stash
 
     def wait(self, timeout=None) -> bool:
         if self._work is not None:
             self._work.wait()  # the real data movement (gloo) or nothing (fake)
             self._work = None
         self._gpu.current_stream().wait_event(self.done)
+        self._stash = None  # the current stream is now ordered after the collective
         return True
 
     def is_completed(self) -> bool:
@@ -380,6 +540,18 @@ def _storages(obj):
             yield (local if local is not None else t).untyped_storage()
 
 
+class _FusedKernel:
+    """The bytes one fused kernel reads and writes (VirtualGpu.fused)."""
+
+    def __init__(self):
+        self.nbytes = 0
+
+    def reads(self, *tensors) -> None:
+        self.nbytes += sum(costs.accessed_bytes(t) for t in tensors if t is not None)
+
+    writes = reads
+
+
 class _Mode(TorchDispatchMode):
     """Every operator: host cost, a kernel on the current stream, new storages tracked."""
 
@@ -390,6 +562,17 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         gpu = self.gpu
         kwargs = kwargs or {}
+        if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
+            for storage in _storages((args, kwargs)):
+                gpu.track(storage)
+            gpu._in_op += 1
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                gpu._in_op -= 1
+            for storage in _storages(out):
+                gpu.track(storage)
+            return out
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:  # a host buffer: this CPU-only build cannot pin, and it is not device memory
             kwargs = {**kwargs, "pin_memory": False}
@@ -424,10 +607,15 @@ class _Mode(TorchDispatchMode):
         if launch:
             if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
                 host_side = any(s in gpu._host_storages for s in _storages((args, out)))
-                nbytes = costs.tensor_bytes(args[1] if func is aten.copy_.default else args[0])
-                seconds = costs.copy_duration(nbytes, gpu.preset, host_side)
+                source = args[1] if func is aten.copy_.default else args[0]
+                written = costs.tensor_bytes(source)  # the destination has the source's shape
+                seconds = costs.copy_duration(costs.accessed_bytes(source), written, gpu.preset, host_side)
+                seconds = gpu.beside_collectives(gpu._current, 0.0, seconds - gpu.preset.kernel_floor_s,
+                                                 gpu.preset.kernel_floor_s) if not host_side else seconds
             else:
-                seconds, _, _ = costs.duration(func, args, kwargs, out, gpu.preset)
+                cost = costs.kernel_cost(func, args, kwargs, out, gpu.preset)
+                seconds = gpu.beside_collectives(gpu._current, cost.compute_s, cost.memory_s, cost.floor_s,
+                                                 attention=func in costs.ATTENTION)
             gpu._current.enqueue(seconds, func.__name__)
             gpu.kernels += 1
             lead = gpu.default.tail - gpu.host.now

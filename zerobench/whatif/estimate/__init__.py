@@ -12,9 +12,7 @@ beside them), ``workload.json`` and ``plots/estimate_peak.png``. See docs/estima
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,19 +36,22 @@ def parse_world_sizes(text: str) -> list[int]:
     return out
 
 
-def configurations(workload):
-    """The distinct engine configurations of the workload's matrix (world size left out),
-    as cells at a placeholder world size, skipped ones dropped."""
+def configurations(workload, world_sizes=(2,)):
+    """The distinct engine configurations of the workload's matrix (world size left out):
+    those valid at one or more of ``world_sizes`` (a configuration such as HYBRID_SHARD
+    can be valid at 8 ranks and not at 2), as cells at the first world size they are
+    valid at. Which world sizes each one runs at is ``why_not``'s to say."""
     from zerobench.spec.matrix import expand
 
-    matrix = dict(workload.matrix)
-    matrix["world_size"] = [2]
     seen, out = set(), []
-    for cell in expand(dataclasses.replace(workload, matrix=matrix)):
-        key = (cell.engine, cell.dtype, cell.options)
-        if cell.skip_reason is None and key not in seen:
-            seen.add(key)
-            out.append(cell)
+    for ws in world_sizes:
+        matrix = dict(workload.matrix)
+        matrix["world_size"] = [ws]
+        for cell in expand(dataclasses.replace(workload, matrix=matrix)):
+            key = (cell.engine, cell.dtype, cell.options)
+            if cell.skip_reason is None and key not in seen:
+                seen.add(key)
+                out.append(cell)
     return out
 
 
@@ -58,10 +59,11 @@ def config_id(cell) -> str:
     return cell.id.replace(f"-ws{cell.world_size}", "")
 
 
-def select_configurations(w, only=None) -> list:
-    """The workload's configurations, or those whose id is in ``only`` (``--config``);
-    an id that names none is an error listing the ids there are."""
-    cells = configurations(w)
+def select_configurations(w, only=None, world_sizes=(2,)) -> list:
+    """The workload's configurations valid at one or more of ``world_sizes``, or those
+    whose id is in ``only`` (``--config``); an id that names none is an error listing
+    the ids there are."""
+    cells = configurations(w, world_sizes)
     if not only:
         return cells
     ids = [config_id(c) for c in cells]
@@ -116,8 +118,6 @@ def why_not(cell, world_size: int, hybrid_shard_size: int | None) -> str | None:
         if hybrid_shard_size and world_size % hybrid_shard_size:
             return (f"HYBRID_SHARD: world size {world_size} is not a multiple of the shard group size "
                     f"{hybrid_shard_size} (--hybrid-shard-size)")
-        if cell.engine == "torch-fsdp1":
-            return "torch-fsdp1 HYBRID_SHARD builds its groups with real collectives (not estimated)"
     return None
 
 
@@ -165,35 +165,50 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = select_configurations(w, only)
+    cells = select_configurations(w, only, world_sizes)
     if not cells:
         raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be estimated: every cell of "
                          f"its matrix is skipped (`zerobench cells {workload_path}` says why)")
-    if progress is not None:
-        progress.set_total(len(cells))
     out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
     rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
         opt = "sgd-momentum"
+    # Every cell (and depth) to run, in one process ([Note: one process for many cells]).
+    from zerobench.whatif.jobs import Job
+
+    plans, jobs = {}, []
     for cell in cells:
-        todo, reasons = [], {}
+        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
         for ws in world_sizes:
             why = why_not(cell, ws, hybrid_shard_size)
-            (reasons.__setitem__(ws, why) if why else todo.append(ws))
-        results = {ws: {"status": "skipped", "reason": r} for ws, r in reasons.items()}
-        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
-        if todo:
-            started = time.perf_counter()
-            if shallow is None:
-                results.update(_run_child(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend))
+            if why:
+                plans[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
+                continue
+            for layers in (shallow or (None,)):
+                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=config_id(cell)))
+        plans[config_id(cell)] = shallow
+    found = {}
+    if progress is not None:
+        progress.set_total(len(jobs))
+    if jobs:
+        started = time.perf_counter()
+        for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend,
+                                            log_and_advance(log, progress))):
+            found[(job.label, job.world_size, job.layers)] = row
+        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
+    for cell in cells:
+        cid, shallow = config_id(cell), plans[config_id(cell)]
+        results = {}
+        for ws in world_sizes:
+            if (cid, ws) in plans:
+                results[ws] = plans[(cid, ws)]
+            elif shallow is None:
+                results[ws] = found.get((cid, ws, None))
             else:
-                results.update(_run_shallow(w, cell, todo, rank, fake_tensors, hybrid_shard_size, backend, shallow))
-            how = f" (depths {shallow[0]} and {shallow[1]}, extrapolated to {w.model.layers})" if shallow else ""
-            log(f"{config_id(cell)}: world sizes {','.join(map(str, todo))} in {time.perf_counter() - started:.1f} s{how}")
-        if progress is not None:
-            progress.advance(config_id(cell))
+                results[ws] = _extrapolated(w, cell, ws, rank, shallow, found.get((cid, ws, shallow[0])),
+                                            found.get((cid, ws, shallow[1])))
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
             opts = dict(cell.opts)
@@ -226,22 +241,16 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     return out_dir
 
 
-def _run_shallow(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, shallow) -> dict:
-    """Rows at the workload's depth extrapolated from depths ``shallow`` ([Note: depth extrapolation])."""
+def _extrapolated(w, cell, ws, rank, shallow, a: dict | None, b: dict | None) -> dict:
+    """The row at the workload's depth from the rows at depths ``shallow`` ([Note: depth extrapolation])."""
     from zerobench.whatif.estimate import depth
 
     low, high = shallow
-    rows = _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend, layers=shallow)
-    out = {}
-    for ws in world_sizes:
-        a, b = rows.get((ws, low)), rows.get((ws, high))
-        if not (a and b and a.get("status") == "ok" and b.get("status") == "ok"):
-            bad = next((r for r in (a, b) if r and r.get("status") != "ok"), None)
-            out[ws] = bad or {"status": "skipped", "reason": "no result from the estimating process"}
-            continue
-        row = depth.extrapolate(a, b, low, high, w.model.layers)
-        out[ws] = depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
-    return out
+    if not (a and b and a.get("status") == "ok" and b.get("status") == "ok"):
+        bad = next((r for r in (a, b) if r and r.get("status") != "ok"), None)
+        return bad or {"status": "skipped", "reason": "no result from the estimating process"}
+    row = depth.extrapolate(a, b, low, high, w.model.layers)
+    return depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
 
 
 def versions() -> dict[str, str | None]:
@@ -255,48 +264,29 @@ def versions() -> dict[str, str | None]:
     return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
 
 
-def run_rank_process(module: str, w, cell, options, world_sizes, args: list[str], env: dict) -> tuple[list, str | None]:
-    """Run ``python -m module`` for one engine configuration (``options``: its option
-    pairs) at ``world_sizes``, in a process of its own. Returns the rows it wrote to
-    ``--out`` and, if it failed, the last line of its stderr (else None). The estimator
-    and the predictor both run one rank this way, through the one launcher
-    (zerobench/harness/launch.py)."""
-    with tempfile.TemporaryDirectory(prefix="zerobench-rank-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "workload.json").write_text(json.dumps(w.to_dict()))
-        (tmp / "cell.json").write_text(json.dumps({"engine": cell.engine, "dtype": cell.dtype,
-                                                   "options": [list(kv) for kv in options]}))
-        from zerobench.harness.launch import run_module
+def log_and_advance(log, progress):
+    """``log`` that also advances ``progress`` by one for each finished job's line."""
+    if progress is None:
+        return log
 
-        proc = run_module(module, ["--workload", str(tmp / "workload.json"), "--cell-config", str(tmp / "cell.json"),
-                                   "--world-sizes", ",".join(map(str, world_sizes)), "--out", str(tmp / "out.json"),
-                                   *args], env=dict(env, OMP_NUM_THREADS="1"), timeout=3600)
-        rows = json.loads((tmp / "out.json").read_text()) if (tmp / "out.json").exists() else []
-        failure = None
-        if proc.returncode != 0:
-            failure = (proc.stderr.strip().splitlines() or ["(no output)"])[-1][:200]
-        return rows, failure
+    def both(line: str) -> None:
+        log(line)
+        progress.advance(line.split(":", 1)[0])
+
+    return both
 
 
-def _run_child(w, cell, world_sizes, rank, fake_tensors, hybrid_shard_size, backend="nccl", layers=None) -> dict:
-    """{world size: row}, or with ``layers`` {(world size, depth): row}."""
+def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log) -> list[dict]:
+    from zerobench.whatif.jobs import run_jobs
+
     args = ["--rank", str(rank), "--backend", backend]
     if fake_tensors:
         args.append("--fake-tensors")
-    if layers:
-        args += ["--layers", ",".join(map(str, layers))]
     env = dict(os.environ)
     env.pop("LOCAL_WORLD_SIZE", None)
     if hybrid_shard_size:
         env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
-    rows, failure = run_rank_process("zerobench.whatif.estimate.rank", w, cell, cell.options, world_sizes, args, env)
-    key = (lambda row: (row.pop("world_size"), row.pop("layers"))) if layers else (lambda row: row.pop("world_size"))
-    out = {key(row): row for row in rows}
-    if failure is not None:
-        for ws in world_sizes:
-            for k in ([(ws, d) for d in layers] if layers else [ws]):
-                out.setdefault(k, {"status": "skipped", "reason": f"estimating process failed: {failure}"})
-    return out
+    return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process")
 
 
 def format_table(frame) -> str:

@@ -22,8 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from zerobench.whatif.estimate import (config_id, parse_world_sizes, run_rank_process, select_configurations,
-                                      versions, why_not)
+from zerobench.whatif.estimate import config_id, parse_world_sizes, select_configurations, versions, why_not
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -47,25 +46,38 @@ def _with_matrix(workload):
 
 def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast", link: str = "nvlink4-8gpu",
             inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
-            matrix: bool = False, only=None, log=print, progress=None) -> Path:
+            matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
+            nccl_mib: int | None = None, record_streams: bool = False, progress=None) -> Path:
     """Predict every configuration of the workload at ``world_sizes``; returns the folder.
-    Every argument is checked before the folder is made. ``progress``: told each
-    configuration as it finishes (zerobench.commands.progress.Progress)."""
+    Every argument is checked before the folder is made. ``progress``: told each cell as
+    it finishes (zerobench.commands.progress.Progress).
+    ``alloc_conf``: caching-allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax;
+    ``context_mib`` / ``nccl_mib``: device memory outside the allocator (the CUDA
+    context; each NCCL communicator), in place of the preset's; ``record_streams``: as
+    ProcessGroupNCCL did before avoiding record_stream became its default."""
     import pandas as pd
 
     from zerobench.instruments.link import resolve_link
-    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
-    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
+    from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
+    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.spec.workload import load_workload
+    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
 
     for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_preset(host)),
                           ("--link", lambda: resolve_link(link)),
-                          ("--inter-link", lambda: resolve_link(inter_link) if inter_link else None)):
+                          ("--inter-link", lambda: resolve_link(inter_link) if inter_link else None),
+                          ("--alloc-conf", lambda: AllocatorConfig.parse(alloc_conf))):
         try:
             check()  # a bad name fails here, naming the option and the allowed ones
         except ValueError as err:
-            raise ValueError(f"{option}: {err}") from None
+            raise ValueError(err if str(err).startswith(option) else f"{option}: {err}") from None
+    for name, value in (("--context-mib", context_mib), ("--nccl-mib", nccl_mib)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name}: {value} is not allowed (allowed: ints >= 0)")
+    gpu_preset(gpu).with_memory(context_bytes=None if context_mib is None else context_mib * 2**20)
+    memory = {"alloc_conf": alloc_conf or "", "context_mib": context_mib, "nccl_mib": nccl_mib,
+              "record_streams": record_streams}
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
@@ -76,38 +88,45 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
-    cells = select_configurations(w, only)
+    cells = select_configurations(w, only, world_sizes)
     if not cells:
         raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be predicted: every cell of "
                          f"its matrix is skipped (`zerobench cells {workload_path}` says why)")
-    if progress is not None:
-        progress.set_total(len(cells))
     out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
     write_json_atomic(out_dir / "workload.json", w.to_dict())
-    rows = []
-    for i, cell in enumerate(cells, 1):
-        todo, results = [], {}
+    from zerobench.whatif.jobs import Job
+
+    # Every cell to run, in one process ([Note: one process for many cells]).
+    results: dict = {}
+    jobs = []
+    for cell in cells:
+        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
         for ws in world_sizes:
             why = why_not(cell, ws, None)
             if why:
-                results[ws] = {"status": "skipped", "reason": why}
+                results[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
             else:
-                todo.append(ws)
-        if todo:
-            started = time.perf_counter()
-            results.update(_run_child(w, cell, todo, gpu, host, links, node_size, out_dir / "traces"))
-            log(f"[{i}/{len(cells)}] {config_id(cell)}: world sizes {','.join(map(str, todo))} in "
-                f"{time.perf_counter() - started:.1f} s")
-        if progress is not None:
-            progress.advance(config_id(cell))
+                jobs.append(Job(cell.engine, cell.dtype, options, ws, label=config_id(cell)))
+    if progress is not None:
+        progress.set_total(len(jobs))
+    if jobs:
+        from zerobench.whatif.estimate import log_and_advance
+
+        started = time.perf_counter()
+        for job, row in zip(jobs, _run_jobs(w, jobs, gpu, host, links, node_size, out_dir / "traces", memory,
+                                            log_and_advance(log, progress))):
+            results[(job.label, job.world_size)] = row
+        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
+    rows = []
+    for cell in cells:
         for ws in world_sizes:
-            res = results.get(ws) or {"status": "skipped", "reason": "no result from the predicting process"}
+            res = results.get((config_id(cell), ws)) or {"status": "skipped",
+                                                          "reason": "no result from the predicting process"}
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": gpu, "host": host, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
-                         "node_size": node_size, **versions(),
+                         "node_size": node_size, "alloc_conf": memory["alloc_conf"], **versions(),
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
-        write_csv_atomic(out_dir / "predict.csv", pd.DataFrame(rows))
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "predict.csv", frame)
     from zerobench.whatif.predict.plots import plot_predict_all
@@ -120,31 +139,42 @@ def _link_json(link) -> str:
     return json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us, "name": link.name})
 
 
-def _run_child(w, cell, world_sizes, gpu, host, links, node_size, traces: Path) -> dict:
-    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
+def _run_jobs(w, jobs, gpu, host, links, node_size, traces: Path, memory: dict, log) -> list[dict]:
+    from zerobench.whatif.jobs import run_jobs
 
-    options = [kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS]
     args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
-            "--link", _link_json(links["link"])]
+            "--link", _link_json(links["link"]), "--alloc-conf", memory["alloc_conf"]]
+    for name in ("context_mib", "nccl_mib"):
+        if memory[name] is not None:
+            args += [f"--{name.replace('_', '-')}", str(memory[name])]
+    if memory["record_streams"]:
+        args.append("--record-streams")
     if links["inter_link"] is not None:
         args += ["--inter-link", _link_json(links["inter_link"])]
-    rows, failure = run_rank_process("zerobench.whatif.predict.rank", w, cell, options, world_sizes, args, dict(os.environ))
-    out = {row.pop("world_size"): row for row in rows}
-    if failure is not None:
-        for ws in world_sizes:
-            out.setdefault(ws, {"status": "skipped", "reason": f"predicting process failed: {failure}"})
-    return out
+    # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
+    env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
+    return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process")
+
+
+def _int(value) -> str:
+    return "-" if value is None or value != value else f"{int(value)}"
+
+
+def _percent(value) -> str:
+    return "-" if value is None or value != value else f"{100 * value:.1f}"
 
 
 def format_table(frame) -> str:
     lines = [f"{'config':<44}{'ws':>6}{'step ms':>10}{'exposed ms':>12}{'overlap':>9}{'active GiB':>12}"
-             f"{'reserved GiB':>14}{'units':>7}{'lead ms':>9}"]
+             f"{'reserved GiB':>14}{'units':>7}{'lead ms':>9}{'retries':>8}{'MFU %':>7}"]
     for _, r in frame.iterrows():
         if r["status"] != "ok":
             lines.append(f"{r['config']:<44}{r['world_size']:>6}  {r['status']}: {r['reason']}")
-            continue
+            continue  # a capped cell's figures are a full card's, not a prediction
         lines.append(f"{r['config']:<44}{r['world_size']:>6}{r['step_time_s'] * 1e3:>10.2f}"
                      f"{r['exposed_comm_s'] * 1e3:>12.2f}{r['overlap_ratio']:>9.2f}"
                      f"{r['peak_active_bytes'] / 2**30:>12.2f}{r['peak_reserved_bytes'] / 2**30:>14.2f}"
-                     f"{r['max_unsharded_units']:>7.1f}{r['host_lead_max_s'] * 1e3:>9.2f}")
+                     f"{r['max_unsharded_units']:>7.1f}{r['host_lead_max_s'] * 1e3:>9.2f}"
+                     f"{_int(r.get('num_alloc_retries')):>8}{_percent(r.get('mfu')):>7}")
     return "\n".join(lines)
+

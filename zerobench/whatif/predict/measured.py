@@ -19,13 +19,10 @@ PAIRS = (
 
 
 def gpu_preset_for(device_name: str) -> str:
-    """The virtual GPU preset closest to a CUDA device name (h100-sxm when unknown)."""
-    name = device_name.upper()
-    if "H200" in name:
-        return "h200"
-    if "A100" in name:
-        return "a100-80gb"
-    return "h100-sxm"
+    """The virtual GPU preset closest to a CUDA device name (presets.preset_for_device)."""
+    from zerobench.instruments.vgpu.presets import preset_for_device
+
+    return preset_for_device(device_name)
 
 
 def side_by_side(run_dir: Path, predict_dir: Path):

@@ -4,8 +4,9 @@ The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/
 against a fake process group of the cell's world size, with fake tensors (shapes only)
 and the virtual GPU installed (zerobench/instruments/vgpu, [Note: virtual device]): the
 rank session (zerobench/rank/session.py) warms up and runs one measured step whose timeline and memory are read off the virtual device.
-Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, one process per
-engine configuration, so that process-group state never leaks between cells.
+Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, every cell in
+one process, each in a fake world of its own ([Note: one process for many cells] in
+zerobench/whatif/jobs.py).
 
 [Note: predicted columns]
 * ``step_time_s``: host time from the start of the measured step to the device being
@@ -21,6 +22,18 @@ engine configuration, so that process-group state never leaks between cells.
 * ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
 * ``comm_<kind>_bytes``, ``comm_<kind>_calls``, ``comm_total_bytes``, ``comm_calls``: the
   measured step's collectives, as the run's memory pass counts them (runs/schema.py).
+* ``tokens_per_s``: this rank's tokens per second; ``tflops_per_gpu`` and ``mfu``: model
+  FLOPs by torchtitan's formula ([Note: model FLOPs] in zerobench/spec/flops.py) per
+  second, and over the preset's dense peak for the cell's dtype;
+* ``capacity_bytes``: what the allocator may reserve, the card less the memory held
+  outside it (``outside_allocator_bytes``: CUDA context and NCCL communicators; [Note:
+  capacity a process sees] in zerobench/instruments/vgpu/allocator.py);
+* ``status``: ``ok``; ``capped`` when the reserved peak came within a large segment
+  (20 MiB) of the capacity or the allocator had to retry (``num_alloc_retries`` over
+  the warm-up and measured steps), so that the figures are those of a card that was
+  full, not a prediction of the memory the cell needs; ``oom`` when an allocation
+  failed, ``oom_needed_bytes`` then being what the allocator would have had to reserve
+  for it: at least what the cell needs, since the step stopped there.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import torch
 
 from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
-from zerobench.runs.files import write_json_atomic
+from zerobench.instruments.vgpu.presets import gpu_preset
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
@@ -58,8 +71,15 @@ def timeline_metrics(spans, start: float, end: float) -> dict:
             "overlap_ratio": 1 - exposed / comm_s if comm_s > 0 else float("nan")}
 
 
-def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link | None, node_size: int,
-                trace_path: Path | None = None) -> dict:
+#: How close to the capacity a reserved peak may come before the cell is reported capped.
+CAPPED_MARGIN = 20 * 2**20
+#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
+current_gpu: list = []
+
+
+def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
+                trace_path: Path | None = None, alloc_conf: str | None = None,
+                record_streams: bool = False) -> dict:
     """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
     tensors, a fake process group: warm-up, then one measured step read off the device."""
     from zerobench.instruments.vgpu import VirtualGpu
@@ -68,7 +88,9 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
     from zerobench.spec.models import samples_to_tokens
 
     started = time.perf_counter()
-    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size)
+    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
+                      alloc_conf=alloc_conf, record_streams=record_streams)
+    current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
         session = Session(w, cell, world)
         engine = session.build()
@@ -87,9 +109,20 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
             json.dump(vgpu.trace.chrome(label=f"{cell.id} (virtual {vgpu.preset.name})"), f)
     step_s = step.seconds
     tokens = w.data.batch_size * max(samples_to_tokens(w.model), 1)
+    from zerobench.spec.flops import mfu_metrics, model_flops_per_token
+
+    dtype = torch.bfloat16 if cell.dtype == "bf16" else torch.float32
+    throughput = mfu_metrics(tokens / step_s if step_s > 0 and samples_to_tokens(w.model) else None,
+                             model_flops_per_token(w.model), vgpu.preset.peak(dtype))
     largest = vgpu.allocator.largest_by_label.get("unsharded", 0)
+    capacity = vgpu.allocator.capacity
+    status, reason = "ok", None
+    if allocator["peak_reserved_bytes"] + CAPPED_MARGIN > capacity or allocator["num_alloc_retries"] > 0:
+        status = "capped"
+        reason = (f"reserved memory reached the {capacity / 2**30:.2f} GiB the allocator may hold "
+                  f"({allocator['num_alloc_retries']} allocator retries): the figures are a full card's")
     return {
-        "status": "ok", "reason": None,
+        "status": status, "reason": reason,
         "step_time_s": step_s,
         **timeline_metrics(vgpu.trace.spans, t1 - step_s, t1),
         **allocator,
@@ -99,42 +132,62 @@ def predict_one(w, cell: Cell, gpu: str, host: str, link: Link, inter_link: Link
         "host_blocked_s": vgpu.host.blocked_s,
         **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
+        **throughput,
+        "capacity_bytes": capacity,
+        "outside_allocator_bytes": vgpu.preset.context_bytes + vgpu.allocator.outside_bytes,
         "limiter_stalls": extra.get("limiter_stalls"),
         "predict_wall_s": time.perf_counter() - started,
     }
 
 
 def main(argv=None) -> None:
+    from zerobench.whatif.jobs import child_loop
+
     parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.rank")
     parser.add_argument("--workload", type=Path, required=True)
-    parser.add_argument("--cell-config", type=Path, required=True, help="JSON: engine, dtype, options")
-    parser.add_argument("--world-sizes", required=True)
+    parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to predict (zerobench/whatif/jobs.py)")
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--link", required=True, help="JSON of the intra-node link")
     parser.add_argument("--inter-link", default=None, help="JSON of the inter-node link")
     parser.add_argument("--node-size", type=int, default=8)
     parser.add_argument("--traces", type=Path, default=None)
+    parser.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF syntax")
+    parser.add_argument("--context-mib", type=int, default=None)
+    parser.add_argument("--nccl-mib", type=int, default=None)
+    parser.add_argument("--record-streams", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     w = parse_workload(json.loads(args.workload.read_text()), source=str(args.workload))
-    conf = json.loads(args.cell_config.read_text())
     link = Link(**json.loads(args.link))
     inter = Link(**json.loads(args.inter_link)) if args.inter_link else None
-    rows = []
-    for ws in [int(x) for x in args.world_sizes.split(",")]:
-        cell = Cell(conf["engine"], ws, conf["dtype"], tuple(tuple(kv) for kv in conf["options"]))
+    gpu = gpu_preset(args.gpu).with_memory(
+        context_bytes=None if args.context_mib is None else args.context_mib * 2**20,
+        nccl_bytes_per_group=None if args.nccl_mib is None else args.nccl_mib * 2**20)
+
+    def run_one(job) -> dict:
+        cell = job.cell()
         trace = args.traces / f"{cell.id}.trace.json.gz" if args.traces else None
+        current_gpu.clear()
         try:
-            row = predict_one(w, cell, args.gpu, args.host, link, inter, args.node_size, trace)
+            return predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf,
+                               args.record_streams)
+        except torch.OutOfMemoryError as err:
+            traceback.print_exc()
+            allocator = current_gpu[-1].allocator if current_gpu else None
+            first = str(err).strip().splitlines()[0]
+            return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
+                    "oom_needed_bytes": allocator.needed_bytes if allocator else None,
+                    "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
+                    "capacity_bytes": allocator.capacity if allocator else None}
         except Exception as err:  # one cell never stops the others
             traceback.print_exc()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            status = "oom" if isinstance(err, torch.OutOfMemoryError) else "skipped"
-            row = {"status": status, "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
-        rows.append({"world_size": ws, **row})
-        write_json_atomic(args.out, rows)
+            return {"status": "skipped",
+                    "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
+
+    child_loop(args.jobs, args.out, run_one)
 
 
 if __name__ == "__main__":
