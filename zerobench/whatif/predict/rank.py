@@ -98,6 +98,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         world.synchronize()
         world.reset_peak_memory_stats()
         vgpu.trace.clear()
+        blocked = vgpu.host.blocked_s  # the host's waits before the step are not the step's
         with collectives.intercepted(collectives.CommCounter()) as comm:  # bytes and calls of the step
             step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
@@ -129,7 +130,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
                                 if largest else 0.0),
         "host_lead_max_s": vgpu.host_lead_max_s,
-        "host_blocked_s": vgpu.host.blocked_s,
+        "host_blocked_s": vgpu.host.blocked_s - blocked,
         **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         **throughput,
