@@ -6,7 +6,7 @@ every mutant (its losses do not move), so no correctness test could have caught 
 
 Every figure depends on the virtual GPU's cost model and the engines, not this test:
 what it holds is the exit codes, that the predict gate names what regressed, and that
-the table in docs/ci.md says what the gates do. About four minutes on 2 cores.
+the table in docs/ci.md says what the gates do. About two minutes on 2 cores.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
   process (tests' ``run_ranks``), each rank running the worker's own timing and memory
   passes (zerobench/rank/worker.py ``CellRunner``), rank 0 writing the cell record the
   worker writes; ``zerobench compare`` reads the folder as any run's.
-* :func:`predict_folder`: ``zerobench.whatif.predict.predict`` itself, with its one
-  process per configuration replaced by a call of the same ``predict_one`` here.
+* :func:`predict_folder`: ``zerobench.whatif.predict.predict`` itself, with its child
+  process replaced by the same ``run_job`` for each job here.
 
 A patch applied before either call is in force in what they run (forked ranks inherit
 it), and what they write is what the CLI writes.

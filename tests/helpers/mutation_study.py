@@ -3,7 +3,7 @@
 Used by tests/test_mutants.py, and as a command that prints the table of docs/ci.md
 ("Which gate catches which regression")::
 
-    python -m tests.helpers.mutation_study            # about 5 minutes on 2 cores
+    python -m tests.helpers.mutation_study            # about 40 s on 2 quiet cores
 
 * the predict gate: ``zerobench predict tests/data/mutants.toml --world-sizes 8 --link
   pcie4`` (H100 preset) of the mutant's engine, compared with the same prediction of

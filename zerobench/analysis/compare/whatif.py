@@ -17,8 +17,8 @@ codes. What differs:
   pure functions of the program and the presets (zerobench/runs/schema.py,
   WHATIF_METRICS): unchanged code predicts identical figures, bit for bit (docs/ci.md,
   "Determinism"). So each gates exactly -- within 1e-9 of the baseline, the rounding a
-  changed program makes when it only sums the same times in another order (seen: 1e-13
-  of compute_s) -- whatever kind the same name has in a run
+  changed program makes when it only sums the same times in another order (seen: 1e-16
+  to 5e-16 of comm_s) -- whatever kind the same name has in a run
   (``step_time_s`` is a noisy median there, ``peak_reserved_bytes`` and ``limiter_stalls``
   context); only the tool's own wall time (``predict_wall_s``, ``estimate_wall_s``) is
   reported, not judged. A figure whose direction a run does not say (a count) is worse

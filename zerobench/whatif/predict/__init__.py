@@ -2,8 +2,9 @@
 
 For each engine configuration of a workload and each world size, one rank runs a
 warm-up and one measured step on the virtual GPU (zerobench/vgpu) against a fake
-process group, with fake tensors: any model size, in one process per configuration
-(zerobench/whatif/predict/rank.py). Out come ``predict.csv`` (one row per cell and world size,
+process group, with fake tensors: any model size, every cell in turn in one child
+process (zerobench/whatif/predict/rank.py; [Note: one process for many cells] in
+zerobench/whatif/jobs.py). Out come ``predict.csv`` (one row per cell and world size,
 [Note: predicted columns]), a Chrome trace per cell under ``traces/`` and
 ``plots/pareto.png`` and ``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
 
