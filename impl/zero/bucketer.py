@@ -63,19 +63,27 @@ class _Issued:
     streams: Streams
 
 
-def _rank_major(tensors_per_rank: list[torch.Tensor]) -> torch.Tensor:
-    """The inputs back to back as one 1-D tensor; without a copy when they already are
-    consecutive slices of one buffer (the usual case: the chunks of one gradient)."""
+def _rank_rows(tensors_per_rank: list[torch.Tensor]) -> torch.Tensor | None:
+    """The inputs as one (ranks, numel) view, when they are consecutive slices of one
+    buffer (the usual case: the chunks of one gradient); else None."""
     first = tensors_per_rank[0]
     numel = first.numel()
+    base = first.untyped_storage().data_ptr()
     consecutive = all(
         t.is_contiguous()
-        and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and t.untyped_storage().data_ptr() == base
         and t.storage_offset() == first.storage_offset() + rank * numel
         for rank, t in enumerate(tensors_per_rank)
     )
-    if consecutive:
-        return first.as_strided((len(tensors_per_rank) * numel,), (1,))
+    return first.as_strided((len(tensors_per_rank), numel), (numel, 1)) if consecutive else None
+
+
+def _rank_major(tensors_per_rank: list[torch.Tensor]) -> torch.Tensor:
+    """The inputs back to back as one 1-D tensor; without a copy when they already are
+    consecutive slices of one buffer."""
+    rows = _rank_rows(tensors_per_rank)
+    if rows is not None:
+        return rows.view(-1)
     return torch.cat([t.reshape(-1) for t in tensors_per_rank])
 
 
@@ -144,8 +152,13 @@ class ReduceScatterBucketer:
         if bucket is None:
             capacity = self.shard_capacity(first.element_size(), world_size)
             bucket = self._open[key] = _OpenBucket(torch.empty(world_size, capacity, dtype=first.dtype, device=first.device))
-        for rank, tensor in enumerate(tensors_per_rank):
-            bucket.data[rank, bucket.offset : bucket.offset + numel].copy_(tensor.reshape(-1))
+        target = bucket.data[:, bucket.offset : bucket.offset + numel]
+        rows = _rank_rows(tensors_per_rank)
+        if rows is not None:  # one copy, not one per rank (1024 kernels a parameter at 1024 ranks)
+            target.copy_(rows)
+        else:
+            for rank, tensor in enumerate(tensors_per_rank):
+                target[rank].copy_(tensor.reshape(-1))
         bucket.pending.append((callback_fn, bucket.offset, first.shape))
         bucket.offset += numel
 
