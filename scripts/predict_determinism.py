@@ -5,12 +5,20 @@ the predict gate's exact rule (docs/ci.md, "The predict gate").
 
 Predicts the gate's workload (workloads/ci-predict.toml, its command in .ci/gate):
 
-* ``--runs`` times as the gate does (a process per configuration; Python's hash seed
-  differs from process to process);
+* ``--runs`` times as the gate does: ``zerobench predict`` in a fresh process, which
+  predicts every configuration in turn in one child process ([Note: one process for
+  many cells] in zerobench/whatif/jobs.py), with torch at one thread. Python's hash
+  seed is random in each process (``PYTHONHASHSEED`` is taken out of the environment),
+  so each run hashes differently;
+* once with the configurations in the reverse order, in one child process as the gate
+  runs them: each configuration follows other ones than in the gate's order (the first
+  now runs last, the last alone in a fresh process), so a figure that depended on what
+  ran before it in the process would move;
 * once per CPU instruction set this machine has (``ATEN_CPU_CAPABILITY=default``,
-  ``avx2``, ``avx512``: which kernels torch picks);
-* in this process with torch at each of ``--threads`` threads (the gate pins its
-  predicting processes to one).
+  ``avx2``, ``avx512``: which kernels torch picks), which the child inherits;
+* in this process with torch at each of ``--threads`` threads (the gate's child pins
+  torch to one): each configuration as the child runs it
+  (zerobench.whatif.predict.rank.run_job).
 
 and compares every prediction with the first through ``zerobench compare`` (exact on
 every figure). It prints one line per prediction with the number of figures that moved,
@@ -38,31 +46,54 @@ def _cli_prediction(results: Path, env: dict) -> Path:
     command = [sys.executable, "-m", "zerobench", "predict", str(WORKLOAD), "--world-sizes",
                ",".join(map(str, ARGS["world_sizes"])), "--gpu", ARGS["gpu"], "--link", ARGS["link"],
                "--results", str(results)]
-    subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, check=True, capture_output=True)
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # a random seed per process
+    subprocess.run(command, cwd=ROOT, env={**environ, **env}, check=True, capture_output=True)
     (folder,) = results.iterdir()
     return folder
 
 
-def _in_process_prediction(results: Path, threads: int) -> Path:
-    import torch
-
+def _predict(results: Path, run_jobs) -> Path:
+    """``zerobench predict`` of the gate's workload, its configurations run by ``run_jobs``
+    (in place of ``zerobench.whatif.predict._run_jobs``, same arguments)."""
     import zerobench.whatif.predict as predict
-    from zerobench.spec.matrix import Cell
-    from zerobench.whatif.predict.rank import EMULATION_OPTIONS, predict_one
 
-    def here(w, cell, world_sizes, gpu, host, links, node_size, traces):
-        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
-        return {ws: predict_one(w, Cell(cell.engine, ws, cell.dtype, options), gpu, host, links["link"],
-                                links["inter_link"], node_size, None) for ws in world_sizes}
-
-    before, original = torch.get_num_threads(), predict._run_child
-    torch.set_num_threads(threads)
-    predict._run_child = here
+    original = predict._run_jobs
+    predict._run_jobs = run_jobs
     try:
         return predict.predict(WORKLOAD, ARGS["world_sizes"], gpu=ARGS["gpu"], link=ARGS["link"],
                                results_root=results, log=lambda *_: None)
     finally:
-        predict._run_child = original
+        predict._run_jobs = original
+
+
+def _reversed_prediction(results: Path) -> Path:
+    """The configurations in the reverse order, in one child process as the gate runs them."""
+    import zerobench.whatif.predict as predict
+
+    child = predict._run_jobs
+
+    def backwards(w, jobs, *args):
+        return child(w, jobs[::-1], *args)[::-1]
+
+    return _predict(results, backwards)
+
+
+def _in_process_prediction(results: Path, threads: int) -> Path:
+    """Every configuration in this process as the child runs it, torch at ``threads``."""
+    import torch
+
+    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.whatif.predict.rank import run_job
+
+    def here(w, jobs, gpu, host, links, node_size, traces, memory, log):
+        return [run_job(w, job, gpu_preset(gpu), host, links["link"], links["inter_link"], node_size, None,
+                        memory["alloc_conf"], memory["record_streams"]) for job in jobs]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _predict(results, here)
+    finally:
         torch.set_num_threads(before)
 
 
@@ -97,6 +128,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="zerobench-determinism-") as tmp:
         tmp = Path(tmp)
         predictions = [(f"run {i + 1}", _cli_prediction(tmp / f"run{i}", {})) for i in range(args.runs)]
+        predictions += [("reverse order", _reversed_prediction(tmp / "reversed"))]
         predictions += [(f"ATEN_CPU_CAPABILITY={cap}",
                          _cli_prediction(tmp / f"cap-{cap}", {"ATEN_CPU_CAPABILITY": cap})) for cap in _capabilities()]
         predictions += [(f"in process, {n} torch threads", _in_process_prediction(tmp / f"threads{n}", n))

@@ -41,6 +41,9 @@ def test_every_curated_folder_replots(folder, tmp_path):
     if (copy / "estimate.csv").exists() and not (copy / "meta.json").exists():
         assert set(drawn) == {"estimate_peak.png"}
         return
+    if (copy / "predict.csv").exists() and not (copy / "meta.json").exists():
+        assert set(drawn) == {"pareto.png", "predict.png"}
+        return
     results = pd.read_csv(copy / "results.csv")
     want = {"step_time.png"}
     if "peak_mem_bytes" in results:

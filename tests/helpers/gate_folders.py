@@ -24,7 +24,7 @@ import pytest
 from zerobench.harness.runner import prepare_run
 from zerobench.harness.testing import run_ranks
 from zerobench.runs.files import write_json_atomic
-from zerobench.spec.matrix import Cell, expand
+from zerobench.spec.matrix import expand
 from zerobench.spec.workload import load_workload
 
 
@@ -64,14 +64,15 @@ def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str
     return run_dir
 
 
-def _predict_here(w, cell, world_sizes, gpu, host, links, node_size, traces) -> dict:
-    """``zerobench.whatif.predict._run_child`` in this process."""
-    from zerobench.whatif.predict.rank import EMULATION_OPTIONS, predict_one
+def _predict_here(w, jobs, gpu, host, links, node_size, traces, memory, log) -> list[dict]:
+    """``zerobench.whatif.predict._run_jobs`` in this process: each job as the predicting
+    child runs it (zerobench.whatif.predict.rank.run_job)."""
+    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.whatif.predict.rank import run_job
 
-    options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
-    return {ws: predict_one(w, Cell(cell.engine, ws, cell.dtype, options), gpu, host, links["link"],
-                            links["inter_link"], node_size, None)
-            for ws in world_sizes}
+    preset = gpu_preset(gpu)
+    return [run_job(w, job, preset, host, links["link"], links["inter_link"], node_size, None,
+                    memory["alloc_conf"], memory["record_streams"]) for job in jobs]
 
 
 def predict_folder(root: Path, workload_path: str | Path, world_sizes: list[int], link: str,
@@ -81,6 +82,6 @@ def predict_folder(root: Path, workload_path: str | Path, world_sizes: list[int]
     import zerobench.whatif.predict as predict
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(predict, "_run_child", _predict_here)
+        mp.setattr(predict, "_run_jobs", _predict_here)
         return predict.predict(workload_path, world_sizes, gpu=gpu, link=link, results_root=Path(root),
                                only=list(only) or None, log=lambda *_: None)

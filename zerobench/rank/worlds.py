@@ -175,8 +175,14 @@ class FakeWorld(World):
     def clock(self) -> float:
         return self.gpu.host.now if self.gpu is not None else time.perf_counter()
 
+    @contextlib.contextmanager
     def building(self):
-        return self.gpu.deferred() if self.gpu is not None else contextlib.nullcontext()
+        """The virtual GPU's build as users do, if any; view operators followed by no
+        instrument meanwhile ([Note: views while building] in instruments/storages.py)."""
+        from zerobench.instruments import storages
+
+        with storages.views_unobserved(), (self.gpu.deferred() if self.gpu is not None else contextlib.nullcontext()):
+            yield
 
     def materialize(self) -> None:
         if self.gpu is not None:
@@ -257,6 +263,9 @@ def fake_tensor_mode():
     class HostControlFakeMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if (func.is_view or func is torch.ops.prim.device.default) and args and isinstance(args[0], FakeTensor):
+                # a fake tensor's view or device: what the path below does, sooner
+                return super().__torch_dispatch__(func, types, args, kwargs)
             tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if tensors and all(not isinstance(t, FakeTensor) and small_host_int(t, t.device) for t in tensors):
                 with no_dispatch():

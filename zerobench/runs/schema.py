@@ -193,6 +193,10 @@ WHATIF_METRICS: tuple[Metric, ...] = (
     Metric("host_blocked_s", "s", "predict: host time spent waiting for the device in the step", "deterministic"),
     Metric("tokens_per_s", "tokens/s", "predict: tokens per second per GPU (the rank's micro-batch over the step)",
            "time", "higher"),
+    Metric("outside_allocator_bytes", "B", "predict: device memory outside the caching allocator (the CUDA context "
+           "and each NCCL communicator the engine made)", "deterministic"),
+    Metric("capacity_bytes", "B", "predict: what the caching allocator may reserve: the card less "
+           "outside_allocator_bytes", "deterministic", "higher"),
     *(Metric(f"state_{role}_{unit}", u, f"estimate: {role} the engine holds on the rank, distinct storages",
              "deterministic") for role in ("params", "grads", "optim") for unit, u in (("bytes", "B"), ("numel", ""))),
     Metric("estimate_wall_s", "s", "estimate: wall time of the rank's session", "context", "none"),

@@ -552,6 +552,10 @@ class _FusedKernel:
     writes = reads
 
 
+#: ``Tensor.device`` of a tensor subclass, dispatched as an operator.
+_DEVICE = torch.ops.prim.device.default
+
+
 class _Mode(TorchDispatchMode):
     """Every operator: host cost, a kernel on the current stream, new storages tracked."""
 
@@ -562,6 +566,8 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         gpu = self.gpu
         kwargs = kwargs or {}
+        if gpu._deferring and (func.is_view or func is _DEVICE):  # [Note: views while building]
+            return func(*args, **kwargs)
         if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
             for storage in _storages((args, kwargs)):
                 gpu.track(storage)

@@ -98,6 +98,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         world.synchronize()
         world.reset_peak_memory_stats()
         vgpu.trace.clear()
+        blocked = vgpu.host.blocked_s  # the host's waits before the step are not the step's
         with collectives.intercepted(collectives.CommCounter()) as comm:  # bytes and calls of the step
             step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
@@ -129,7 +130,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
                                 if largest else 0.0),
         "host_lead_max_s": vgpu.host_lead_max_s,
-        "host_blocked_s": vgpu.host.blocked_s,
+        "host_blocked_s": vgpu.host.blocked_s - blocked,
         **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         **throughput,
@@ -138,6 +139,31 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         "limiter_stalls": extra.get("limiter_stalls"),
         "predict_wall_s": time.perf_counter() - started,
     }
+
+
+def run_job(w, job, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
+            traces: Path | None = None, alloc_conf: str = "", record_streams: bool = False) -> dict:
+    """One job of ``zerobench predict`` (zerobench/whatif/jobs.py): its row, also when the
+    cell runs out of the virtual GPU's memory (status ``oom``, with what it needed) or
+    cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings."""
+    cell = job.cell()
+    trace = traces / f"{cell.id}.trace.json.gz" if traces else None
+    current_gpu.clear()
+    try:
+        return predict_one(w, cell, gpu, host, link, inter_link, node_size, trace, alloc_conf, record_streams)
+    except torch.OutOfMemoryError as err:
+        traceback.print_exc()
+        allocator = current_gpu[-1].allocator if current_gpu else None
+        first = str(err).strip().splitlines()[0]
+        return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
+                "oom_needed_bytes": allocator.needed_bytes if allocator else None,
+                "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
+                "capacity_bytes": allocator.capacity if allocator else None}
+    except Exception as err:  # one cell never stops the others
+        traceback.print_exc()
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return {"status": "skipped",
+                "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
 
 
 def main(argv=None) -> None:
@@ -167,25 +193,8 @@ def main(argv=None) -> None:
         nccl_bytes_per_group=None if args.nccl_mib is None else args.nccl_mib * 2**20)
 
     def run_one(job) -> dict:
-        cell = job.cell()
-        trace = args.traces / f"{cell.id}.trace.json.gz" if args.traces else None
-        current_gpu.clear()
-        try:
-            return predict_one(w, cell, gpu, args.host, link, inter, args.node_size, trace, args.alloc_conf,
-                               args.record_streams)
-        except torch.OutOfMemoryError as err:
-            traceback.print_exc()
-            allocator = current_gpu[-1].allocator if current_gpu else None
-            first = str(err).strip().splitlines()[0]
-            return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
-                    "oom_needed_bytes": allocator.needed_bytes if allocator else None,
-                    "num_alloc_retries": allocator.stats["num_alloc_retries"] if allocator else None,
-                    "capacity_bytes": allocator.capacity if allocator else None}
-        except Exception as err:  # one cell never stops the others
-            traceback.print_exc()
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            return {"status": "skipped",
-                    "reason": f"cannot run on the virtual GPU: {type(err).__name__}: {first[:300]}"}
+        return run_job(w, job, gpu, args.host, link, inter, args.node_size, args.traces, args.alloc_conf,
+                       args.record_streams)
 
     child_loop(args.jobs, args.out, run_one)
 
