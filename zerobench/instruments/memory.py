@@ -83,6 +83,7 @@ from impl.streams import accelerator
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import CommCounter, Layer
 from zerobench.instruments.storages import Listener
+from zerobench.runs.schema import MEMORY_PASS_ATTEMPTS
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
 
@@ -399,7 +400,8 @@ class StorageTracker(Listener, Layer):
         return df
 
 
-def measure_exact_step(tracker: StorageTracker, step, all_exact=None, attempts: int = 8) -> tuple[object, int]:
+def measure_exact_step(tracker: StorageTracker, step, all_exact=None,
+                       attempts: int = MEMORY_PASS_ATTEMPTS) -> tuple[object, int]:
     """Run ``step(i)`` (i = 0, 1, ...), one measured step that restarts the tracker's peak
     itself, until the peak is exact; return the last step's result and how many steps that
     took. See [Note: frees on other threads].
