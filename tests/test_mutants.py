@@ -67,8 +67,16 @@ def test_the_predict_gate_catches_the_mutant_and_names_the_metric(baselines, tmp
 def test_the_cpu_run_gate_does_what_the_table_says_and_training_stays_correct(baselines, tmp_path, mutant):
     outcome = study.through_run_gate(mutant, mutant.engine, baselines["run"], tmp_path)
     expected = documented()[mutant.name]["run"]
-    assert outcome.exit_code == (1 if expected.startswith("caught") else 0), (mutant.name, outcome.named())
-    for metric in expected.removeprefix("caught: ").split(", ") if expected.startswith("caught") else []:
-        assert metric.split()[0] in {r["metric"] for r in outcome.regressions}, (mutant.name, outcome.named())
+    named = [m.split()[0] for m in expected.removeprefix("caught: ").split(", ")] if expected.startswith("caught") else []
+    caught = {r["metric"] for r in outcome.regressions}
+    # A peak the memory pass could not make exact (a loaded machine) is reported, not gated:
+    # the regression is still there, in a row that says why it does not gate.
+    in_doubt = {r["metric"] for r in outcome.rows if r["verdict"] == "regression" and "no exact peak" in (r["note"] or "")}
+    for metric in named:
+        assert metric in caught or metric in in_doubt, (mutant.name, outcome.named())
+    if named and not caught:
+        assert outcome.exit_code == 0 and set(named) <= in_doubt, (mutant.name, outcome.named())
+    else:
+        assert outcome.exit_code == (1 if named else 0), (mutant.name, outcome.named())
     losses = [r for r in outcome.rows if r["metric"] in ("loss_first", "loss_last")]
     assert losses and all(r["change"] == 0 for r in losses), f"{mutant.name} changed what training computes"
