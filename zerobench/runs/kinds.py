@@ -4,6 +4,7 @@ library only: the command line asks before it imports anything else."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 #: kind -> the files that mark it, looked for in this order (a run that also holds an
@@ -38,3 +39,12 @@ def results_folders(root: Path, depth: int = 3) -> list[tuple[str, Path]]:
         elif depth > 1:
             found += results_folders(child, depth - 1)
     return found
+
+
+def workload_name(folder: Path) -> str:
+    """The name of the workload a results folder was made from (its workload.json), else
+    the folder's own name."""
+    try:
+        return json.loads((Path(folder) / "workload.json").read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path(folder).name

@@ -10,7 +10,6 @@ the Pareto front (no step time here; ``zerobench predict`` has both).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -90,11 +89,10 @@ def plot_estimate_folder(folder: Path) -> list[Path]:
     """Redraw an estimate folder's plots from its estimate.csv."""
     import pandas as pd
 
+    from zerobench.runs.kinds import workload_name
+
     folder = Path(folder)
     frame = pd.read_csv(folder / "estimate.csv")
-    try:
-        workload = json.loads((folder / "workload.json").read_text())["name"]
-    except (OSError, ValueError, KeyError):
-        workload = folder.name
+    workload = workload_name(folder)
     path = plot_estimate(frame, folder / "plots" / "estimate_peak.png", estimate_setting(frame, workload))
     return [path] if path is not None else []

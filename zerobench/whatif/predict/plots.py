@@ -10,7 +10,6 @@ links and the world sizes ([Note: plot titles] in zerobench/analysis/figures.py)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -108,10 +107,9 @@ def plot_predict_folder(folder: Path) -> list[Path]:
     """Redraw a predict folder's plots from its predict.csv."""
     import pandas as pd
 
+    from zerobench.runs.kinds import workload_name
+
     folder = Path(folder)
     frame = pd.read_csv(folder / "predict.csv")
-    try:
-        workload = json.loads((folder / "workload.json").read_text())["name"]
-    except (OSError, ValueError, KeyError):
-        workload = folder.name
+    workload = workload_name(folder)
     return plot_predict_all(frame, folder, workload)
