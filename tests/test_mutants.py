@@ -72,10 +72,17 @@ def test_the_cpu_run_gate_does_what_the_table_says_and_training_stays_correct(ba
     # A peak the memory pass could not make exact (a loaded machine) is reported, not gated:
     # the regression is still there, in a row that says why it does not gate.
     in_doubt = {r["metric"] for r in outcome.rows if r["verdict"] == "regression" and "no exact peak" in (r["note"] or "")}
+    # Which categories a peak is made of can move with when gloo's asynchronous collectives
+    # finish (docs/ci.md, "Memory and gloo's worker threads"): every documented figure that
+    # is not a peak must regress, and at least one of the documented peaks.
+    peaks = [m for m in named if m.startswith("peak_mem")]
     for metric in named:
-        assert metric in caught or metric in in_doubt, (mutant.name, outcome.named())
+        if metric not in peaks:
+            assert metric in caught, (mutant.name, outcome.named())
+    if peaks:
+        assert any(m in caught or m in in_doubt for m in peaks), (mutant.name, outcome.named())
     if named and not caught:
-        assert outcome.exit_code == 0 and set(named) <= in_doubt, (mutant.name, outcome.named())
+        assert outcome.exit_code == 0 and set(named) <= set(peaks) and in_doubt, (mutant.name, outcome.named())
     else:
         assert outcome.exit_code == (1 if named else 0), (mutant.name, outcome.named())
     losses = [r for r in outcome.rows if r["metric"] in ("loss_first", "loss_last")]

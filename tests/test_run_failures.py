@@ -27,6 +27,8 @@ from zerobench.harness.runner import _one_line
 GLOO_ERROR = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
               "Connection closed by peer [127.0.0.1]:29500 [bold] [/] [/red]")
 
+# Long enough that the tests' signals land inside the first cell on a fast, quiet machine
+# too (500 steps took 1 s there, and the run ended before the Ctrl-C); a signal ends it in seconds.
 LONG = textwrap.dedent("""
     name = "long"
     [model]
@@ -36,7 +38,7 @@ LONG = textwrap.dedent("""
     [data]
     batch_size = 4
     warmup_steps = 1
-    steps = 500
+    steps = 4000
     [run]
     timeout_s = 240
     reference = false
