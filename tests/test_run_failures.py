@@ -28,7 +28,7 @@ GLOO_ERROR = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transpo
               "Connection closed by peer [127.0.0.1]:29500 [bold] [/] [/red]")
 
 # Long enough that the tests' signals land inside the first cell on a fast, quiet machine
-# too (500 steps took 1 s there, and the run ended before the Ctrl-C); a signal ends it in seconds.
+# (500 steps took 1 s there); a signal ends it in seconds.
 LONG = textwrap.dedent("""
     name = "long"
     [model]
@@ -38,7 +38,7 @@ LONG = textwrap.dedent("""
     [data]
     batch_size = 4
     warmup_steps = 1
-    steps = 4000
+    steps = 2000
     [run]
     timeout_s = 240
     reference = false
@@ -78,9 +78,13 @@ def test_blame_goes_to_the_first_rank_to_die(tmp_path):
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     (tmp_path / "long.toml").write_text(LONG)
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
+    # Ctrl-C as a terminal delivers it: SIGINT's default disposition in the run, whatever
+    # this process inherited (a background job of a non-interactive shell, as a CI script
+    # may start pytest, has SIGINT ignored, and Python then never raises KeyboardInterrupt).
     proc = subprocess.Popen([sys.executable, "-m", "zerobench.cli", "run", str(tmp_path / "long.toml"),
                              "--results", str(tmp_path / "results"), "--no-plots"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return proc, tmp_path / "results"
 
 
