@@ -168,7 +168,7 @@ class StorageEvents(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.skip_views and (func.is_view or func is _DEVICE):  # See [Note: views while building].
+        if self.skip_views and makes_no_storage(func):  # See [Note: views while building].
             return func(*args, **kwargs)
         self.ops += 1
         for storage in storages_of((args, kwargs)):  # tensors made before anyone listened
@@ -213,8 +213,14 @@ class StorageEvents(TorchDispatchMode):
 
 
 _events: StorageEvents | None = None
-#: ``Tensor.device`` of a tensor subclass, dispatched as an operator: no storage made or used.
+#: ``Tensor.device`` of a tensor subclass, dispatched as an operator.
 _DEVICE = torch.ops.prim.device.default
+
+
+def makes_no_storage(func) -> bool:
+    """A view, or a read of a tensor's device: an operator that makes no storage and
+    launches no kernel ([Note: views while building])."""
+    return func.is_view or func is _DEVICE
 
 
 def listen(listener: Listener) -> StorageEvents:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench.engines import RankContext
-from zerobench.instruments import collectives
+from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Layer
 from zerobench.rank import devices
 from zerobench.rank.protocol import torchrun_env
@@ -179,8 +179,6 @@ class FakeWorld(World):
     def building(self):
         """The virtual GPU's build as users do, if any; view operators followed by no
         instrument meanwhile ([Note: views while building] in instruments/storages.py)."""
-        from zerobench.instruments import storages
-
         with storages.views_unobserved(), (self.gpu.deferred() if self.gpu is not None else contextlib.nullcontext()):
             yield
 
@@ -263,7 +261,7 @@ def fake_tensor_mode():
     class HostControlFakeMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if (func.is_view or func is torch.ops.prim.device.default) and args and isinstance(args[0], FakeTensor):
+            if storages.makes_no_storage(func) and args and isinstance(args[0], FakeTensor):
                 # a fake tensor's view or device: what the path below does, sooner
                 return super().__torch_dispatch__(func, types, args, kwargs)
             tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

@@ -72,7 +72,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Collective, Layer
-from zerobench.instruments.storages import Listener
+from zerobench.instruments.storages import Listener, makes_no_storage
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu import comm, costs
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
@@ -552,10 +552,6 @@ class _FusedKernel:
     writes = reads
 
 
-#: ``Tensor.device`` of a tensor subclass, dispatched as an operator.
-_DEVICE = torch.ops.prim.device.default
-
-
 class _Mode(TorchDispatchMode):
     """Every operator: host cost, a kernel on the current stream, new storages tracked."""
 
@@ -566,7 +562,7 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         gpu = self.gpu
         kwargs = kwargs or {}
-        if gpu._deferring and (func.is_view or func is _DEVICE):  # [Note: views while building]
+        if gpu._deferring and makes_no_storage(func):  # [Note: views while building]
             return func(*args, **kwargs)
         if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
             for storage in _storages((args, kwargs)):
