@@ -124,13 +124,7 @@ def body(rank, world_size):
 
 
 def _assert_same(a: dict, b: dict, what: str) -> None:
-    assert sorted(a["state"]) == sorted(b["state"]), what
-    for name in a["state"]:
-        sa, sb = a["state"][name], b["state"][name]
-        assert sorted(sa) == sorted(sb), (what, name)
-        for key in sa:
-            assert torch.allclose(torch.as_tensor(sa[key]).float(), torch.as_tensor(sb[key]).float(),
-                                  atol=1e-6), (what, name, key)
+    _assert_same_states(a, b, what)
     assert [sorted(g["params"]) for g in a["param_groups"]] == [sorted(g["params"]) for g in b["param_groups"]], what
     assert [g["weight_decay"] for g in a["param_groups"]] == [g["weight_decay"] for g in b["param_groups"]], what
 
