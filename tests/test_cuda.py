@@ -29,7 +29,7 @@ def _python(args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
 
 def _check(name: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{name}.json"
-    proc = _python(["-m", "zerobench.whatif.gpu_check", name, str(out)])
+    proc = _python(["-m", "zerobench.validation.gpu_check", name, str(out)])
     assert out.exists(), proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert proc.returncode == 0, json.dumps(result, indent=1)
@@ -51,7 +51,7 @@ def test_limiter_bounds_peak_memory(tmp_path):
 
 def test_gloo_probe_answers_every_collective(tmp_path):
     out = tmp_path / "probe.json"
-    proc = _python(["-m", "zerobench.whatif.gpu_check", "probe-gloo", str(out)])
+    proc = _python(["-m", "zerobench.validation.gpu_check", "probe-gloo", str(out)])
     result = json.loads(out.read_text())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(result["collectives"]) == {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce",
@@ -61,7 +61,7 @@ def test_gloo_probe_answers_every_collective(tmp_path):
 def test_impl_fsdp_uses_side_streams_and_matches_unwrapped(tmp_path):
     code = textwrap.dedent("""
         import copy, torch, torch.distributed as dist, torch.nn as nn
-        from zerobench.whatif.gpu_check import _init_single
+        from zerobench.validation.gpu_check import _init_single
         from impl.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy, CPUOffload
         _init_single()
         for offload in (False, True):
@@ -104,7 +104,7 @@ def test_emulated_async_collective_overlaps_compute_and_sync_one_waits(tmp_path)
     code = textwrap.dedent("""
         import json, torch, torch.distributed as dist
         from zerobench.instruments import emulation
-        from zerobench.whatif.gpu_check import _init_single, cycles_per_ms
+        from zerobench.validation.gpu_check import _init_single, cycles_per_ms
         from zerobench.instruments.link import Link
         _init_single()
         cpm = cycles_per_ms()

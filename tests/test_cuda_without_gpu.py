@@ -140,7 +140,7 @@ class _FakeTimedCuda:
 
 
 def test_cycles_per_ms_is_a_trimmed_mean_of_ten_samples(monkeypatch):
-    from zerobench.whatif import gpu_check
+    from zerobench.validation import gpu_check
 
     # 1e6 cycles per ms, except a slow first launch and one sample disturbed each way
     ms_per_sample = [40.0, 10.0, 10.0, 9.0, 10.0, 10.0, 10.0, 12.0, 10.0, 10.0]
@@ -157,7 +157,7 @@ def test_cycles_per_ms_is_a_trimmed_mean_of_ten_samples(monkeypatch):
 
 
 def test_gloo_probe_kills_its_ranks_on_a_timeout(monkeypatch):
-    from zerobench.whatif import gpu_check
+    from zerobench.validation import gpu_check
 
     started = []
     real_popen = subprocess.Popen
@@ -233,11 +233,11 @@ def test_gpu_check_names_a_missing_interpreter_and_falls_back_to_python3(tmp_pat
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
 def test_gpu_check_virtual_needs_no_gpu_and_runs_only_the_virtual_steps(tmp_path):
     # The interpreter runs everything but the checks themselves, which it only logs
-    # (what they answer is zerobench.whatif.gpu_check's business, tested with it).
+    # (what they answer is zerobench.validation.gpu_check's business, tested with it).
     calls = tmp_path / "checks.log"
     python = tmp_path / "python-logging-checks"
     python.write_text(f"""#!/bin/sh
-if [ "$1" = -m ] && [ "$2" = zerobench.whatif.gpu_check ]; then echo "$*" >> "{calls}"; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = zerobench.validation.gpu_check ]; then echo "$*" >> "{calls}"; exit 0; fi
 exec "{sys.executable}" "$@"
 """)
     python.chmod(0o755)
@@ -246,7 +246,7 @@ exec "{sys.executable}" "$@"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no CUDA device" not in proc.stdout
     assert not (tmp_path / "--virtual").exists() and not (ROOT / "--virtual").exists()
-    assert calls.read_text().splitlines() == [f"-m zerobench.whatif.gpu_check --virtual {name} {out}/{name}.json"
+    assert calls.read_text().splitlines() == [f"-m zerobench.validation.gpu_check --virtual {name} {out}/{name}.json"
                                               for name in ("overlap", "limiter")]
     summary = (out / "summary.md").read_text()
     steps = [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("| ")][1:]

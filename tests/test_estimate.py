@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.whatif.estimate import parse_world_sizes
+from zerobench.whatif.cells import parse_world_sizes
 from zerobench.engines.stages import FIGURE1_PAPER_GB, figure1, model_state_bytes
 
 
@@ -55,7 +55,7 @@ def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, arg
 
 
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.whatif.estimate import why_not
+    from zerobench.whatif.cells import why_not
     from zerobench.spec.matrix import Cell
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
@@ -145,7 +145,7 @@ def test_gloo_backend_holds_the_reduce_scatter_buffer_from_wait_until_the_work_d
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from zerobench.instruments.collectives import intercepted
-    from zerobench.rank.worlds import GlooReduceScatterBuffers
+    from zerobench.instruments.gloo import GlooReduceScatterBuffers
     from zerobench.instruments.memory import StorageTracker
 
     dist.init_process_group("fake", world_size=4, rank=0, store=FakeStore())

@@ -100,8 +100,10 @@ FLOORS = {
     "harness": {"rank", "runs", "spec", "engines", "instruments"},
     "analysis": {"runs", "spec", "engines", "instruments"},
     "whatif": {"analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+    # checks against real hardware: they drive ranks, engines and the virtual GPU
+    "validation": {"whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
     # the command line: one module per subcommand, each calling whichever floor it needs
-    "commands": {"whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+    "commands": {"validation", "whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
 }
 #: Modules anyone may import: the column vocabulary and atomic writes (no imports of their own).
 LEAVES = {"zerobench.runs.schema", "zerobench.runs.files"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.whatif.estimate import configurations
+from zerobench.whatif.cells import configurations
 from zerobench.instruments.link import resolve_link
 from zerobench.spec.matrix import Cell
 from zerobench.whatif.predict.rank import timeline_metrics
@@ -137,7 +137,7 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     collectives go over two process groups: NVLink within the node, InfiniBand across."""
     import dataclasses
 
-    from zerobench.whatif.estimate import configurations
+    from zerobench.whatif.cells import configurations
     from zerobench.whatif.predict import predict
     from zerobench.spec.workload import load_workload
 

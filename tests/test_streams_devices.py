@@ -244,7 +244,7 @@ def test_meta_records_device_environment(gpus, monkeypatch):
 
 
 def test_gpu_check_cells_summary(tmp_path):
-    from zerobench.whatif.gpu_check import cells_check
+    from zerobench.validation.gpu_check import cells_check
 
     run = tmp_path / "runs" / "r1"
     (run / "cells").mkdir(parents=True)

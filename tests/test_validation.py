@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from zerobench.whatif.estimate import config_id, configurations
+from zerobench.whatif.cells import config_id, configurations
 from zerobench.whatif.predict.validation import PUBLISHED, to_markdown, validate
 from zerobench.spec.workload import load_workload
 

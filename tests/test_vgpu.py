@@ -299,7 +299,7 @@ def test_impl_trains_to_the_same_losses_on_the_virtual_gpu(engine):
 def test_gpu_check_overlap_on_the_virtual_gpu():
     """Defect 1 of #18: without prefetch the host already runs ahead, so most all-gather
     time is hidden either way; the check compares against the all-gather time itself."""
-    from zerobench.whatif.gpu_check import Target, overlap_check
+    from zerobench.validation.gpu_check import Target, overlap_check
 
     out = overlap_check(Target(virtual=True), units=12, steps=2)
     assert out["pass"] and out["prefetch"]["hidden_fraction"] >= 0.9
@@ -312,7 +312,7 @@ def test_gpu_check_overlap_on_the_virtual_gpu():
 def test_gpu_check_limiter_on_the_virtual_gpu():
     """Defect 3 of #18: freed blocks waiting for their stream stay *active*; allocated
     drops at free(). Without the limiter every unit piles up, with it depth + 2 bound it."""
-    from zerobench.whatif.gpu_check import Target, limiter_check
+    from zerobench.validation.gpu_check import Target, limiter_check
 
     out = limiter_check(Target(virtual=True), units=8, unit_mb=1)
     on, off = out["with_limiter"], out["without_limiter"]
@@ -331,7 +331,7 @@ def test_gpu_check_limiter_does_not_empty_the_cache_before_its_measured_forward(
     the limiter exists to bound, is cut (to 4 of 8 units here), so the check under-reports
     it. Without it (the check as it is) the warm-up's cached blocks are reused, the host
     runs ahead, and all 8 units pile up."""
-    from zerobench.whatif.gpu_check import Target, limiter_check
+    from zerobench.validation.gpu_check import Target, limiter_check
 
     emptied = limiter_check(Target(virtual=True, malloc_synchronizes=True), units=8, unit_mb=16, empty_cache=True)
     kept = limiter_check(Target(virtual=True, malloc_synchronizes=True), units=8, unit_mb=16)
@@ -449,7 +449,7 @@ def test_the_memory_pass_counts_freed_blocks_still_in_use_as_the_allocator_does(
     host runs ahead and every freed unsharded buffer stays in use until compute passes
     it; the tracker once dropped each at its Python free, and so read the *allocated*
     peak (one unit), which hides what limit_all_gathers is for."""
-    from zerobench.whatif.gpu_check import Target, _Model, _wrap, cycles_per_ms
+    from zerobench.validation.gpu_check import Target, _Model, _wrap, cycles_per_ms
     from zerobench.instruments.memory import StorageTracker
 
     units, width = 8, 512

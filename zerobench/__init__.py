@@ -20,8 +20,9 @@ Read it in the order a cell travels (each folder's ``__init__.py`` gives its own
    folder ([Note: readers have no side effects]); files.py writes atomically.
 6. ``analysis/``: reading runs. summary.py, plots.py, profiling/ (traces), compare/ (the
    CI gate).
-7. ``whatif/``: estimate/ (memory at any world size), simulate/ (a measured run
-   re-timed), predict/ (the virtual GPU), gpu_check.py.
+7. ``whatif/``: cells.py (what estimate and predict share), estimate/ (memory at any
+   world size), simulate/ (a measured run re-timed), predict/ (the virtual GPU).
+8. ``validation/``: gpu_check.py, the check of impl and the harness on a real GPU.
 
 cli.py is the front door. Which folder may import which is held by
 tests/test_import_graph.py (FLOORS).

@@ -41,8 +41,8 @@ def main(args) -> int:
     import pandas as pd
 
     from zerobench.commands.progress import Progress
-    from zerobench.whatif.estimate import (against_run, check_against, estimate, format_model_states, format_table,
-                                           parse_world_sizes)
+    from zerobench.whatif.cells import parse_world_sizes
+    from zerobench.whatif.estimate import against_run, check_against, estimate, format_model_states, format_table
 
     started = time.perf_counter()
     real = check_against(against) if against is not None else None  # before any work ([Note: refuse early])

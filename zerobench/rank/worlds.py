@@ -17,7 +17,7 @@ either:
   with garbage contents. Memory and the program's order are right, numerics are not.
   Optionally the tensors are fake too (:func:`fake_tensor_mode`: shapes only, any model
   size), the device is the virtual GPU (zerobench/instruments/vgpu), and the backend's
-  own buffers are modelled (:class:`GlooReduceScatterBuffers`).
+  own buffers are modelled (``GlooReduceScatterBuffers``, zerobench/instruments/gloo.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from zerobench.engines import RankContext
 from zerobench.instruments import collectives, storages
-from zerobench.instruments.collectives import Layer
+from zerobench.instruments.gloo import GlooReduceScatterBuffers
 from zerobench.rank import devices
 from zerobench.rank.protocol import torchrun_env
 
@@ -157,7 +157,7 @@ class FakeWorld(World):
     (a :class:`zerobench.instruments.vgpu.VirtualGpu`, installed while the world is).
     ``backend``: whose own buffers to model besides the engine's tensors: ``nccl`` (the
     default) none, as the fake group allocates nothing; ``gloo`` also the buffer gloo's
-    reduce-scatter holds (:class:`GlooReduceScatterBuffers`)."""
+    reduce-scatter holds (``GlooReduceScatterBuffers``, zerobench/instruments/gloo.py)."""
 
     backend = "fake"
 
@@ -299,42 +299,3 @@ def single_rank_ddp():
 
     with mock.patch("torch.nn.parallel.distributed._verify_param_shape_across_processes", lambda *a, **k: None):
         yield
-
-
-class _GlooReduceScatterWork:
-    """A fake group's reduce-scatter Work that, once waited, holds what gloo's does.
-
-    gloo (torch 2.13) reduces a copy of the whole input: its Work allocates a buffer of
-    the input's size when the collective is issued (on gloo's thread) and keeps it until
-    the Work is dropped; ``wait()`` then splits it on the waiting thread and copies this
-    rank's chunk into the output. The storage tracker, which sees only the waiting
-    thread's operators, counts the buffer from that split until the Work is dropped, and
-    so does this Work: ``wait()`` allocates it, and it lives as long as the Work.
-    """
-
-    def __init__(self, work, input_tensor: torch.Tensor | None):
-        self._work = work
-        self._input = input_tensor
-        self._buffer = None
-
-    def wait(self, timeout=None) -> bool:
-        if self._buffer is None and self._input is not None:
-            self._work.wait()
-            self._buffer = torch.empty(self._input.numel(), dtype=self._input.dtype, device=self._input.device)
-            self._input = None
-        return True
-
-    def __getattr__(self, name):  # is_completed, get_future, exception, ...: the fake group's
-        return getattr(self._work, name)
-
-
-class GlooReduceScatterBuffers(Layer):
-    """A collective layer ([Note: one interception] in zerobench/instruments/collectives.py)
-    that gives the fake group's reduce-scatters the buffer gloo's hold. A synchronous call
-    is waited at once and its Work dropped on return, as gloo's is."""
-
-    def issue(self, call, issue):
-        work = issue()
-        if call.name in ("reduce_scatter_single", "reduce_scatter_tensor"):
-            return _GlooReduceScatterWork(work, call.input())
-        return work

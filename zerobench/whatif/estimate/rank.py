@@ -18,8 +18,8 @@ bookkeeping kept real (``worlds.fake_tensor_mode``). Engines whose code needs re
 
 ``--backend`` names whose buffers the estimate counts besides the engine's own tensors:
 ``nccl`` (the default) none, as the fake group allocates nothing; ``gloo`` also the
-full-input-size buffer gloo's reduce-scatter holds (``worlds.GlooReduceScatterBuffers``),
-to compare with the harness's CPU memory pass like for like.
+full-input-size buffer gloo's reduce-scatter holds (``GlooReduceScatterBuffers`` in
+zerobench/instruments/gloo.py), to compare with the harness's CPU memory pass like for like.
 """
 
 from __future__ import annotations

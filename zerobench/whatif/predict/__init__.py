@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from zerobench.whatif.estimate import config_id, parse_world_sizes, select_configurations, versions, why_not
+from zerobench.whatif.cells import config_id, parse_world_sizes, select_configurations, versions, why_not
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -111,7 +111,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     if progress is not None:
         progress.set_total(len(jobs))
     if jobs:
-        from zerobench.whatif.estimate import log_and_advance
+        from zerobench.whatif.cells import log_and_advance
 
         started = time.perf_counter()
         for job, row in zip(jobs, _run_jobs(w, jobs, gpu, host, links, node_size, out_dir / "traces", memory,

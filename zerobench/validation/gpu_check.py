@@ -1,9 +1,9 @@
 """The GPU-only checks of ``scripts/gpu-check`` (also used by ``pytest -m cuda``).
 
-``python -m zerobench.whatif.gpu_check probe-gloo OUT.json``: which collectives the engines use
+``python -m zerobench.validation.gpu_check probe-gloo OUT.json``: which collectives the engines use
 work under gloo with CUDA tensors (two ranks on one GPU).
-``python -m zerobench.whatif.gpu_check overlap OUT.json``: how much of the all-gather time
-impl.fsdp's prefetch hides. ``python -m zerobench.whatif.gpu_check limiter OUT.json``: the peak
+``python -m zerobench.validation.gpu_check overlap OUT.json``: how much of the all-gather time
+impl.fsdp's prefetch hides. ``python -m zerobench.validation.gpu_check limiter OUT.json``: the peak
 memory of a forward with and without ``limit_all_gathers``. Each writes its figures and
 ``"pass": true/false`` and exits 0 on pass, 1 on fail.
 
@@ -382,7 +382,7 @@ def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
 
     port = free_port()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-gloo-probe-{os.getpid()}.json"
-    procs = [start_module("zerobench.whatif.gpu_check", ["_probe-rank", str(r), str(world), str(port), str(out)])
+    procs = [start_module("zerobench.validation.gpu_check", ["_probe-rank", str(r), str(world), str(port), str(out)])
              for r in range(world)]
     deadline = time.monotonic() + timeout_s
     timed_out = False
@@ -441,11 +441,11 @@ def main(argv: list[str]) -> int:
         argv = argv[1:]
     checks = {"probe-gloo": probe_gloo, "overlap": overlap_check, "limiter": limiter_check}
     if len(argv) != 2 or argv[0] not in checks or (virtual and argv[0] == "probe-gloo"):
-        print("usage: python -m zerobench.whatif.gpu_check [--virtual] {overlap,limiter} OUT.json\n"
-              "       python -m zerobench.whatif.gpu_check probe-gloo OUT.json", file=sys.stderr)
+        print("usage: python -m zerobench.validation.gpu_check [--virtual] {overlap,limiter} OUT.json\n"
+              "       python -m zerobench.validation.gpu_check probe-gloo OUT.json", file=sys.stderr)
         return 2
     if not virtual and not torch.cuda.is_available():
-        print("zerobench.whatif.gpu_check: no CUDA device (--virtual runs the overlap and limiter checks on the "
+        print("zerobench.validation.gpu_check: no CUDA device (--virtual runs the overlap and limiter checks on the "
               "virtual GPU)", file=sys.stderr)
         return 2
     result = checks[argv[0]](Target(virtual=True)) if virtual else checks[argv[0]]()

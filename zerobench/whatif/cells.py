@@ -1,0 +1,112 @@
+"""What ``zerobench estimate`` and ``zerobench predict`` share: the workload's engine
+configurations (its matrix without the world-size axis), which of them run at which world
+size, the ``--world-sizes`` option, the version columns of their rows and the progress
+line of their jobs. Neither driver imports the other."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    """"8,64,1024" -> [8, 64, 1024]; ValueError naming the bad value otherwise."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            ws = int(part)
+        except ValueError:
+            raise ValueError(f"--world-sizes: {part!r} is not allowed (allowed: comma-separated ints >= 1)") from None
+        if ws < 1:
+            raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
+        out.append(ws)
+    return out
+
+
+def configurations(workload, world_sizes=(2,)):
+    """The distinct engine configurations of the workload's matrix (world size left out):
+    those valid at one or more of ``world_sizes`` (a configuration such as HYBRID_SHARD
+    can be valid at 8 ranks and not at 2), as cells at the first world size they are
+    valid at. Which world sizes each one runs at is ``why_not``'s to say."""
+    from zerobench.spec.matrix import expand
+
+    seen, out = set(), []
+    for ws in world_sizes:
+        matrix = dict(workload.matrix)
+        matrix["world_size"] = [ws]
+        for cell in expand(dataclasses.replace(workload, matrix=matrix)):
+            key = (cell.engine, cell.dtype, cell.options)
+            if cell.skip_reason is None and key not in seen:
+                seen.add(key)
+                out.append(cell)
+    return out
+
+
+def config_id(cell) -> str:
+    return cell.id.replace(f"-ws{cell.world_size}", "")
+
+
+def select_configurations(w, only=None, world_sizes=(2,)) -> list:
+    """The workload's configurations valid at one or more of ``world_sizes``, or those
+    whose id is in ``only`` (``--config``); an id that names none is an error listing
+    the ids there are."""
+    cells = configurations(w, world_sizes)
+    if not only:
+        return cells
+    ids = [config_id(c) for c in cells]
+    unknown = [i for i in only if i not in ids]
+    if unknown:
+        raise ValueError(f"--config: {', '.join(map(repr, unknown))} is not a configuration of workload {w.name!r} "
+                         f"(allowed: {', '.join(ids)})")
+    return [c for c, i in zip(cells, ids) if i in only]
+
+
+def check_hybrid_shard_size(size: int | None, world_sizes) -> None:
+    """ValueError naming ``--hybrid-shard-size`` unless it divides every world size."""
+    if size is None:
+        return
+    if size < 1:
+        raise ValueError(f"--hybrid-shard-size: {size} is not allowed (allowed: int >= 1)")
+    bad = [ws for ws in world_sizes if ws % size]
+    if bad:
+        common = [d for d in range(1, min(world_sizes) + 1) if all(ws % d == 0 for ws in world_sizes)]
+        raise ValueError(f"--hybrid-shard-size: {size} does not divide world size {bad[0]} (allowed: a divisor of "
+                         f"every --world-sizes value: {', '.join(map(str, common))})")
+
+
+def why_not(cell, world_size: int, hybrid_shard_size: int | None) -> str | None:
+    """Why this configuration cannot be estimated at ``world_size`` (None if it can)."""
+    from zerobench.engines import get_engine
+
+    if world_size < 1:
+        return f"world size {world_size} is not allowed (allowed: >= 1)"
+    why = get_engine(cell.engine).unsupported(cell.opts, cell.dtype, world_size, "cpu")
+    if why:
+        return why
+    if cell.opts.get("sharding_strategy") == "HYBRID_SHARD":
+        if hybrid_shard_size and world_size % hybrid_shard_size:
+            return (f"HYBRID_SHARD: world size {world_size} is not a multiple of the shard group size "
+                    f"{hybrid_shard_size} (--hybrid-shard-size)")
+    return None
+
+
+def versions() -> dict[str, str | None]:
+    """The torch and zerobench versions, columns of every row of estimate.csv and
+    predict.csv: part of a row's identity when ``zerobench compare`` gates it ([Note:
+    comparing what-if folders] in zerobench/analysis/compare/whatif.py)."""
+    import torch
+
+    from zerobench.runs.folder import zerobench_version
+
+    return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
+
+
+def log_and_advance(log, progress):
+    """``log`` that also advances ``progress`` by one for each finished job's line."""
+    if progress is None:
+        return log
+
+    def both(line: str) -> None:
+        log(line)
+        progress.advance(line.split(":", 1)[0])
+
+    return both
