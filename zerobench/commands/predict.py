@@ -19,7 +19,9 @@ def arguments(p) -> None:
     p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
     p.add_argument("--gpu", default="h100-sxm",
                    help="GPU preset (default h100-sxm; docs/vgpu.md lists them, and so does a wrong name)")
-    p.add_argument("--host", default="fast", help="host preset: fast or slow (default fast)")
+    p.add_argument("--host", default=None,
+                   help="host preset: h200-host (measured), fast or slow (default: the GPU preset's own host, "
+                        "else h200-host; docs/vgpu.md)")
     p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
     p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
     p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
@@ -53,7 +55,8 @@ def main(args) -> int:
                           alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
                           record_streams=args.nccl_record_streams, progress=progress, log=progress.print)
     frame = pd.read_csv(out_dir / "predict.csv")
-    print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
+    host = frame["host"].iloc[0] if "host" in frame.columns and len(frame) else args.host
+    print(f"predicted on the virtual GPU ({args.gpu}, {host} host, link {args.link}"
           f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
     print(format_table(frame))
     print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")

@@ -108,6 +108,9 @@ class StorageEvents(TorchDispatchMode):
         self.skip_views = 0
         self._lock = threading.RLock()
         self._originals: dict = {}
+        # The virtual GPU's counter of the host's Python calls, paused while this follows an
+        # operator (zerobench/instruments/vgpu/host.py, PythonCalls); None: none counts.
+        self.python = None
 
     # -- events ---------------------------------------------------------------------
 
@@ -166,8 +169,24 @@ class StorageEvents(TorchDispatchMode):
             for listener in self.listeners:
                 listener.on_record_stream(sid if listener in following else None, tensor, stream)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__``: nothing is
+        compiled here, and the wrapper's Python is no program's (the virtual GPU counts
+        the program's: [Note: host cost] in zerobench/instruments/vgpu/host.py)."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        python = self.python
+        if python is None:
+            return self._dispatch(func, args, kwargs or {})
+        python.pause()  # following storages is no program's work: [Note: host cost] in vgpu/host.py
+        try:
+            return self._dispatch(func, args, kwargs or {})
+        finally:
+            python.resume()
+
+    def _dispatch(self, func, args, kwargs):
         if self.skip_views and makes_no_storage(func):  # See [Note: views while building].
             return func(*args, **kwargs)
         self.ops += 1

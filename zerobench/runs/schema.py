@@ -191,6 +191,11 @@ WHATIF_METRICS: tuple[Metric, ...] = (
     Metric("host_lead_max_s", "s", "predict: how far the compute stream's queue ran ahead of the host at most",
            "deterministic", "higher"),
     Metric("host_blocked_s", "s", "predict: host time spent waiting for the device in the step", "deterministic"),
+    Metric("host_busy_s", "s", "predict: host time the step's work cost (operators, stream and collective calls, "
+           "Python calls; [Note: host cost])", "deterministic"),
+    Metric("host_python_s", "s", "predict: the share of host_busy_s spent in Python calls", "deterministic"),
+    Metric("host_python_calls", "", "predict: Python function calls of the step the host was charged for",
+           "deterministic"),
     Metric("tokens_per_s", "tokens/s", "predict: tokens per second per GPU (the rank's micro-batch over the step)",
            "time", "higher"),
     Metric("outside_allocator_bytes", "B", "predict: device memory outside the caching allocator (the CUDA context "

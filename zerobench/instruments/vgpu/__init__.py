@@ -4,6 +4,7 @@ device.py and docs/vgpu.md."""
 
 from zerobench.instruments.vgpu.device import VirtualGpu, VirtualWork, current
 from zerobench.instruments.vgpu import comm
-from zerobench.instruments.vgpu.presets import GPU_PRESETS, HOST_PRESETS, GpuPreset, HostPreset
+from zerobench.instruments.vgpu.host import HOST_PRESETS, HostPreset
+from zerobench.instruments.vgpu.presets import GPU_PRESETS, GpuPreset
 
 __all__ = ["comm", "VirtualGpu", "VirtualWork", "current", "GPU_PRESETS", "HOST_PRESETS", "GpuPreset", "HostPreset"]

@@ -67,6 +67,25 @@ def launches_kernel(func) -> bool:
     return not func.is_view and func not in NO_KERNEL and func.namespace not in NO_KERNEL_NAMESPACES
 
 
+# Namespaces of operators the host pays nothing for as operators: ``prim`` (a fake
+# tensor's metadata, which a GPU's tensor answers without dispatching) and ``c10d`` (a
+# collective's dispatcher op, inside the collective call's own price): [Note: host cost].
+NO_HOST_NAMESPACES = {"prim", "c10d"}
+
+
+def charges_host(func) -> bool:
+    """Whether the host pays for this operator as one dispatched operator."""
+    return func.namespace not in NO_HOST_NAMESPACES
+
+
+#: cuBLAS GEMMs: their launch costs the host more ([Note: host cost]).
+GEMM_PACKETS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
+
+
+def is_gemm(func) -> bool:
+    return func._overloadpacket in GEMM_PACKETS
+
+
 def tensors_in(obj):
     """The tensors in an operator's arguments or outputs (tensors, lists and tuples of
     them, dicts of kwargs): a cheaper walk than pytree's on the hot path."""

@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -77,7 +78,8 @@ from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu import comm, costs
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
-from zerobench.instruments.vgpu.presets import GpuPreset, HostPreset, gpu_preset, host_preset
+from zerobench.instruments.vgpu.host import HostPreset, PythonCalls, host_preset
+from zerobench.instruments.vgpu.presets import GpuPreset, gpu_preset
 from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
 
 aten = torch.ops.aten
@@ -92,7 +94,8 @@ def current() -> "VirtualGpu | None":
 class VirtualGpu(Layer, Listener):
     """One virtual CUDA device. Use as a context manager: see [Note: virtual device].
 
-    ``gpu``/``host``: preset names or presets (zerobench/instruments/vgpu/presets.py). ``link``: the
+    ``gpu``/``host``: preset names or presets (zerobench/instruments/vgpu/presets.py and
+    host.py; a host that prices Python calls counts them: [Note: host cost]). ``link``: the
     interconnect collectives are timed on (default: none, collectives take only the
     kernel floor); ``inter_link``: the one of a process group whose ranks span more than
     one node of ``node_size`` ranks (default: ``link``)."""
@@ -107,6 +110,11 @@ class VirtualGpu(Layer, Listener):
         if not isinstance(alloc_conf, AllocatorConfig):
             alloc_conf = AllocatorConfig.parse(alloc_conf)
         self.host_preset = host_preset(host)
+        # What the host was charged for, by kind, and each kind's price ([Note: host cost]).
+        self.host_counts: Counter = Counter()
+        self._units = self.host_preset.units()
+        # The Python calls the host thread makes, while installed (None: not counted).
+        self.python: PythonCalls | None = PythonCalls() if self.host_preset.counts_python else None
         self.link = link
         self.inter_link = inter_link
         self.node_size = node_size
@@ -164,18 +172,22 @@ class VirtualGpu(Layer, Listener):
         return f"virtual {self.preset.name}"
 
     def Stream(self, device=None, priority: int = 0, **kwargs) -> VStream:  # noqa: N802 - torch.cuda's name
+        self.charge("api_call")
         stream = VStream(self, f"stream{len(self.streams)}", priority)
         self.streams.append(stream)
         return stream
 
     def Event(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,  # noqa: N802
               **kwargs) -> VEvent:
+        self.charge("api_call")
         return VEvent(self, enable_timing, blocking, interprocess)
 
     def current_stream(self, device=None) -> VStream:
+        self.charge("api_call")
         return self._current
 
     def default_stream(self, device=None) -> VStream:
+        self.charge("api_call")
         return self.default
 
     def set_stream(self, stream: VStream) -> None:
@@ -186,6 +198,7 @@ class VirtualGpu(Layer, Listener):
         if stream is None:
             yield
             return
+        self.charge("stream_switch")  # entering and leaving, as measured together
         previous, self._current = self._current, stream
         try:
             yield
@@ -193,13 +206,15 @@ class VirtualGpu(Layer, Listener):
             self._current = previous
 
     def synchronize(self, device=None) -> None:
+        self.charge("api_call")
         waited_from = self.host.now
         self.host.block_until(max(s.tail for s in self.streams))
         if self.host.now > waited_from:
             self.trace.span("host", "synchronize", waited_from, self.host.now)
 
     def _sleep(self, cycles: int) -> None:
-        self.host_op(launch=True)
+        self.charge("op")
+        self.charge("kernel")
         self._current.enqueue(int(cycles) / self.preset.sleep_cycles_per_s, "_sleep")
 
     def memory_stats(self, device=None) -> dict:
@@ -232,8 +247,15 @@ class VirtualGpu(Layer, Listener):
         """The host's virtual time in seconds (impl's rate limiter measures stalls with it)."""
         return self.host.now
 
-    def host_op(self, launch: bool = False) -> None:
-        self.host.advance(self.host_preset.dispatch_s + (self.host_preset.launch_s if launch else 0.0))
+    def charge(self, kind: str, n: int = 1) -> None:
+        """The host pays for ``n`` items of ``kind`` (host.py's KINDS): [Note: host cost]."""
+        self.host_counts[kind] += n
+        self.host.advance(n * self._units[kind])
+
+    def _python_charged(self, calls: int, start: float, end: float) -> None:
+        """The host clock has charged ``calls`` Python calls, from ``start`` to ``end``."""
+        self.host_counts["python_call"] += calls
+        self.trace.span("host", "python", start, end, {"calls": calls})
 
     @contextlib.contextmanager
     def label(self, name: str):
@@ -267,7 +289,8 @@ class VirtualGpu(Layer, Listener):
             yield kernel
         finally:
             self._fusing = previous
-        self.host_op(launch=True)
+        for kind in ("op", "kernel", "alloc"):  # one operator, its kernel and its output
+            self.charge(kind)
         memory_s = kernel.nbytes / (self.preset.hbm_bytes_per_s * self.preset.memory_efficiency)
         self._current.enqueue(self.beside_collectives(self._current, 0.0, memory_s, self.preset.kernel_floor_s), name)
         self.kernels += 1
@@ -327,10 +350,14 @@ class VirtualGpu(Layer, Listener):
     def deferred(self):
         """Build and wrap a model as users do on a GPU: see [Note: build as users do]."""
         self._deferring = True
+        if self.python is not None:  # the build is not the step: its Python is not counted
+            self.python.pause()
         try:
             yield
         finally:
             self._deferring = False
+            if self.python is not None:
+                self.python.resume()
 
     def materialize(self) -> int:
         """Give every storage made under ``deferred()`` that is still alive its device
@@ -390,7 +417,7 @@ class VirtualGpu(Layer, Listener):
             self._count()
 
     def on_record_stream(self, sid: int | None, tensor: torch.Tensor, stream: VStream) -> None:
-        self.host_op()
+        self.charge("record_stream")
         block = self._blocks.get(sid) if sid is not None else None
         if block is not None:
             self.allocator.record_stream(block, stream)
@@ -450,6 +477,13 @@ class VirtualGpu(Layer, Listener):
         stack.callback(storages.unlisten, self)
         _active.append(self)
         stack.callback(_active.pop)
+        if self.python is not None:  # last: installing is not the program ([Note: host cost])
+            self.host.watch_python(self.python.calls, self.host_preset.python_call_s, self._python_charged)
+            self._events.python = self.python
+            self.python.install()
+            stack.callback(self.host.watch_python, None, 0.0, None)
+            stack.callback(setattr, self._events, "python", None)
+            stack.callback(self.python.uninstall)
         self._exit_stack = stack
         return self
 
@@ -462,7 +496,7 @@ class VirtualGpu(Layer, Listener):
         stream first waits for the issuing stream; the returned work's ``wait()`` makes the
         current stream wait for the collective's end ([Note: one interception])."""
         work = issue()  # the real (or fake) collective: data stays right
-        self.host_op(launch=True)
+        self.charge("collective")
         stream = self.comm_stream(call.group)
         stream.tail = max(stream.tail, self._current.tail)  # NCCL: waits for the issuing stream
         seconds = self.preset.kernel_floor_s
@@ -488,24 +522,32 @@ class VirtualGpu(Layer, Listener):
         self.collectives += 1
         done = VEvent(self)
         done.time, done.stream = end, stream
-        return VirtualWork(self, work, done, stash=None if self.record_streams else call.tensors())
+        return VirtualWork(self, work, done, stash=None if self.record_streams else call.tensors(),
+                           waited_by_caller=call.async_op)
 
 
 class VirtualWork:
     """A collective in flight on the virtual GPU (NCCL's ``Work`` semantics)."""
 
-    def __init__(self, gpu: VirtualGpu, work, done: VEvent, stash: list | None = None):
+    def __init__(self, gpu: VirtualGpu, work, done: VEvent, stash: list | None = None,
+                 waited_by_caller: bool = True):
         self._gpu = gpu
         self._work = work
         self.done = done
         # The collective's tensors, kept alive until wait(): [Note: collective tensors].
         self._stash = stash
+        # An asynchronous call's wait() is the caller's, and costs the host; a synchronous
+        # call's is inside the call, whose measured price has it ([Note: host cost]).
+        self._waited_by_caller = waited_by_caller
 
     def wait(self, timeout=None) -> bool:
         if self._work is not None:
             self._work.wait()  # the real data movement (gloo) or nothing (fake)
             self._work = None
-        self._gpu.current_stream().wait_event(self.done)
+        if self._waited_by_caller:
+            self._gpu.charge("collective_wait")
+        stream = self._gpu._current
+        stream.tail = max(stream.tail, self.done.time)  # NCCL: the current stream waits for the collective
         self._stash = None  # the current stream is now ordered after the collective
         return True
 
@@ -559,9 +601,24 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self.gpu = gpu
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__``: nothing is
+        compiled here, and the wrapper's Python is no program's ([Note: host cost])."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        python = self.gpu.python
+        if python is None:
+            return self._dispatch(func, args, kwargs or {})
+        python.pause()  # the virtual GPU's own work (and fake tensors') is not the host's: [Note: host cost]
+        try:
+            return self._dispatch(func, args, kwargs or {})
+        finally:
+            python.resume()
+
+    def _dispatch(self, func, args, kwargs):
         gpu = self.gpu
-        kwargs = kwargs or {}
         if gpu._deferring and makes_no_storage(func):  # [Note: views while building]
             return func(*args, **kwargs)
         if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
@@ -590,12 +647,17 @@ class _Mode(TorchDispatchMode):
         on_host = pinned or (bool(inputs) and all(s in gpu._host_storages for s in inputs))
         kernel = costs.launches_kernel(func)
         launch = kernel and not on_host
-        gpu.host_op(launch)
         start = gpu.host.now
+        if costs.charges_host(func):
+            gpu.charge("op")
+        if launch:
+            gpu.charge("kernel")
+            if costs.is_gemm(func):
+                gpu.charge("gemm")
         for storage in inputs:  # tensors made before the device was installed
             gpu.track(storage)
         if func in costs.SYNCHRONIZING and not on_host:
-            gpu._current.synchronize()
+            gpu.host.block_until(gpu._current.tail)
         gpu._in_op += 1
         try:
             out = func(*args, **kwargs)
@@ -607,6 +669,11 @@ class _Mode(TorchDispatchMode):
             if kernel:  # the CPU runs it
                 gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
+            outputs = list(_storages(out))
+            if outputs and gpu._events is not None:  # the caching allocator hands out each new one
+                new = sum(1 for storage in outputs if gpu._events.sid_of(storage) is None)
+                if new:
+                    gpu.charge("alloc", new)
             if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
                 host_side = any(s in gpu._host_storages for s in _storages((args, out)))
                 source = args[1] if func is aten.copy_.default else args[0]
@@ -625,5 +692,5 @@ class _Mode(TorchDispatchMode):
                 gpu.host_lead_max_s = lead
         for storage in _storages(out):
             gpu.track(storage)
-        gpu.trace.span("host", func.__name__, start - gpu.host_preset.dispatch_s, gpu.host.now)
+        gpu.trace.span("host", func.__name__, start, gpu.host.now)
         return out

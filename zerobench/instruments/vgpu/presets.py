@@ -30,13 +30,9 @@ table compares with.
   communicator), subtracted from ``memory_bytes`` to give what the allocator may
   reserve ([Note: capacity a process sees] in allocator.py).
 
-A host preset is what the CPU thread pays per operator it dispatches: ``dispatch_s``
-for every operator (Python, the dispatcher, autograd bookkeeping) and ``launch_s`` more
-for one that launches a kernel. PyTorch eager mode costs a few to tens of microseconds
-per operator; ``fast`` and ``slow`` bracket that range. An operator the CPU runs on
-host memory (CPU offload's optimizer step on pinned shards) costs its bytes in and out
-at ``bytes_per_s``, 10 GB/s in both presets: about what one thread of a server CPU
-streams (an assumption; a multi-threaded CPU Adam is faster).
+A host preset is what the CPU thread pays for what it does: host.py ([Note: host
+cost]), where the measured host (``h200-host``) and the two assumed ones (``fast``,
+``slow``: per operator only) are defined.
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zerobench.instruments.vgpu.gemm import shape_factor
+from zerobench.instruments.vgpu.host import HOST_PRESETS, HostPreset, host_preset  # noqa: F401 - their home is host.py
 
 _MiB = 2**20
 _TB = 1e12
@@ -159,24 +156,6 @@ GPU_PRESETS: dict[str, GpuPreset] = {p.name: p for p in (
 )}
 
 
-@dataclass(frozen=True)
-class HostPreset:
-    name: str
-    dispatch_s: float
-    """Host time of every operator the CPU thread dispatches."""
-    launch_s: float
-    """Additional host time of an operator that launches a kernel."""
-    bytes_per_s: float = 10e9
-    """Memory speed of an operator the CPU itself runs on host memory (CPU offload's
-    optimizer step): bytes read plus written per second, one thread's streaming rate."""
-
-
-HOST_PRESETS: dict[str, HostPreset] = {
-    "fast": HostPreset("fast", dispatch_s=2e-6, launch_s=3e-6),
-    "slow": HostPreset("slow", dispatch_s=15e-6, launch_s=10e-6),
-}
-
-
 def _lookup(kind: str, presets: dict, value):
     """``value`` itself if it is a preset, else the preset of that name; a bad name is
     an error naming the allowed ones."""
@@ -206,7 +185,3 @@ def preset_for_device(device_name: str) -> str:
 
 def gpu_preset(name: str | GpuPreset) -> GpuPreset:
     return _lookup("gpu", GPU_PRESETS, name)
-
-
-def host_preset(name: str | HostPreset) -> HostPreset:
-    return _lookup("host", HOST_PRESETS, name)

@@ -30,20 +30,44 @@ _ids = itertools.count(1)
 
 
 class Host:
-    """The CPU thread's clock."""
+    """The CPU thread's clock.
+
+    With Python calls counted ([Note: host cost] in host.py), the calls made since the
+    clock was last read are charged when it is next read: they were made before
+    whatever reads it (an operator, a stream call, a wait), so they come first."""
 
     def __init__(self):
-        self.now = 0.0
+        self._now = 0.0
         # Total time the host spent blocked on the device (synchronize, item, events).
         self.blocked_s = 0.0
+        # (the counter's [count], seconds per call, told (calls, start, end) of each charge)
+        self._python = None
+        self._charged_calls = 0  # the count already charged
+
+    def watch_python(self, calls: list, seconds_per_call: float, charged) -> None:
+        """Charge the Python calls ``calls[0]`` counts from now on (None: stop)."""
+        self._python = (calls, seconds_per_call, charged) if calls is not None else None
+        self._charged_calls = calls[0] if calls is not None else 0
+
+    @property
+    def now(self) -> float:
+        python = self._python
+        if python is not None and python[0][0] != self._charged_calls:
+            calls, per_call, charged = python
+            n = calls[0] - self._charged_calls
+            self._charged_calls = calls[0]
+            start = self._now
+            self._now += n * per_call
+            charged(n, start, self._now)
+        return self._now
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self._now = self.now + seconds
 
     def block_until(self, t: float) -> float:
         """The host waits for device time ``t``; returns how long it waited."""
         waited = max(t - self.now, 0.0)
-        self.now += waited
+        self._now += waited
         self.blocked_s += waited
         return waited
 
@@ -64,12 +88,12 @@ class VStream:
     # -- the torch.cuda.Stream API -------------------------------------------------
 
     def wait_event(self, event: "VEvent") -> None:
-        self.gpu.host_op()
+        self.gpu.charge("wait_event")
         if event.time is not None:
             self.tail = max(self.tail, event.time)
 
     def wait_stream(self, stream: "VStream") -> None:
-        self.gpu.host_op()
+        self.gpu.charge("wait_stream")
         self.tail = max(self.tail, stream.tail, self.gpu.host.now)
 
     def record_event(self, event: "VEvent | None" = None) -> "VEvent":
@@ -78,9 +102,11 @@ class VStream:
         return event
 
     def query(self) -> bool:
+        self.gpu.charge("api_call")
         return self.tail <= self.gpu.host.now
 
     def synchronize(self) -> None:
+        self.gpu.charge("api_call")
         self.gpu.host.block_until(self.tail)
 
     def __eq__(self, other) -> bool:
@@ -114,18 +140,20 @@ class VEvent:
         self.id = next(_ids)
 
     def record(self, stream: VStream | None = None) -> None:
-        stream = stream if stream is not None else self.gpu.current_stream()
-        self.gpu.host_op()
+        stream = stream if stream is not None else self.gpu._current
+        self.gpu.charge("event_record")
         self.stream = stream
         self.time = max(stream.tail, self.gpu.host.now)
 
     def wait(self, stream: VStream | None = None) -> None:
-        (stream if stream is not None else self.gpu.current_stream()).wait_event(self)
+        (stream if stream is not None else self.gpu._current).wait_event(self)
 
     def query(self) -> bool:
+        self.gpu.charge("api_call")
         return self.time is None or self.time <= self.gpu.host.now
 
     def synchronize(self) -> None:
+        self.gpu.charge("api_call")
         if self.time is not None:
             waited = self.gpu.host.block_until(self.time)
             if waited:

@@ -45,7 +45,7 @@ def _with_matrix(workload):
     return dataclasses.replace(workload, matrix=matrix)
 
 
-def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast", link: str = "nvlink4-8gpu",
+def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str | None = None, link: str = "nvlink4-8gpu",
             inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
             matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
             nccl_mib: int | None = None, record_streams: bool = False, progress=None) -> Path:
@@ -55,17 +55,19 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     ``alloc_conf``: caching-allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax;
     ``context_mib`` / ``nccl_mib``: device memory outside the allocator (the CUDA
     context; each NCCL communicator), in place of the preset's; ``record_streams``: as
-    ProcessGroupNCCL did before avoiding record_stream became its default."""
+    ProcessGroupNCCL did before avoiding record_stream became its default. ``host``: a
+    host preset; None: the GPU preset's own, else the measured host (host.py's ``host_for``)."""
     import pandas as pd
 
     from zerobench.instruments.link import resolve_link
     from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
-    from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
+    from zerobench.instruments.vgpu.host import host_for
+    from zerobench.instruments.vgpu.presets import gpu_preset
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.predict.rank import EMULATION_OPTIONS
 
-    for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_preset(host)),
+    for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_for(gpu_preset(gpu), host)),
                           ("--link", lambda: resolve_link(link)),
                           ("--inter-link", lambda: resolve_link(inter_link) if inter_link else None),
                           ("--alloc-conf", lambda: AllocatorConfig.parse(alloc_conf))):
@@ -77,6 +79,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
         if value is not None and value < 0:
             raise ValueError(f"{name}: {value} is not allowed (allowed: ints >= 0)")
     gpu_preset(gpu).with_memory(context_bytes=None if context_mib is None else context_mib * 2**20)
+    host_name = host_for(gpu_preset(gpu), host).name  # what the rows say they ran with
     memory = {"alloc_conf": alloc_conf or "", "context_mib": context_mib, "nccl_mib": nccl_mib,
               "record_streams": record_streams}
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
@@ -124,7 +127,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
             res = results.get((config_id(cell), ws)) or {"status": "skipped",
                                                           "reason": "no result from the predicting process"}
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                         "gpu": gpu, "host": host, "link": links["link"].name or "custom",
+                         "gpu": gpu, "host": host_name, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
                          "node_size": node_size, "alloc_conf": memory["alloc_conf"], **versions(),
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
@@ -143,7 +146,7 @@ def _link_json(link) -> str:
 def _run_jobs(w, jobs, gpu, host, links, node_size, traces: Path, memory: dict, log) -> list[dict]:
     from zerobench.whatif.jobs import run_jobs
 
-    args = ["--gpu", gpu, "--host", host, "--node-size", str(node_size), "--traces", str(traces),
+    args = ["--gpu", gpu, *(["--host", host] if host is not None else []), "--node-size", str(node_size), "--traces", str(traces),
             "--link", _link_json(links["link"]), "--alloc-conf", memory["alloc_conf"]]
     for name in ("context_mib", "nccl_mib"):
         if memory[name] is not None:

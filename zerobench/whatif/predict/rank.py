@@ -20,6 +20,10 @@ zerobench/whatif/jobs.py).
   all-gather output (units of gathered parameters alive at once, freed-but-pending
   ones included);
 * ``host_lead_max_s``: how far the compute stream's queue ran ahead of the host at most;
+* ``host_busy_s``: host time the step's work cost (operators, stream and collective
+  calls, Python calls: [Note: host cost] in zerobench/instruments/vgpu/host.py), its
+  Python calls' share ``host_python_s`` and their number ``host_python_calls``; with
+  ``host_blocked_s`` (waiting for the device) it is the host's whole step;
 * ``comm_<kind>_bytes``, ``comm_<kind>_calls``, ``comm_total_bytes``, ``comm_calls``: the
   measured step's collectives, as the run's memory pass counts them (runs/schema.py).
 * ``tokens_per_s``: this rank's tokens per second; ``tflops_per_gpu`` and ``mfu``: model
@@ -77,18 +81,19 @@ CAPPED_MARGIN = 20 * 2**20
 current_gpu: list = []
 
 
-def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
+def predict_one(w, cell: Cell, gpu, host: str | None, link: Link, inter_link: Link | None, node_size: int,
                 trace_path: Path | None = None, alloc_conf: str | None = None,
                 record_streams: bool = False) -> dict:
     """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
     tensors, a fake process group: warm-up, then one measured step read off the device."""
     from zerobench.instruments.vgpu import VirtualGpu
+    from zerobench.instruments.vgpu.host import host_for
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
     from zerobench.spec.models import samples_to_tokens
 
     started = time.perf_counter()
-    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
+    vgpu = VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link, node_size=node_size,
                       alloc_conf=alloc_conf, record_streams=record_streams)
     current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
@@ -99,9 +104,11 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
         world.reset_peak_memory_stats()
         vgpu.trace.clear()
         blocked = vgpu.host.blocked_s  # the host's waits before the step are not the step's
+        charged = dict(vgpu.host_counts)  # and what the host paid for before it ([Note: host cost])
         with collectives.intercepted(collectives.CommCounter()) as comm:  # bytes and calls of the step
             step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
+        host_counts = {kind: n - charged.get(kind, 0) for kind, n in vgpu.host_counts.items()}
         allocator = session.allocator_metrics()
         extra = engine.extra_metrics()
     if trace_path is not None:
@@ -131,6 +138,9 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
                                 if largest else 0.0),
         "host_lead_max_s": vgpu.host_lead_max_s,
         "host_blocked_s": vgpu.host.blocked_s - blocked,
+        "host_busy_s": vgpu.host_preset.seconds(host_counts),
+        "host_python_s": host_counts.get("python_call", 0) * vgpu.host_preset.python_call_s,
+        "host_python_calls": host_counts.get("python_call", 0),
         **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         **throughput,
@@ -141,7 +151,7 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
     }
 
 
-def run_job(w, job, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
+def run_job(w, job, gpu, host: str | None, link: Link, inter_link: Link | None, node_size: int,
             traces: Path | None = None, alloc_conf: str = "", record_streams: bool = False) -> dict:
     """One job of ``zerobench predict`` (zerobench/whatif/jobs.py): its row, also when the
     cell runs out of the virtual GPU's memory (status ``oom``, with what it needed) or
@@ -173,7 +183,7 @@ def main(argv=None) -> None:
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to predict (zerobench/whatif/jobs.py)")
     parser.add_argument("--gpu", required=True)
-    parser.add_argument("--host", required=True)
+    parser.add_argument("--host", default=None, help="host preset (default: the GPU preset's, else the measured one)")
     parser.add_argument("--link", required=True, help="JSON of the intra-node link")
     parser.add_argument("--inter-link", default=None, help="JSON of the inter-node link")
     parser.add_argument("--node-size", type=int, default=8)

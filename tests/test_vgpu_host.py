@@ -1,0 +1,226 @@
+"""The virtual GPU's host ([Note: host cost] in zerobench/instruments/vgpu/host.py): the
+prices taken from host.json, the one fitted figure and its held-out check, the counter
+of Python calls (what it counts, what it leaves out, that it keeps counting), the host
+clock charged for what was counted, and the host measurement of calibrate on a CPU."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+import torch
+
+from zerobench.instruments.vgpu import VirtualGpu, host
+from zerobench.instruments.vgpu.host import HostPreset, from_measurements
+
+US = 1e-6
+H200 = host.MEASURED["h200-host"]
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    return host.load_measurements(*H200)
+
+
+def _noop():
+    return None
+
+
+def _calls(n: int) -> None:
+    for _ in range(n):
+        _noop()
+
+
+# -- prices ------------------------------------------------------------------------------
+
+
+def test_prices_are_differences_of_measured_calls(measured):
+    """Each price is worked out from two measured calls: x + 1 allocates what x.add_(1)
+    does not; torch.empty is an operator without a kernel that allocates; F.linear is a
+    view and a GEMM."""
+    p = from_measurements(measured)
+    us = {k: v for k, v in measured.items() if k.endswith("_us")}
+    alloc = us["add_out_of_place_us"] - us["add_inplace_us"]
+    dispatch = us["empty_alloc_us"] - alloc
+    launch = us["add_inplace_us"] - dispatch
+    assert p.alloc_s == pytest.approx(alloc * US)
+    assert p.dispatch_s == pytest.approx(dispatch * US)
+    assert p.launch_s == pytest.approx(launch * US)
+    assert p.gemm_s == pytest.approx((us["linear_small_us"] - 2 * dispatch - launch - alloc) * US)
+    assert p.event_record_s == pytest.approx(us["event_record_us"] * US)
+    assert p.wait_stream_s == pytest.approx((us["event_record_us"] + us["wait_event_us"]) * US)
+    assert p.stream_switch_s == pytest.approx(us["stream_ctx_us"] * US)
+    assert p.collective_s == pytest.approx(us["all_gather_1mib_ws1_us"] * US)
+    assert p.collective_wait_s == pytest.approx((us["all_gather_1mib_ws1_async_wait_us"]
+                                                 - us["all_gather_1mib_ws1_us"]) * US)
+    # an eager x + 1 costs what it was measured to cost: one operator, its kernel, its output
+    assert (p.dispatch_s + p.launch_s + p.alloc_s) / US == pytest.approx(us["add_out_of_place_us"])
+
+
+def test_fitted_programs_and_the_held_out_one(measured):
+    """python_call_s is fitted on the plain and fully_shard steps; FSDP1's step, held out,
+    checks the model (its error is documented in docs/vgpu.md)."""
+    report = {r["program"]: r for r in host.fit_report(measured)}
+    assert report["fsdp1_mlp8"]["role"] == "held out"
+    for row in report.values():
+        assert abs(row["error"]) < 0.15, row
+    # the fit moves with the measurements: a host twice as slow in Python doubles the price
+    slower = {**measured, **{f"{p}_step_us": 2 * measured[f"{p}_step_us"] for p in host.FITTED}}
+    assert from_measurements(slower).python_call_s > 2 * from_measurements(measured).python_call_s
+
+
+def test_the_shipped_host_is_built_from_the_h200_measurements(measured):
+    assert host.HOST_PRESETS["h200-host"] == from_measurements(measured, name="h200-host",
+                                                               source="results/gpu/h200-20261126/host.json")
+    assert json.loads(H200[0].read_text())["fsdp1_mlp8_step_us"] == measured["fsdp1_mlp8_step_us"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.pop("event_record_us"), "'event_record_us' is missing"),
+    (lambda m: m.update(add_inplace_us=-1.0), "add_inplace_us -1.0 is not allowed"),
+    (lambda m: m.pop("counts"), "'counts' must give"),
+])
+def test_bad_measurements_are_refused_naming_the_field(measured, change, message):
+    broken = json.loads(json.dumps(measured))
+    change(broken)
+    with pytest.raises(ValueError, match=message):
+        from_measurements(broken)
+
+
+def test_a_preset_refuses_a_negative_price():
+    with pytest.raises(ValueError, match="python_call_s -1e-06 is not allowed"):
+        HostPreset("bad", dispatch_s=1e-6, launch_s=1e-6, python_call_s=-1e-6)
+
+
+def test_a_prediction_runs_on_the_gpu_presets_host_or_the_measured_one():
+    from zerobench.instruments.vgpu.presets import gpu_preset
+
+    assert host.host_for(gpu_preset("h200")).name == "h200-host"
+    assert host.host_for(gpu_preset("h200"), "slow").name == "slow"
+    with pytest.raises(ValueError, match="host must be one of fast, slow, h200-host"):
+        host.host_for(gpu_preset("h200"), "nonsense")
+
+
+# -- the counter of Python calls ---------------------------------------------------------
+
+COUNTING = HostPreset("counting", dispatch_s=0.0, launch_s=0.0, python_call_s=1 * US)
+
+
+def test_python_calls_are_counted_and_charged_before_the_next_operator():
+    """Ten calls of a function of this file, then an operator: the host clock has charged
+    the ten calls (1 us each) when the operator is dispatched, and the trace shows them."""
+    x = torch.ones(4)
+    gpu = VirtualGpu(gpu="h100-sxm", host=COUNTING)
+    with gpu:
+        start = gpu.host.now
+        _calls(10)
+        x.add_(1)
+        elapsed = gpu.host.now - start
+    # _calls, then _noop ten times; nothing else of the program's ran between the two reads
+    assert elapsed == pytest.approx(11 * US)
+    assert gpu.host_counts["python_call"] >= 11
+    assert any(name == "python" and (args or {}).get("calls") == 11 for _, name, _, _, args in gpu.trace.spans)
+
+
+def test_what_only_this_cpu_runs_is_not_counted():
+    """The virtual GPU's own code (and what it calls), the standard library's frames and
+    the garbage collector's pass are no program's work; counting goes on after each."""
+    import fractions
+
+    x = torch.ones(4)
+    gpu = VirtualGpu(gpu="h100-sxm", host=COUNTING)
+    with gpu:
+        calls = gpu.python.calls
+        before = calls[0]
+        for _ in range(20):
+            x.mul_(2)          # dispatched: the modes' Python is paused or skipped
+        gpu.synchronize()      # the virtual GPU's own Python: skipped
+        fractions.Fraction(1, 3)  # the standard library's frames: not counted
+        gc.collect()           # the collector's pass and its finalizers: not counted
+        assert calls[0] == before
+        _calls(5)
+        assert calls[0] == before + 6  # and counting goes on
+        assert gpu.python._depth == 0
+
+
+def test_counting_stops_when_the_device_is_uninstalled():
+    import sys
+
+    previous = sys.getprofile()
+    gpu = VirtualGpu(gpu="h100-sxm", host=COUNTING)
+    with gpu:
+        assert sys.getprofile() is not previous
+    assert sys.getprofile() is previous
+    calls = gpu.python.calls[0]
+    _calls(3)
+    assert gpu.python.calls[0] == calls
+
+
+def test_presets_without_a_python_price_count_nothing():
+    gpu = VirtualGpu(gpu="h100-sxm", host="fast")
+    assert gpu.python is None
+
+
+# -- stream calls at their prices --------------------------------------------------------
+
+
+def test_stream_calls_cost_their_measured_prices():
+    """Event.record, wait_event, wait_stream, a stream switch, record_stream: each at
+    its own price (round numbers, worked by hand)."""
+    toy = HostPreset("toy", dispatch_s=0.0, launch_s=0.0, event_record_s=11 * US, wait_event_s=2 * US,
+                     wait_stream_s=13 * US, stream_switch_s=20 * US, record_stream_s=1 * US)
+    gpu = VirtualGpu(gpu="h100-sxm", host=toy)
+    with gpu:
+        side = gpu.Stream()
+        event = gpu.Event()
+        start = gpu.host.now
+        event.record()                     # 11
+        side.wait_event(event)             # + 2
+        side.wait_stream(gpu.default)      # + 13
+        with gpu.stream(side):             # + 20
+            t = torch.empty(16)
+        t.record_stream(side)              # + 1 (and the empty: 0 here)
+        assert gpu.host.now - start == pytest.approx(47 * US)
+        assert gpu.host_counts["stream_switch"] == 1 and gpu.host_counts["event_record"] == 1
+
+
+# -- the programs and calibrate's host measurement ---------------------------------------
+
+
+def test_the_stored_counts_are_those_of_this_torch():
+    """zerobench/instruments/vgpu/host_counts.json holds what the plain program executes
+    at this torch (regenerate it with ``python -m zerobench.validation.calibrate.host
+    count``); the fitted host depends on it."""
+    from zerobench.validation.calibrate.host import count_programs
+
+    stored = json.loads(H200[1].read_text())
+    assert stored["torch"] == torch.__version__
+    assert count_programs(("plain_mlp8",))["plain_mlp8"] == stored["counts"]["plain_mlp8"]
+
+
+def test_calibrate_measures_the_host_on_a_cpu_and_the_result_builds_a_preset(measured):
+    """The calibrate path on a CPU: every figure host.json has, measured here, and a host
+    preset from them (with the stored counts of the programs)."""
+    from zerobench.validation.calibrate.host import measure
+
+    result = measure("cpu", budget_s=3.0, count=False)
+    for key in (*host.REQUIRED, *(f"{p}_step_us" for p in host.PROGRAMS), *(f"{p}_aten_ops" for p in host.PROGRAMS)):
+        assert key in result, key
+        assert result[key] >= 0, key
+    assert result["plain_mlp8_aten_ops"] == 175  # as the H200 counted it: the same program
+    result["counts"] = measured["counts"]
+    preset = from_measurements(result, name="this-cpu")
+    # (a CPU runs its kernels in the call, so its operators may explain its whole step:
+    # the fitted Python price is then 0, never negative)
+    assert preset.python_call_s >= 0
+    report = host.fit_report(result, preset)
+    assert [r["program"] for r in report] == list(host.PROGRAMS)
+    assert all(r["measured_us"] == result[f"{r['program']}_step_us"] for r in report)
+
+
+@pytest.mark.slow
+def test_every_stored_count_is_that_of_this_torch():
+    from zerobench.validation.calibrate.host import count_programs
+
+    assert count_programs() == json.loads(H200[1].read_text())["counts"]
