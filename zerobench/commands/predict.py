@@ -16,7 +16,8 @@ def arguments(p) -> None:
     from zerobench.instruments.link import PRESETS
 
     p.add_argument("workload", help="workload TOML file or shipped workload name")
-    p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
+    p.add_argument("--world-sizes", default=None,
+                   help="comma-separated (default 8,64; with --against, the run's)")
     p.add_argument("--gpu", default="h100-sxm",
                    help="GPU preset (default h100-sxm; docs/vgpu.md lists them, and so does a wrong name)")
     p.add_argument("--host", default=None,
@@ -37,10 +38,15 @@ def arguments(p) -> None:
     p.add_argument("--nccl-record-streams", action="store_true",
                    help="ProcessGroupNCCL record-streams collective tensors onto its stream, as PyTorch did before "
                         "TORCH_NCCL_AVOID_RECORD_STREAMS became the default (docs/vgpu.md)")
+    p.add_argument("--against", default=None, metavar="RUN",
+                   help="a `zerobench run --profile` folder: predict its traced cells and put each beside its "
+                        "measurement, kernel class by kernel class (against.csv, against.md, plots/against.png; "
+                        "docs/vgpu.md)")
 
 
 def main(args) -> int:
     import time
+    from pathlib import Path
 
     import pandas as pd
 
@@ -48,10 +54,17 @@ def main(args) -> int:
     from zerobench.whatif.predict import format_table, parse_world_sizes, predict
 
     started = time.perf_counter()
+    world_sizes, only = args.world_sizes or "8,64", args.config
+    if args.against is not None:  # its traced cells, unless the options say otherwise; bad input fails here
+        from zerobench.whatif.predict.against import configurations
+
+        configs, sizes = configurations(args.against)
+        world_sizes = args.world_sizes or ",".join(map(str, sizes))
+        only = only or configs
     with Progress(None, "predict") as progress:
-        out_dir = predict(args.workload, parse_world_sizes(args.world_sizes), gpu=args.gpu, host=args.host,
+        out_dir = predict(args.workload, parse_world_sizes(world_sizes), gpu=args.gpu, host=args.host,
                           link=args.link, inter_link=args.inter_link, node_size=args.node_size,
-                          results_root=args.results, matrix=args.matrix, only=args.config,
+                          results_root=args.results, matrix=args.matrix, only=only,
                           alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
                           record_streams=args.nccl_record_streams, progress=progress, log=progress.print)
     frame = pd.read_csv(out_dir / "predict.csv")
@@ -61,6 +74,14 @@ def main(args) -> int:
     print(format_table(frame))
     print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")
     print(f"traces: {out_dir / 'traces'}")
+    if args.against is not None:
+        from zerobench.whatif.predict import against
+
+        frame = against.compare(args.against, out_dir)
+        against.write(frame, out_dir, f"{Path(args.against).name} against its prediction ({args.gpu})")
+        print(f"measured ({args.against}) beside predicted, per step:")
+        print(against.format_against(frame))
+        print(f"against: {out_dir / 'against.csv'}")
     for path in sorted((out_dir / "plots").glob("*.png")):
         print(f"plot: {path}")
     return 0

@@ -1,0 +1,193 @@
+"""``zerobench predict WORKLOAD --against RUN``: a measured run beside its prediction, kernel
+class by kernel class, so a user sees where the real run lost time.
+
+RUN is a ``zerobench run --profile`` folder (traces/<cell>/rank<r>.json.gz, from
+``torch.profiler``; docs/profiling.md); the prediction is the virtual GPU's trace of the
+same cell (predict's traces/<cell>.trace.json.gz). Both are read by the same analysis
+(zerobench/analysis/profiling/kernels.py, [Note: kernel classes in a trace]): per step,
+the busy time of each kernel class (gemm, attention, optimizer, elementwise, copy,
+collective, other), the communication nothing hides (``exposed_comm_s``), the time the
+device did nothing (``host_idle_s``: on a GPU, waiting for its host) and the traced
+step; then the timed step of each (the run's timing pass, unslowed by the profiler,
+and predict's ``step_time_s``). Out come ``against.csv`` (one row per cell and
+quantity: measured, predicted, error), ``against.md`` and ``plots/against.png``.
+
+    python -m zerobench.whatif.predict.against RUN PREDICT_DIR [OUT_DIR]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench.instruments.vgpu.kernel_classes import KERNEL_CLASSES
+
+#: (quantity in the breakdown, its label), in the order of the table and the plot.
+QUANTITIES: tuple[tuple[str, str], ...] = (
+    *((f"{c}_s", c) for c in KERNEL_CLASSES),
+    ("exposed_comm_s", "exposed communication"),
+    ("host_idle_s", "device idle (waiting on the host)"),
+    ("step_s", "step (traced)"),
+    ("step_time_s", "step (timed)"),
+)
+
+
+class AgainstError(ValueError):
+    """A folder ``--against`` cannot use (bad input: the CLI exits 2)."""
+
+
+def run_cells(run_dir: Path, rank: int = 0) -> dict[str, Path]:
+    """cell_id -> the trace of ``rank`` of every traced cell of a run folder; an error
+    naming the folder when it has none (run it with ``--profile``)."""
+    from zerobench.runs.folder import RunFolder
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise AgainstError(f"--against: {run_dir} is not a folder (a `zerobench run --profile` folder)")
+    traces = {cell: path for cell, r, path in RunFolder(run_dir).find_traces() if r == rank}
+    if not traces:
+        raise AgainstError(f"--against: {run_dir} has no traces of rank {rank} "
+                           "(make it with `zerobench run WORKLOAD --profile`)")
+    return traces
+
+
+def configurations(run_dir: Path) -> tuple[list[str], list[int]]:
+    """The configurations (predict's ids: a cell id without its ``-ws<n>``) and world
+    sizes of a run's traced cells."""
+    import re
+
+    configs, sizes = [], []
+    for cell in run_cells(run_dir):
+        m = re.search(r"-ws(\d+)", cell)
+        if m is None:
+            continue
+        configs.append(cell[:m.start()] + cell[m.end():])
+        sizes.append(int(m.group(1)))
+    return list(dict.fromkeys(configs)), sorted(set(sizes))
+
+
+def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
+    """One row per cell (traced in the run and predicted) and quantity (:data:`QUANTITIES`):
+    ``measured_s``, ``predicted_s``, ``error`` (predicted / measured - 1)."""
+    from zerobench.analysis.profiling.kernels import mean_breakdown
+    from zerobench.analysis.profiling.trace import load_trace
+    from zerobench.runs.folder import RunFolder
+
+    predict_dir = Path(predict_dir)
+    if not (predict_dir / "predict.csv").exists():
+        raise AgainstError(f"{predict_dir}: no predict.csv (a `zerobench predict` folder)")
+    predicted = pd.read_csv(predict_dir / "predict.csv")
+    timed = RunFolder(run_dir).results()
+    if "rank" in timed.columns:
+        timed = timed[timed["rank"] == rank]
+    rows = []
+    for cell, path in run_cells(run_dir, rank).items():
+        virtual = predict_dir / "traces" / f"{cell}.trace.json.gz"
+        if not virtual.exists():
+            continue  # not predicted (another configuration or world size)
+        measured, modelled = mean_breakdown(load_trace(path)), mean_breakdown(load_trace(virtual))
+        measured["step_time_s"] = _one(timed[timed["cell_id"] == cell], "step_time_s")
+        modelled["step_time_s"] = _one(predicted[predicted["config"] + "-ws" + predicted["world_size"].astype(str)
+                                                 == _with_ws_last(cell)], "step_time_s")
+        for quantity, label in QUANTITIES:
+            m, p = measured.get(quantity), modelled.get(quantity)
+            rows.append({"cell": cell, "quantity": label, "measured_s": m, "predicted_s": p,
+                         "error": p / m - 1 if m and p is not None and m == m and p == p else None})
+    if not rows:
+        raise AgainstError(f"--against: no cell traced in {run_dir} was predicted in {predict_dir}")
+    return pd.DataFrame(rows)
+
+
+def _one(frame: pd.DataFrame, column: str):
+    return float(frame[column].iloc[0]) if len(frame) and column in frame and pd.notna(frame[column].iloc[0]) else None
+
+
+def _with_ws_last(cell: str) -> str:
+    """``ddp-ws1-fp32-x=y`` -> ``ddp-fp32-x=y-ws1``: predict's config and world size."""
+    import re
+
+    m = re.search(r"-ws(\d+)", cell)
+    return cell if m is None else cell[:m.start()] + cell[m.end():] + m.group(0)
+
+
+def format_against(frame: pd.DataFrame) -> str:
+    """The table: one block per cell, milliseconds per step measured and predicted, and
+    the error. (All of ``--against``'s formatting is here, in one function.)"""
+    def ms(v):
+        return "" if v is None or v != v else f"{v * 1e3:.3f}"
+
+    def pct(v):
+        return "" if v is None or v != v else f"{v:+.0%}"
+
+    lines = ["| cell | ms per step | measured | predicted | error |", "|---|---|---:|---:|---:|"]
+    for cell, rows in frame.groupby("cell", sort=False):
+        for i, r in enumerate(rows.itertuples()):
+            lines.append(f"| {cell if i == 0 else ''} | {r.quantity} | {ms(r.measured_s)} | {ms(r.predicted_s)} "
+                         f"| {pct(r.error)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_against(frame: pd.DataFrame, path: Path, title: str = "") -> Path | None:
+    """One panel per cell: each quantity measured and predicted, ms per step."""
+    from zerobench.analysis.figures import plt, save_figure
+
+    cells = list(dict.fromkeys(frame["cell"]))
+    if not cells:
+        return None
+    labels = [label for _, label in QUANTITIES]
+    columns = min(len(cells), 2)
+    rows_ = (len(cells) + columns - 1) // columns
+    fig, axes = plt.subplots(rows_, columns, figsize=(7 * columns, 0.32 * len(labels) * rows_ + 1.2 * rows_ + 0.6),
+                             squeeze=False)
+    y = list(range(len(labels)))
+    for ax, cell in zip(axes.flat, cells):
+        part = frame[frame["cell"] == cell].set_index("quantity").reindex(labels)
+        ax.barh([v - 0.2 for v in y], part["measured_s"].astype(float).fillna(0) * 1e3, height=0.4,
+                color="tab:gray", label="measured")
+        ax.barh([v + 0.2 for v in y], part["predicted_s"].astype(float).fillna(0) * 1e3, height=0.4,
+                color="tab:blue", label="predicted")
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(cell, fontsize=9)
+        ax.set_xlabel("ms per step")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    for ax in list(axes.flat)[len(cells):]:
+        ax.set_visible(False)
+    fig.suptitle(title or "measured beside predicted, by kernel class", fontsize=10)
+    return save_figure(fig, path)
+
+
+def write(frame: pd.DataFrame, out_dir: Path, title: str = "") -> list[Path]:
+    """against.csv, against.md and plots/against.png in ``out_dir``, each written atomically."""
+    from zerobench.runs.files import write_atomic, write_csv_atomic
+
+    out_dir = Path(out_dir)
+    write_csv_atomic(out_dir / "against.csv", frame)
+    text = format_against(frame)
+    write_atomic(out_dir / "against.md", lambda f: f.write(text))
+    written = [out_dir / "against.csv", out_dir / "against.md"]
+    plot = plot_against(frame, out_dir / "plots" / "against.png", title)
+    return written + ([plot] if plot else [])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3):
+        print("usage: python -m zerobench.whatif.predict.against RUN PREDICT_DIR [OUT_DIR]", file=sys.stderr)
+        return 2
+    run_dir, predict_dir = Path(argv[0]), Path(argv[1])
+    try:
+        frame = compare(run_dir, predict_dir)
+    except (ValueError, OSError) as err:  # AgainstError, a folder that is not a run's
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in write(frame, Path(argv[2]) if len(argv) == 3 else predict_dir, f"{run_dir.name} against {predict_dir.name}"):
+        print(f"wrote {path}")
+    print(format_against(frame))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
