@@ -32,7 +32,13 @@ other instrument's (zerobench/instruments/, which the counter skips with everyth
 they call), fake tensors (torch/_subclasses/), the Python dispatch mode's lookup of
 its rules, imports made on first use, the garbage collector's pass, and the standard
 library's own frames (their callees in torch are counted): Python's version should not
-move a prediction, and ``python_call_s`` is fitted on calls counted the same way.
+move a prediction, and ``python_call_s`` is fitted on calls counted the same way. Nor
+are the Python calls of a prediction's build and warm-up steps
+(``VirtualGpu.python_uncounted``; their operators and stream calls are):
+the first steps of a process run first-call code (caches filled, modules imported)
+whose amount depends on what the process ran before, and the host clock at the start of
+the measured step would move with it (by a rounding only: the step starts after a
+synchronisation, but a figure the gate compares exactly must not move at all).
 
 The prices come from :func:`from_measurements`: a host.json-shaped dict of one host's
 measurements (zerobench/validation/calibrate/host.py measures them; the H200's are in

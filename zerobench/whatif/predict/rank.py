@@ -93,13 +93,16 @@ def predict_one(w, cell: Cell, gpu, host: str | None, link: Link, inter_link: Li
     from zerobench.spec.models import samples_to_tokens
 
     started = time.perf_counter()
-    vgpu = VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link, node_size=node_size,
-                      alloc_conf=alloc_conf, record_streams=record_streams)
+    vgpu = VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link,
+                      node_size=node_size, alloc_conf=alloc_conf, record_streams=record_streams)
     current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
-        session = Session(w, cell, world)
-        engine = session.build()
-        session.warm_up(engine, max(w.run.memory_warmup_steps, 1))
+        # Only the measured step's Python calls are counted, so that it starts the same
+        # whatever the process ran before: [Note: host cost].
+        with vgpu.python_uncounted():
+            session = Session(w, cell, world)
+            engine = session.build()
+            session.warm_up(engine, max(w.run.memory_warmup_steps, 1))
         world.synchronize()
         world.reset_peak_memory_stats()
         vgpu.trace.clear()
