@@ -350,14 +350,11 @@ class VirtualGpu(Layer, Listener):
     def deferred(self):
         """Build and wrap a model as users do on a GPU: see [Note: build as users do]."""
         self._deferring = True
-        if self.python is not None:  # the build is not the step: its Python is not counted
-            self.python.pause()
         try:
-            yield
+            with self.python_uncounted():  # the build is not the step
+                yield
         finally:
             self._deferring = False
-            if self.python is not None:
-                self.python.resume()
 
     @contextlib.contextmanager
     def python_uncounted(self):
