@@ -505,6 +505,33 @@ def test_a_dtensor_operator_is_priced_by_the_local_shard(fake_world):
         assert local_s <= gpu.default.tail - start <= local_s + 0.1 * MS
 
 
+def test_adamw_over_fake_parameters_takes_the_foreach_path_too():
+    """Predict runs on fake tensors, where an engine's flat or plain parameters are
+    FakeTensors, a type torch.optim did not list for its foreach path (fully_shard's
+    DTensors it does): every other engine stepped one parameter at a time, with another
+    kernel count and another optimizer peak than on a GPU. The virtual GPU lists it, and
+    only while installed."""
+    import torch.optim.optimizer as optimizer_module
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def foreach_choice_and_kernels():
+        gpu = toy()
+        with FakeTensorMode(), gpu:
+            params = [nn.Parameter(torch.zeros(1024, 256)) for _ in range(4)]
+            chosen = optimizer_module._default_to_fused_or_foreach(params, differentiable=False)
+            opt = torch.optim.AdamW(params, lr=1e-3)
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            names = [name for lane, name, *_ in gpu.trace.spans if lane == "compute"]
+        return chosen, sum(name.startswith("_foreach_") for name in names)
+
+    chosen, foreach_kernels = foreach_choice_and_kernels()
+    assert chosen == (False, True) and foreach_kernels > 0
+    with FakeTensorMode():  # the virtual GPU gone, torch's own choice again
+        assert optimizer_module._default_to_fused_or_foreach([nn.Parameter(torch.zeros(2))], False) == (False, False)
+
+
 def test_adamw_takes_the_foreach_path_on_the_virtual_gpu_with_the_same_numerics():
     """torch.optim sends device type "cpu" to its single-tensor path; a GPU takes the
     foreach path, so the virtual GPU does too, and the parameters come out the same."""

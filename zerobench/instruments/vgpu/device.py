@@ -438,6 +438,16 @@ class VirtualGpu(Layer, Listener):
 
         supported = optimizer_module._get_foreach_kernels_supported_devices
         patches[(optimizer_module, "_get_foreach_kernels_supported_devices")] = lambda: [*supported(), "cpu"]
+        # It also takes it only for the tensor types it lists, and a parameter made under
+        # fake tensors (as predict runs) is a FakeTensor, not an nn.Parameter: every engine
+        # but fully_shard's (DTensors, which torch lists) stepped one parameter at a time,
+        # with the temporaries of the largest parameter at the optimizer's peak instead of
+        # the foreach path's. So the virtual GPU lists FakeTensor too.
+        import torch.utils._foreach_utils as foreach_utils_module
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        for listed in (optimizer_module._foreach_supported_types, foreach_utils_module._foreach_supported_types):
+            stack.enter_context(_listed(listed, FakeTensor))
         # Operators a GPU fuses into one kernel: [Note: fused on the GPU] in fused.py.
         from zerobench.instruments.vgpu import fused
 
@@ -517,6 +527,19 @@ class VirtualWork:
         self.wait()
         fut.set_result(None)
         return fut
+
+
+@contextlib.contextmanager
+def _listed(items: list, item):
+    """``item`` in the list ``items`` (in place: others hold the same list) while inside."""
+    added = item not in items
+    if added:
+        items.append(item)
+    try:
+        yield
+    finally:
+        if added:
+            items.remove(item)
 
 
 @contextlib.contextmanager
