@@ -357,9 +357,9 @@ def test_unsharded_gradients_in_memory_stay_within_two_units(fake_world, strateg
     gpu = VirtualGpu(link=Link(bandwidth_gbps=0.5, latency_us=10.0), record_streams=record_streams)
     original = FlatParamHandle.take_unsharded_grad
 
-    def take(handle):
+    def take(handle, *args):
         with gpu.label("unsharded_grad"):
-            return original(handle)
+            return original(handle, *args)
 
     with gpu:
         model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(units)])

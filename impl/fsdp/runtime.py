@@ -296,7 +296,7 @@ def post_backward(state: FSDPState) -> None:
             _prefetch_backward(shared, state)
         if not shared.sync_gradients:
             return  # no_sync: the unsharded gradients keep accumulating in each .grad
-        grad = handle.take_unsharded_grad()
+        grad = handle.take_unsharded_grad(unit.reduce_dtype)
         for older_unit, older in shared.pending_reductions:  # See [Note: reductions in flight]
             older_unit.advance_reduction(older)
         _offload_older_reductions(shared)
