@@ -119,22 +119,30 @@ LLAMA_SHAPED = {
 
 
 def _requested_peaks(world_size: int) -> dict[str, int]:
-    """Each engine's peak of requested bytes in the measured step on the virtual GPU: the
-    tensor bytes the program asked for (``requested_bytes.all.peak``), without the
-    caching allocator's rounding, which depends on where blocks happened to split."""
+    """Each engine's peak of requested bytes in a measured step on the virtual GPU (one
+    rank of a fake world, as predict runs it): the tensor bytes the program asked for
+    (``requested_bytes.all.peak``), without the caching allocator's rounding, which
+    depends on where blocks happened to split."""
     from zerobench.instruments.link import resolve_link
+    from zerobench.instruments.vgpu import VirtualGpu
+    from zerobench.rank.session import Session
+    from zerobench.rank.worlds import FakeWorld
     from zerobench.spec.matrix import Cell
     from zerobench.spec.workload import parse_workload
     from zerobench.whatif.cells import configurations
-    from zerobench.whatif.predict import rank
 
     w = parse_workload(LLAMA_SHAPED)
     out = {}
     for c in configurations(w):
-        row = rank.predict_one(w, Cell(c.engine, world_size, c.dtype, c.options), "h200", "fast",
-                               resolve_link("nvlink4-8gpu"), None, 8)
-        assert row["status"] == "ok", row
-        out[c.engine] = rank.current_gpu[-1].allocator.stats["requested_peak"]
+        gpu = VirtualGpu(gpu="h200", link=resolve_link("nvlink4-8gpu"))
+        with FakeWorld(world_size, 0, fake_tensors=True, gpu=gpu) as world:
+            session = Session(w, Cell(c.engine, world_size, c.dtype, c.options), world)
+            engine = session.build()
+            session.warm_up(engine, 1)  # the optimizer's state exists
+            world.synchronize()
+            world.reset_peak_memory_stats()
+            session.measured_step(engine, 1)
+        out[c.engine] = gpu.allocator.stats["requested_peak"]
     return out
 
 
