@@ -44,7 +44,10 @@ def _cell(w, cell_id: str, world_size: int) -> Cell:
     pytest.param("torch-fsdp1-ws2-bf16", 1024, marks=pytest.mark.slow), ("impl-zero2-ws2-fp32", 8)])
 def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
     """The caching-allocator model's allocated peak is the estimator's tensor-byte peak,
-    rounded to 512-byte blocks: within 1 % (and never below it)."""
+    rounded to 512-byte blocks, with cuBLAS's two workspaces on top (the forward's handle
+    and the backward thread's, 32 MiB each on sm90: [Note: cuBLAS workspaces]): within 1 %
+    (and never below it)."""
+    from zerobench.instruments.vgpu.device import cublas_workspace_bytes
     from zerobench.whatif.estimate.rank import estimate_one
     from zerobench.whatif.predict.rank import predict_one
 
@@ -52,7 +55,8 @@ def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
     estimated = estimate_one(quickstart, cell, 0, True)
     predicted = predict_one(quickstart, cell, "h100-sxm", "fast", resolve_link("nvlink4-8gpu"), None, 8)
     assert predicted["status"] == "ok"
-    ratio = predicted["peak_allocated_bytes"] / estimated["peak_mem_bytes"]
+    workspaces = 2 * cublas_workspace_bytes("9.0")
+    ratio = (predicted["peak_allocated_bytes"] - workspaces) / estimated["peak_mem_bytes"]
     assert 1.0 <= ratio < 1.01, (predicted["peak_allocated_bytes"], estimated["peak_mem_bytes"])
     assert predicted["peak_reserved_bytes"] >= predicted["peak_active_bytes"] >= predicted["peak_allocated_bytes"]
     assert predicted["step_time_s"] >= predicted["compute_s"] > 0
@@ -76,7 +80,7 @@ def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
 def test_predict_names_bad_presets_and_configurations(tmp_path):
     from zerobench.whatif.predict import predict
 
-    with pytest.raises(ValueError, match="gpu must be one of h100-sxm, h100-nvl, .*a100-40gb, got 'h800'"):
+    with pytest.raises(ValueError, match="--gpu: gpu must be one of a100-40gb, .*h200, or a preset file .*got 'h800'"):
         predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
     with pytest.raises(ValueError, match=r"--alloc-conf: 'roundup_power2_divisions' is not modelled"):
         predict("workloads/quickstart.toml", [8], alloc_conf="roundup_power2_divisions:4", results_root=tmp_path)
