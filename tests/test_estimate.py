@@ -44,6 +44,7 @@ def test_bad_precision_names_allowed_values():
     (["--rank", "5", "--world-sizes", "2"], r"--rank: 5 is not allowed at world size 2 \(allowed: 0..1\)"),
     (["--rank", "-1", "--world-sizes", "2"], r"--rank: -1 is not allowed"),
     (["--hybrid-shard-size", "0", "--world-sizes", "2"], r"--hybrid-shard-size: 0 is not allowed \(allowed: int >= 1\)"),
+    (["--gpu", "h300", "--world-sizes", "2"], r"--gpu: gpu must be one of a100-40gb, .* or a preset file"),
 ])
 def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, args, message):
     from zerobench.cli import main
@@ -52,6 +53,18 @@ def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, arg
     assert main(["estimate", str(workload), "--results", str(tmp_path), *args]) == 2
     assert re.search(message, capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []  # no result folder for a refused command
+
+
+def test_estimate_on_a_gpu_gives_what_its_allocator_may_reserve():
+    """The card less the CUDA context, and one NCCL communicator where there are other ranks
+    ([Note: capacity a process sees])."""
+    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.whatif.estimate import _capacity
+
+    a100 = gpu_preset("a100-40gb")
+    assert _capacity(a100, 1) == {"gpu": "a100-40gb", "capacity_bytes": (40960 - 512) * 2**20}
+    assert _capacity(a100, 8)["capacity_bytes"] == (40960 - 512 - 688) * 2**20
+    assert _capacity(None, 8) == {}
 
 
 def test_hybrid_shard_group_must_divide_world_size():
@@ -72,9 +85,10 @@ def test_estimate_matches_curated_memory_pass(tmp_path):
     from zerobench.whatif.estimate import against_run, estimate
 
     out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path, log=lambda *_: None,
-                   only=["ddp-fp32", "impl-fsdp-fp32"])
+                   only=["ddp-fp32", "impl-fsdp-fp32"], gpu="a100-40gb")
     frame = pd.read_csv(out / "estimate.csv")
     assert (frame["status"] == "ok").all(), frame["reason"].tolist()
+    assert (frame["gpu"] == "a100-40gb").all() and (frame["capacity_bytes"] == (40960 - 512 - 688) * 2**20).all()
     both = against_run(frame, pd.read_csv("results/baselines/cpu-quickstart/results.csv"))
     assert len(both) == 2
     assert (both["diff_pct"].abs() < 3).all(), both.to_string()

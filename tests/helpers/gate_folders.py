@@ -64,15 +64,15 @@ def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str
     return run_dir
 
 
-def _predict_here(w, jobs, gpu, host, links, node_size, traces, memory, log) -> list[dict]:
+def _predict_here(w, jobs, gpu_file, host, links, node_size, traces, memory, log) -> list[dict]:
     """``zerobench.whatif.predict._run_jobs`` in this process: each job as the predicting
     child runs it (zerobench.whatif.predict.rank.run_job)."""
-    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.instruments.vgpu.presets import load_preset_file
     from zerobench.whatif.predict.rank import run_job
 
-    preset = gpu_preset(gpu)
+    preset = load_preset_file(gpu_file)
     return [run_job(w, job, preset, host, links["link"], links["inter_link"], node_size, None,
-                    memory["alloc_conf"], memory["record_streams"]) for job in jobs]
+                    memory["alloc_conf"], memory["record_streams"], memory["sdpa_backend"]) for job in jobs]
 
 
 def predict_folder(root: Path, workload_path: str | Path, world_sizes: list[int], link: str,

@@ -29,6 +29,9 @@ def arguments(p) -> None:
                    help="run every block of a deep llama/gpt on fake tensors instead of extrapolating from 3 and 4 "
                         "blocks (slower; docs/models.md, depth extrapolation)")
     p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
+    p.add_argument("--gpu", metavar="NAME_OR_FILE",
+                   help="a GPU preset (a shipped name or a file `zerobench calibrate` wrote): each row then says what "
+                        "the caching allocator may reserve on it (capacity_bytes) and whether the peak fits")
     p.add_argument("--against", metavar="RUN",
                    help="a run folder (with the memory pass), or `latest`, to compare the estimates with, per rank")
 
@@ -50,7 +53,7 @@ def main(args) -> int:
         out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank,
                            results_root=args.results, fake_tensors=args.fake_tensors,
                            hybrid_shard_size=args.hybrid_shard_size, only=args.config, backend=args.backend,
-                           full_depth=args.full_depth, progress=progress, log=progress.print)
+                           full_depth=args.full_depth, progress=progress, log=progress.print, gpu=args.gpu)
     frame = pd.read_csv(out_dir / "estimate.csv")
     print("per-rank peak MiB (estimated on a fake process group):")
     print(format_table(frame))
@@ -58,6 +61,13 @@ def main(args) -> int:
         print("model states per rank, GB, in the ZeRO paper's mixed-precision convention "
               "(2 + 2 + K bytes per element):")
         print(format_model_states(frame))
+    if "capacity_bytes" in frame.columns:
+        print(f"on {frame['gpu'].iloc[0]} (tensor peak against what the allocator may reserve; the caching allocator "
+              "rounds and caches on top, which `zerobench predict` models):")
+        for _, r in frame[frame["status"] == "ok"].iterrows():
+            fits = "fits" if r["peak_mem_bytes"] <= r["capacity_bytes"] else "does not fit"
+            print(f"  {r['config']} ws{r['world_size']}: {r['peak_mem_bytes'] / 2**30:.2f} of "
+                  f"{r['capacity_bytes'] / 2**30:.2f} GiB, {fits}")
     print(f"estimate: {out_dir / 'estimate.csv'} ({time.perf_counter() - started:.1f} s)")
     for path in sorted((out_dir / "plots").glob("*.png")):
         print(f"plot: {path}")

@@ -18,8 +18,11 @@ def arguments(p) -> None:
     p.add_argument("workload", help="workload TOML file or shipped workload name")
     p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
     p.add_argument("--gpu", default="h100-sxm",
-                   help="GPU preset (default h100-sxm; docs/vgpu.md lists them, and so does a wrong name)")
-    p.add_argument("--host", default="fast", help="host preset: fast or slow (default fast)")
+                   help="GPU preset: a shipped name (default h100-sxm; docs/vgpu.md lists them, and so does a wrong "
+                        "name) or a preset file, as `zerobench calibrate` writes one")
+    p.add_argument("--host", default=None,
+                   help="host preset: fast or slow (default: the GPU preset's measured host where it has one, "
+                        "else fast)")
     p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
     p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
     p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
@@ -32,6 +35,9 @@ def arguments(p) -> None:
                    help="device memory of the CUDA context, outside the allocator (default: the preset's, 512)")
     p.add_argument("--nccl-mib", type=int, default=None,
                    help="device memory of each NCCL communicator, outside the allocator (default: the preset's, 688)")
+    p.add_argument("--sdpa-backend", default="auto",
+                   help="attention backend: auto (torch's choice for the GPU, dtype and head size; docs/vgpu.md), "
+                        "cudnn, flash, efficient or math")
     p.add_argument("--nccl-record-streams", action="store_true",
                    help="ProcessGroupNCCL record-streams collective tensors onto its stream, as PyTorch did before "
                         "TORCH_NCCL_AVOID_RECORD_STREAMS became the default (docs/vgpu.md)")
@@ -51,9 +57,12 @@ def main(args) -> int:
                           link=args.link, inter_link=args.inter_link, node_size=args.node_size,
                           results_root=args.results, matrix=args.matrix, only=args.config,
                           alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
-                          record_streams=args.nccl_record_streams, progress=progress, log=progress.print)
+                          record_streams=args.nccl_record_streams, sdpa_backend=args.sdpa_backend,
+                          progress=progress, log=progress.print)
     frame = pd.read_csv(out_dir / "predict.csv")
-    print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
+    host = frame["host"].iloc[0] if "host" in frame.columns and len(frame) else args.host
+    print(f"predicted on the virtual GPU ({frame['gpu'].iloc[0] if len(frame) else args.gpu}, {host} host, "
+          f"link {args.link}"
           f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
     print(format_table(frame))
     print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")

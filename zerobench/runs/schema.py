@@ -195,7 +195,7 @@ WHATIF_METRICS: tuple[Metric, ...] = (
            "time", "higher"),
     Metric("outside_allocator_bytes", "B", "predict: device memory outside the caching allocator (the CUDA context "
            "and each NCCL communicator the engine made)", "deterministic"),
-    Metric("capacity_bytes", "B", "predict: what the caching allocator may reserve: the card less "
+    Metric("capacity_bytes", "B", "predict, estimate --gpu: what the caching allocator may reserve: the card less "
            "outside_allocator_bytes", "deterministic", "higher"),
     *(Metric(f"state_{role}_{unit}", u, f"estimate: {role} the engine holds on the rank, distinct storages",
              "deterministic") for role in ("params", "grads", "optim") for unit, u in (("bytes", "B"), ("numel", ""))),

@@ -60,13 +60,15 @@ def _psi(workload) -> int:
 
 def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
              fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl", full_depth: bool = False, progress=None) -> Path:
+             log=print, backend: str = "nccl", full_depth: bool = False, progress=None, gpu=None) -> Path:
     """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
     Every argument is checked before the folder is made. ``progress``: told each
     configuration as it finishes (zerobench.commands.progress.Progress).
     ``backend``: whose own communication buffers to count (zerobench/whatif/estimate/rank.py).
     ``full_depth``: run every block even where the estimate would extrapolate from two
-    shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
+    shallow copies of the model (zerobench/whatif/estimate/depth.py). ``gpu``: a GPU preset
+    (a name or a file): each row then says what its caching allocator may reserve there
+    (``capacity_bytes``, as predict counts it: [Note: capacity a process sees])."""
     import pandas as pd
 
     from zerobench.engines.stages import engine_model_state_bytes, engine_stage, keeps_master_copy, paper_bytes_from_counts
@@ -89,6 +91,14 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
 
     if backend not in BACKENDS:
         raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+    preset = None
+    if gpu is not None:
+        from zerobench.instruments.vgpu.presets import gpu_preset
+
+        try:
+            preset = gpu_preset(gpu)
+        except ValueError as err:
+            raise ValueError(f"--gpu: {err}") from None
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
@@ -158,7 +168,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
                 "paper_analytic_model_states_bytes": paper["total"],
-                **{k: v for k, v in cell.opts.items()}, **res,
+                **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
             })
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "estimate.csv", frame)
@@ -166,6 +176,15 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
 
     plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
     return out_dir
+
+
+def _capacity(preset, world_size: int) -> dict:
+    """What the caching allocator may reserve on ``preset`` at this world size: the card
+    less the CUDA context and, with other ranks, one NCCL communicator (allocator.py)."""
+    if preset is None:
+        return {}
+    outside = preset.context_bytes + (preset.nccl_bytes_per_group if world_size > 1 else 0)
+    return {"gpu": preset.name, "capacity_bytes": preset.memory_bytes - outside}
 
 
 def _extrapolated(w, cell, ws, rank, shallow, a: dict | None, b: dict | None) -> dict:
