@@ -77,6 +77,33 @@ def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
     assert (out / "plots" / "predict.png").exists()
 
 
+def test_predict_takes_a_preset_file_and_keeps_what_it_ran_on(tmp_path):
+    """``--gpu FILE`` (as calibrate writes one): the row names the preset, the folder keeps
+    it as gpu.json with every source, and its measured host is the host unless --host is
+    given. The predicting process reads the resolved preset back, not the name."""
+    import json
+
+    from zerobench.instruments.vgpu.presets import GPU_DIR, gpu_preset, load_preset_file
+    from zerobench.whatif.predict import predict
+
+    mine = json.loads((GPU_DIR / "h200.json").read_text())
+    mine["name"] = "my-h200"
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(mine))
+    out = predict("workloads/quickstart.toml", [2], gpu=str(path), results_root=tmp_path / "a",
+                  only=["impl-fsdp-fp32"], log=lambda *_: None)
+    frame = pd.read_csv(out / "predict.csv")
+    assert frame["gpu"].tolist() == ["my-h200"] and frame["host"].tolist() == ["measured"]
+    assert frame["status"].tolist() == ["ok"]
+    kept = load_preset_file(out / "gpu.json")
+    assert kept == load_preset_file(path) and kept.sources["matmul_efficiency"].startswith("results/gpu/h200")
+    from zerobench.whatif.predict import resolve_devices
+
+    given = resolve_devices(str(path), "fast", "nvlink4-8gpu", None, "", None, None)
+    assert given["host"].name == "fast" and given["gpu"] == gpu_preset(str(path))
+    assert resolve_devices("h100-sxm", None, "nvlink4-8gpu", None, "", None, None)["host"].name == "fast"
+
+
 def test_predict_names_bad_presets_and_configurations(tmp_path):
     from zerobench.whatif.predict import predict
 
@@ -88,6 +115,10 @@ def test_predict_names_bad_presets_and_configurations(tmp_path):
         predict("workloads/quickstart.toml", [8], context_mib=-1, results_root=tmp_path)
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
         predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
+    with pytest.raises(ValueError, match=r"--sdpa-backend: 'fa3' is not allowed \(allowed: auto, cudnn, flash"):
+        predict("workloads/quickstart.toml", [8], sdpa_backend="fa3", results_root=tmp_path)
+    with pytest.raises(ValueError, match="--gpu: gpu preset file missing.json does not exist"):
+        predict("workloads/quickstart.toml", [8], gpu="missing.json", results_root=tmp_path)
     # a --config that names no configuration (here a cell id, with its world size)
     with pytest.raises(ValueError, match=r"--config: 'impl-fsdp-ws2-fp32' is not a configuration .*allowed: ddp-fp32"):
         predict("workloads/quickstart.toml", [8], only=["impl-fsdp-ws2-fp32"], results_root=tmp_path)
