@@ -185,9 +185,9 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
 
 def _overlay(base: GpuPreset, figures: dict) -> GpuPreset:
     """``base`` with the device's own memory, SMs and compute capability (what the fits price on)."""
-    from zerobench.instruments.vgpu.presets import _value
+    from zerobench.instruments.vgpu.presets import figure_value
 
-    changes = {k: _value(k, f["value"]) for k, f in figures.items() if k in ("memory_bytes", "sm_count",
+    changes = {k: figure_value(k, f["value"]) for k, f in figures.items() if k in ("memory_bytes", "sm_count",
                                                                                "compute_capability")}
     return dataclasses.replace(base, **changes) if changes else base
 

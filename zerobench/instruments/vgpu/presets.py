@@ -247,7 +247,7 @@ FIGURES = tuple(f.name for f in dataclasses.fields(GpuPreset)
                 if f.name not in ("name", "description", "sources", "host", "clocks"))
 
 
-def _value(name: str, value):
+def figure_value(name: str, value):
     """A figure's value from its file form into the dataclass's."""
     if name == "peak_flops":
         bad = [k for k in value if k not in DTYPES]
@@ -323,7 +323,7 @@ def load_preset_file(path: Path | str, _seen: tuple = ()) -> GpuPreset:
                    if k != "host"}
     for name, figure in (data.get("figures") or {}).items():
         try:
-            kwargs[name] = _value(name, figure["value"])
+            kwargs[name] = figure_value(name, figure["value"])
         except (TypeError, ValueError) as err:
             raise ValueError(f"{path}: {err}") from None
         sources[name] = figure["source"]
