@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from impl.streams import Streams, accelerator
+from zerobench.instruments import storages
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu import GpuPreset, HostPreset, VirtualGpu
 from zerobench.instruments.vgpu import costs
@@ -149,9 +150,39 @@ def test_record_stream_keeps_a_freed_block_active_until_the_stream_passes_it():
         assert gpu.memory_stats()["active_bytes.all.peak"] == 8 << 20
         del y
         gpu.synchronize()
-        assert gpu.memory_stats()["active_bytes.all.current"] == 0
-        # both came from one 20 MiB segment (y from the remainder of x's split)
+        # As CUDA's caching allocator: it looks at the events of freed blocks only when it
+        # next allocates, not on a synchronisation nor when asked for its statistics
+        # ([Note: virtual caching allocator]; the GPU check's baseline depends on it).
+        assert gpu.memory_stats()["active_bytes.all.current"] == 4 << 20
+        z = torch.empty(2 << 20, dtype=torch.uint8)  # from the same segment, released at this malloc
+        assert gpu.memory_stats()["active_bytes.all.current"] == 2 << 20
+        del z
+        # all came from one 20 MiB segment (y from the remainder of x's split)
         assert gpu.memory_stats()["reserved_bytes.all.current"] == 20 << 20
+
+
+def test_a_storage_an_operator_grows_is_a_new_block_on_the_current_stream():
+    """[Note: storage lifetime]: ``Tensor.set_`` with a size beyond its storage grows the
+    storage itself (on CUDA: a new block of the caching allocator on the current stream),
+    without UntypedStorage.resize_. impl's flat parameters at 37a988a made their
+    unsharded views that way over the freed storage, so every unit held its unsharded
+    buffer from construction until its first forward: 11 and 12 units more reserved on the
+    H200 than the virtual GPU, which did not see it, reported."""
+    gpu = toy()
+    with gpu:
+        side = gpu.Stream()
+        buffer = torch.empty(4 << 20, dtype=torch.uint8)
+        buffer.untyped_storage().resize_(0)
+        assert gpu.memory_stats()["allocated_bytes.all.current"] == 0
+        with gpu.stream(side):
+            view = torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage(), 0, (4 << 20,), (1,))
+        assert buffer.untyped_storage().nbytes() == 4 << 20
+        assert gpu.memory_stats()["allocated_bytes.all.current"] == 4 << 20
+        block = gpu._blocks[storages.current().sid_of(buffer.untyped_storage())]
+        assert block.segment.stream_id == side.id  # allocated on the stream current at set_
+        del view
+        buffer.untyped_storage().resize_(0)
+        assert gpu.memory_stats()["allocated_bytes.all.current"] == 0
 
 
 def test_cached_blocks_are_reused_per_stream_and_empty_cache_returns_segments():

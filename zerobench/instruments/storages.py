@@ -13,7 +13,11 @@ tells every :class:`Listener` that wants the storage:
   when first used), and :meth:`StorageEvents.see` registers one on request;
 * free: a weak reference to the storage reports its death (on whichever thread drops
   the last reference: gloo frees a collective's tensors on its worker thread);
-* resize: ``UntypedStorage.resize_`` is patched;
+* resize: ``UntypedStorage.resize_`` is patched; and a storage an operator resizes
+  itself is seen when the operator returns, its size being checked at every sighting:
+  ``Tensor.set_(storage, offset, size, stride)`` grows a storage too small for ``size``
+  (on CUDA that is a new block of the caching allocator, on the current stream), as
+  does ``Tensor.resize_``;
 * record_stream: ``Tensor.record_stream`` is patched. A listener that stands in for the
   device (the virtual GPU, whose streams a CPU tensor's real ``record_stream`` cannot
   take) says so (``replaces_record_stream``), and the real call is then not made.
@@ -113,7 +117,10 @@ class StorageEvents(TorchDispatchMode):
 
     def see(self, storage) -> int:
         """Register ``storage`` (if new) with every listener that wants it and does not
-        follow it yet; return its id."""
+        follow it yet; return its id. A known storage whose size changed since it was last
+        seen (an operator resized it: see [Note: storage lifetime]) is reported as resized
+        to the listeners that follow it."""
+        resized = None
         with self._lock:
             sid = self._sid_of.get(storage)
             if sid is None:
@@ -121,10 +128,18 @@ class StorageEvents(TorchDispatchMode):
                 self._sid_of[storage] = sid
                 ref = weakref.ref(storage, lambda _ref, sid=sid: self._freed(sid))
                 self._live[sid] = (ref, storage.nbytes(), [])
-            _, nbytes, following = self._live[sid]
+            ref, nbytes, following = self._live[sid]
+            now = storage.nbytes()
+            if now != nbytes:
+                resized = (nbytes, list(following))
+                self._live[sid] = (ref, now, following)
+                nbytes = now
             self._last_use[sid] = self.ops
             new = [lst for lst in self.listeners if lst not in following and lst.wants(storage)]
             following.extend(new)
+        if resized is not None:
+            for listener in resized[1]:
+                listener.on_resize(sid, storage, resized[0], nbytes)
         for listener in new:
             listener.on_new(sid, storage, nbytes)
         return sid
