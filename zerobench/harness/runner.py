@@ -343,8 +343,8 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             record["reference_error"] = reference_error  # why loss_max_abs_diff_ref is empty
         if concurrent:
             record["concurrent_runs"] = list(concurrent)
-    if cell.note:
-        record["note"] = cell.note  # what the engine ignored here (Engine.notes)
+    if cell.note and not record.get("note"):
+        record["note"] = cell.note  # what the engine ignored here (Engine.notes); the ranks' note says more
     write_json_atomic(path, record)
     return record
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from zerobench.engines.base import ran_note
 from zerobench.instruments.memory import measure_exact_step
 from zerobench.rank import devices
 from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
@@ -307,7 +308,10 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         started = time.perf_counter()
         runner = CellRunner(workload, cell, world)
         engine = runner.build()
+        ran = {axis: {"value": value, "why": why} for axis, (value, why) in engine.ran().items()}
         record = runner.timing_pass(engine)
+        if ran:
+            record["ran"] = ran  # See [Note: say what ran] (zerobench/engines/base.py)
         if profile:
             runner.profile_pass(engine, RunFolder(run_dir).trace_path(cell_id, rank))
         del engine
@@ -334,8 +338,13 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
             }
             if harness is not None:  # accepted by the harness, which adds cell_wall_s, or rerun by --resume
                 record["harness_pid"] = harness
-            if cell.note:
-                record["note"] = cell.note  # what the engine ignored here (Engine.notes)
+            ran = gathered[0].get("ran") or {}
+            if ran:
+                record["ran"] = ran
+            # what the engine ignored here (Engine.notes), and what it ran instead (Engine.ran)
+            note = "; ".join(filter(None, (cell.note, ran_note(ran))))
+            if note:
+                record["note"] = note
             write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
 
 
