@@ -212,10 +212,14 @@ def _bin_with(tmp_path, pythons):
 def test_gpu_check_rejects_an_unknown_option_without_making_a_folder(tmp_path):
     proc = _gpu_check(["--bogus", "out"], os.environ["PATH"], tmp_path, env_python=sys.executable)
     assert proc.returncode == 2
-    assert "unknown option --bogus" in proc.stderr and "usage: scripts/gpu-check [--virtual] [OUT_DIR]" in proc.stderr
+    assert "unknown option --bogus" in proc.stderr and "usage: scripts/gpu-check [--quick] [--virtual] [--within SECONDS] [OUT_DIR]" in proc.stderr
     assert not (tmp_path / "--bogus").exists() and not (ROOT / "--bogus").exists()
     proc = _gpu_check(["a", "b"], os.environ["PATH"], tmp_path, env_python=sys.executable)
     assert proc.returncode == 2 and "one OUT_DIR at most" in proc.stderr
+    for bad in (["--within"], ["--within", "0"], ["--within", "soon", "out"]):
+        proc = _gpu_check(bad, os.environ["PATH"], tmp_path, env_python=sys.executable)
+        assert proc.returncode == 2 and "--within needs a whole number of seconds >= 1" in proc.stderr, bad
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
@@ -253,6 +257,94 @@ exec "{sys.executable}" "$@"
     assert steps == ["overlap", "limiter"], summary
     assert "- command: scripts/gpu-check --virtual " in summary and "RESULT: PASS" in summary
     assert json.loads((out / "environment.json").read_text())["device_type"] == "cpu"
+
+
+def _fake_gpu_python(tmp_path, slow: str = ""):
+    """An interpreter for scripts/gpu-check on a machine without a GPU: it answers the
+    script's environment probe as a GPU machine would, logs every ``-m`` step it is asked
+    to run (sleeping 30 s in the one naming ``slow``) and runs everything else (the
+    summary) with this interpreter."""
+    calls = tmp_path / "calls.log"
+    python = tmp_path / "python-gpu"
+    python.write_text(f"""#!/bin/sh
+if [ "$1" = - ] && [ "$3" = gpu ]; then cat > /dev/null; echo '{{"device_type": "cuda"}}' > "$2"; exit 0; fi
+if [ "$1" = -m ]; then
+    echo "$*" >> "{calls}"
+    case "$*" in *"{slow or '@none@'}"*) sleep 30 ;; esac
+    exit 0
+fi
+exec "{sys.executable}" "$@"
+""")
+    python.chmod(0o755)
+    return python, calls
+
+
+def _steps(out: Path) -> list[dict]:
+    summary = json.loads((out / "summary.json").read_text())
+    return [{"name": name, **step} for name, step in summary["steps"].items()]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_runs_the_required_steps_first_within_six_minutes_and_the_gloo_steps_last(tmp_path):
+    """Issue 33 item 3: required steps first, each with a budget it is cut at (printed),
+    their budgets within the 6 minutes; the world-size-1 run profiled; the shared-GPU
+    (gloo) steps last and optional; pytest without the two tests that are steps already."""
+    python, calls = _fake_gpu_python(tmp_path)
+    out = tmp_path / "out"
+    proc = _gpu_check([str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = _steps(out)
+    names = [s["name"] for s in steps]
+    assert names == ["overlap", "limiter", "pytest", "world1-run", "world1", "predict", "predicted-vs-measured",
+                     "gloo-probe", "shared-run", "shared"]
+    summary = (out / "summary.md").read_text()
+    required = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in summary.splitlines()
+                if line.startswith("| ") and "---" not in line and "required" not in line}
+    assert [n for n in names if required[n] == "yes"] == names[:5]  # required first
+    assert all(required[n] == "no" for n in ("gloo-probe", "shared-run", "shared"))
+    assert sum(s["budget_s"] for s in steps if required[s["name"]] == "yes") <= 360 - 10
+    assert json.loads((out / "summary.json").read_text())["deadline_s"] == 360
+    for s in steps:  # each step's budget is printed as it starts
+        assert f"gpu-check: {s['name']} (budget {s['budget_s']} s" in proc.stdout
+    logged = calls.read_text().splitlines()
+    run = next(c for c in logged if "zerobench.cli run workloads/gpu-check.toml" in c)
+    assert "--profile" in run.split() and "--device cuda" in run
+    pytest_call = next(c for c in logged if c.startswith("-m pytest"))
+    assert "--deselect tests/test_cuda.py::test_prefetch_hides_delayed_all_gathers" in pytest_call
+    assert "--deselect tests/test_cuda.py::test_limiter_bounds_peak_memory" in pytest_call
+    assert "gpu-check-shared.toml" in logged[-2] and "probe-gloo" in logged[-3]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_quick_runs_only_the_required_steps_with_two_engines(tmp_path):
+    from zerobench.spec.matrix import expand
+    from zerobench.spec.workload import load_workload
+
+    python, calls = _fake_gpu_python(tmp_path)
+    out = tmp_path / "out"
+    proc = _gpu_check(["--quick", str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [s["name"] for s in _steps(out)] == ["overlap", "limiter", "world1-run", "world1"]
+    assert json.loads((out / "summary.json").read_text())["deadline_s"] == 180
+    run = next(c for c in calls.read_text().splitlines() if "zerobench.cli run" in c).split()
+    assert run.count("--cell") == 2 and "--profile" in run
+    ids = {c.id for c in expand(load_workload(ROOT / "workloads" / "gpu-check.toml"))}
+    assert {run[i + 1] for i, arg in enumerate(run) if arg == "--cell"} <= ids  # cells the workload has
+    assert "- command: scripts/gpu-check --quick " in (out / "summary.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_cuts_a_step_at_the_deadline_and_skips_what_no_longer_fits(tmp_path):
+    python, _ = _fake_gpu_python(tmp_path, slow="overlap")
+    out = tmp_path / "out"
+    begin = time.monotonic()
+    proc = _gpu_check(["--within", "14", str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert time.monotonic() - begin < 25  # the 30 s step was cut
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    results = {s["name"]: s["result"] for s in _steps(out)}
+    assert results["overlap"] == "FAIL (cut at its budget)"
+    assert all(r == "skipped (no time left)" for name, r in results.items() if name != "overlap"), results
+    assert "RESULT: FAIL" in (out / "summary.md").read_text()
 
 
 # -- docs ---------------------------------------------------------------------------------
