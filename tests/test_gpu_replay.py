@@ -49,6 +49,7 @@ def test_replay_refuses_a_folder_without_the_recorded_figures(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "overlap.json" in err and "host.json" in err and "gpu-check/environment.json" in err
     assert replay.main(["--bogus"]) == 2
+    assert replay.main(["--help"]) == 0 and "usage: python -m zerobench.validation.replay" in capsys.readouterr().out
 
 
 def test_rows_are_held_to_their_bars():

@@ -312,10 +312,15 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+USAGE = "usage: python -m zerobench.validation.replay [FOLDER]   (default: results/gpu/h200-20261126)"
+
+
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__.split("\n\n")[1] + "\n\n" + USAGE)
+        return 0
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print("usage: python -m zerobench.validation.replay [FOLDER]   (default: results/gpu/h200-20261126)",
-              file=sys.stderr)
+        print(f"replay: {' '.join(argv)}: one FOLDER at most, and no options\n{USAGE}", file=sys.stderr)
         return 2
     folder = Path(argv[0]) if argv else RECORDED
     missing = [name for name in ("limiter.json", "overlap.json", "host.json", "gpu-check/environment.json")
