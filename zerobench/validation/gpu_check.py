@@ -29,7 +29,12 @@ reproduces (zerobench/validation/replay.py):
   what is allocated before the pass, is what ``limit_all_gathers`` bounds: before each
   all-gather the host blocks on the free event ``depth`` frees back, whose block the
   next ``malloc`` then reuses, so about ``depth`` unit buffers are active at a time.
-  The check's bound is ``depth + 1`` units.
+  The check's bound is ``depth + 1`` units. No NCCL collective touches these buffers
+  (the shard group has one rank: the "all-gather" is a copy on the unshard stream), so
+  how ProcessGroupNCCL keeps a collective's tensors alive (``record_stream`` onto its
+  own stream, or stashed until ``wait()``: [Note: collective tensors] in
+  zerobench/instruments/vgpu/device.py) does not enter this check; in a world of many
+  ranks, where it records them, the NCCL stream's uses join the same pile.
 * The baseline. At 37a988a the check read ``active_bytes`` after ``synchronize()`` as
   its baseline. The blocks the warm-up forward freed were still active then (no
   ``malloc`` had looked at their events), so the baseline held the whole pile already:
