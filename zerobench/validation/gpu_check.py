@@ -48,8 +48,9 @@ reproduces (zerobench/validation/replay.py):
   many unshard-stream segments the allocator ever needs (H200: 1.81 GB reserved with it,
   3.36 GB without), and it costs host time (H200: 202 ms to enqueue the forward with it,
   40 stalls over the warm-up and measured forwards, against 3.4 ms without).
-* Overlap. At 37a988a the host ran far ahead of the device (the H200 enqueued a
-  4 ms-per-unit step in a fraction of that), so every all-gather was issued long before
+* Overlap. At 37a988a the host ran far ahead of the device (the H200's host spent about
+  0.3 ms on a unit, by the limiter check's 3.4 ms for 12, against 4 ms of compute per
+  unit and direction), so every all-gather was issued long before
   its unit computed, prefetch or not: the unshard stream waits only for the sharded
   parameters (``params_ready``), not for compute, and ran every delayed gather ahead of
   the compute that needed it. Prefetch hid 0.985 of the delay and no prefetch 0.981.
