@@ -83,8 +83,9 @@ class FSDPEngine(Engine):
         if strategies == {asked} or len(strategies) != 1:
             return {}
         (strategy,) = strategies
-        return {"sharding_strategy": (strategy, f"impl's FSDP runs NO_SHARD when its shard group has one rank "
-                                                f"(world size {self.ctx.world_size}), as torch's FSDP1 does")}
+        why = (f"impl's FSDP runs NO_SHARD when its shard group has one rank (world size {self.ctx.world_size}), "
+               "as torch's FSDP1 does")
+        return {"sharding_strategy": (strategy, why)}
 
     def _units(self):
         return [m._unit for m in self.module.fsdp_instances() if m._unit is not None]

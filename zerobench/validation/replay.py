@@ -299,8 +299,9 @@ def replay(folder: Path = RECORDED, overlap: bool = True) -> dict:
 
 
 def render(result: dict) -> str:
-    lines = [f"{result['folder']} replayed on the virtual GPU (gpu {result['presets']['gpu']}, "
-             f"host {result['presets']['host']})", ""]
+    title = (f"{result['folder']} replayed on the virtual GPU (gpu {result['presets']['gpu']}, "
+             f"host {result['presets']['host']})")
+    lines = [title, ""]
     lines.append(f"{'figure':<46} {'recorded':>14} {'virtual':>14} {'error':>9} {'bar':>7}")
     for r in result["rows"]:
         error = f"{r['error']:+.1%}" if r["relative"] else f"{r['error']:+.3f}"
