@@ -201,3 +201,65 @@ def test_reading_and_predicting_name_the_option_before_any_work(tmp_path, capsys
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     assert message in capsys.readouterr().err
     assert _nothing_written(tmp_path / "r")
+
+
+# -- typos: "did you mean", with the file, and nothing printed before the error ------------
+
+QUICKSTART = ROOT / "workloads" / "quickstart.toml"
+
+
+@pytest.mark.parametrize("body, message", [
+    ('[matrix]\nengine = ["impl-fdsp"]',
+     "matrix.engine: 'impl-fdsp' is not allowed; did you mean 'impl-fsdp'? (allowed: 'ddp', "),
+    ('[matrix]\nsharding_stratgy = ["FULL_SHARD"]',
+     "unknown key matrix.sharding_stratgy; did you mean matrix.sharding_strategy? (allowed in matrix: "),
+    ('[matrix]\nsharding_strategy = ["FULL_SHRAD"]',
+     "matrix.sharding_strategy: 'FULL_SHRAD' is not allowed; did you mean 'FULL_SHARD'? (allowed: "),
+    ('[matrix]\nengine = ["impl-fsdp"]\nsharding_strategy = ["full_shard"]',
+     "matrix.sharding_strategy: 'full_shard' is not allowed; did you mean 'FULL_SHARD'? (allowed: "),
+    ('[matrix]\nactivation_checkpointing = ["ful"]',
+     "matrix.activation_checkpointing: 'ful' is not allowed; did you mean 'full'? (allowed: "),
+    ('[data]\nstep = 3', "unknown key data.step; did you mean data.steps? (allowed in data: "),
+    ('[optimizer]\nkind = "adamW"', "optimizer.kind: 'adamW' is not allowed; did you mean 'adamw'? (allowed: "),
+    ('[modle]\nwidth = 8', "unknown key modle; did you mean model? (allowed in the top level: "),
+])
+def test_a_typo_names_the_file_and_what_was_meant_before_anything_is_printed(tmp_path, capsys, body, message):
+    """A variant of the quickstart (whose matrix has axes a narrowed engine list drops,
+    each with a note) with one typo: the error alone, naming the file."""
+    path = tmp_path / "typo.toml"
+    path.write_text(f'extends = "{QUICKSTART}"\n{body}\n')
+    for command in ("run", "cells", "estimate", "predict"):
+        assert main([command, str(path), "--results", str(tmp_path / "r")] if command != "cells"
+                    else [command, str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert err.startswith(f"zerobench {command}: error: {path}: {message}"), err
+        assert out == ""  # no note about dropped axes, no progress line
+    assert _nothing_written(tmp_path / "r")
+
+
+def test_a_typo_in_a_workload_name_or_a_cell_id_is_answered(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "quikstart", "--results", str(tmp_path / "r")]) == 2
+    assert "quikstart: no such workload file; did you mean quickstart? (allowed: a path to a TOML file" \
+        in capsys.readouterr().err
+    assert main(["run", "quickstart", "--cell", "impl-fsdp-ws2-fp3", "--results", str(tmp_path / "r")]) == 2
+    assert "--cell: impl-fsdp-ws2-fp3 is not a cell of quickstart; did you mean impl-fsdp-ws2-fp32? (allowed: " \
+        in capsys.readouterr().err
+    assert main(["estimate", "quickstart", "--config", "impl-fsdp-ws2-fp32", "--results", str(tmp_path / "r")]) == 2
+    assert "--config: impl-fsdp-ws2-fp32 is not a configuration of workload 'quickstart'; did you mean " \
+           "impl-fsdp-fp32? (allowed: " in capsys.readouterr().err
+    assert _nothing_written(tmp_path / "r")
+
+
+def test_did_you_mean_suggests_only_what_is_close():
+    from zerobench.choices import closest, did_you_mean, not_allowed
+
+    assert closest("impl-fdsp", ["ddp", "impl-fsdp", "impl-zero1"]) == ["impl-fsdp"]
+    assert closest("full_shard", ["FULL_SHARD", "NO_SHARD"]) == ["FULL_SHARD"]  # case
+    assert closest("FULL", ["FULL_SHARD", "NO_SHARD"]) == ["FULL_SHARD"]  # the start of one
+    assert closest("zero", ["FULL_SHARD", "NO_SHARD"]) == []  # near neither
+    assert closest("lion", ["adam", "adamw", "sgd"]) == []
+    assert closest("ddp", ["ddp", "impl-fsdp"]) == []  # allowed: nothing to suggest
+    assert closest("true", [True, False]) == [True]
+    assert did_you_mean("x", []) == ""
+    assert not_allowed("a.b", "nope", []) == "a.b: 'nope' is not allowed (allowed: none)"

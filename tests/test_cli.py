@@ -93,7 +93,8 @@ def test_a_shipped_workload_is_found_by_name(tmp_path, monkeypatch, capsys):
     assert main(["cells", "fsdp-knobs.toml"]) == 0
     assert main(["cells", "quickstar"]) == 2
     err = capsys.readouterr().err
-    assert "quickstar: no such workload file (allowed: a TOML file, or a shipped workload:" in err
+    assert "quickstar: no such workload file; did you mean quickstart? (allowed: a path to a TOML file, or the " \
+           "name of one in ./workloads/ or " in err
     assert "quickstart" in err and "gpt-small" in err
 
 

@@ -105,8 +105,9 @@ FLOORS = {
     # the command line: one module per subcommand, each calling whichever floor it needs
     "commands": {"validation", "whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
 }
-#: Modules anyone may import: the column vocabulary and atomic writes (no imports of their own).
-LEAVES = {"zerobench.runs.schema", "zerobench.runs.files"}
+#: Modules anyone may import: the column vocabulary, atomic writes and the one "did you mean"
+#: message (no imports of their own).
+LEAVES = {"zerobench.runs.schema", "zerobench.runs.files", "zerobench.choices"}
 #: Modules that build models from a workload, importing whatever factory it names.
 USER_CODE = {"zerobench.spec.models", "zerobench.spec.user_models", "zerobench.spec.data"}
 

@@ -174,7 +174,8 @@ def test_checkpointing_is_an_axis_of_every_engine():
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"preset": "llama4"}, r"model.preset: 'llama4' is not allowed \(allowed: 'llama2-7b', 'llama2-13b', 'llama3-8b', 'llama3-70b'\)"),
+    ({"preset": "llama4"}, r"model.preset: 'llama4' is not allowed; did you mean 'llama3-8b'\? "
+                            r"\(allowed: 'llama2-7b', 'llama2-13b', 'llama3-8b', 'llama3-70b'\)"),
     ({"kv_heads": 3}, r"model.kv_heads: 3 does not divide model.heads=4"),
     ({"heads": 5}, r"model.heads: 5 does not divide model.d_model=32"),
     ({"ffn_hidden": 0}, r"model.ffn_hidden: 0 is not allowed \(allowed: int from 1 to 2\*\*63 - 1\)"),

@@ -85,7 +85,7 @@ def test_predict_names_bad_presets_and_configurations(tmp_path):
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
         predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
     # a --config that names no configuration (here a cell id, with its world size)
-    with pytest.raises(ValueError, match=r"--config: 'impl-fsdp-ws2-fp32' is not a configuration .*allowed: ddp-fp32"):
+    with pytest.raises(ValueError, match=r"--config: impl-fsdp-ws2-fp32 is not a configuration .*allowed: ddp-fp32"):
         predict("workloads/quickstart.toml", [8], only=["impl-fsdp-ws2-fp32"], results_root=tmp_path)
     assert not any(tmp_path.iterdir())  # and no empty results folder is left behind
 

@@ -16,9 +16,10 @@ def main(args) -> int:
     from zerobench.spec.workload import load_workload
 
     workload = load_workload(args.workload)
+    cells = expand(workload)  # a matrix that is refused is refused before any note
     for note in matrix_notes(workload):
         print(f"# note: {note}")
-    for cell in expand(workload):
+    for cell in cells:
         note = f"   # skipped: {cell.skip_reason}" if cell.skip_reason else ""
         note += f"   # note: {cell.note}" if cell.note else ""
         print(f"{cell.id}{note}")

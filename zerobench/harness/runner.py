@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rich.text import Text
 
+from zerobench.choices import not_allowed
 from zerobench.harness import active
 
 from zerobench.rank import devices
@@ -172,23 +173,24 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
         workload = load_workload(workload_path)
-    for note in matrix_notes(workload):
-        console.print(Text(f"note: {note}"))
-    check_user_model(workload.model, workload.data.batch_size, workload.data.seed)  # its errors before any folder
     device_type = devices.device_type(device)
+    all_cells = expand(workload, device_type)  # a matrix that is refused is refused before any note
+    notes = matrix_notes(workload)
+    check_user_model(workload.model, workload.data.batch_size, workload.data.seed)  # its errors before any folder
     if device_type == "cuda":
         try:
             devices.choose(device, 0, 1)
         except devices.DeviceError as err:
             raise RunSetupError(str(err)) from None
-    all_cells = expand(workload, device_type)
     cells = all_cells
     if only:
-        known = {c.id for c in cells}
+        known = [c.id for c in cells]
         unknown = [c for c in only if c not in known]
         if unknown:
-            raise ValueError(f"--cell: {unknown[0]!r} is not a cell of {workload.name} (cells: {', '.join(sorted(known))})")
+            raise ValueError(not_allowed("--cell", unknown[0], known, show=str, what=f"is not a cell of {workload.name}"))
         cells = [c for c in cells if c.id in only]
+    for note in notes:
+        console.print(Text(f"note: {note}"))
     if resume is not None:
         folder = RunFolder(run_dir)
         try:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from zerobench.choices import did_you_mean, not_allowed, unknown_key
+
 __all__ = ["WorkloadError", "Workload", "load_workload", "parse_workload"]
 
 
@@ -145,7 +147,7 @@ LOSS_DTYPES = ("model", "fp32")
 
 def _check_loss_dtype(value) -> None:
     if value not in LOSS_DTYPES:
-        raise WorkloadError(f"model.loss_dtype: {value!r} is not allowed (allowed: {', '.join(map(repr, LOSS_DTYPES))})")
+        raise WorkloadError(not_allowed("model.loss_dtype", value, LOSS_DTYPES))
 
 
 #: Keys of ``[model]`` that a user model (``factory``) does not receive as keyword arguments.
@@ -285,8 +287,7 @@ class OptimizerConfig:
 
     def check(self) -> None:
         if self.no_decay not in ("none", "norms_and_biases"):
-            raise WorkloadError(f"optimizer.no_decay: {self.no_decay!r} is not allowed "
-                                "(allowed: \"none\", \"norms_and_biases\")")
+            raise WorkloadError(not_allowed("optimizer.no_decay", self.no_decay, ("none", "norms_and_biases")))
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise WorkloadError(f"optimizer.lr: {self.lr} is not allowed (allowed: a finite float > 0)")
         for name in ("weight_decay", "eps"):
@@ -389,8 +390,10 @@ def find_workload(text: str | Path) -> Path:
         for folder in (Path("workloads"), SHIPPED_WORKLOADS):
             if (folder / f"{stem}.toml").is_file():
                 return folder / f"{stem}.toml"
-    raise WorkloadError(f"{text}: no such workload file (allowed: a TOML file, or a shipped workload: "
-                        f"{', '.join(shipped_workloads()) or 'none found'})")
+    names = sorted({p.stem for folder in (Path("workloads"), SHIPPED_WORKLOADS) for p in folder.glob("*.toml")})
+    found = did_you_mean(Path(str(text)).name.removesuffix(".toml"), names, show=str)
+    raise WorkloadError(f"{text}: no such workload file{found} (allowed: a path to a TOML file, or the name of one "
+                        f"in ./workloads/ or {SHIPPED_WORKLOADS}/: {', '.join(names) or 'none found'})")
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -410,8 +413,8 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
     """Validate a workload given as a dict (as read from TOML, ``extends`` resolved)."""
     raw = dict(raw)
     raw.pop("extends", None)
-    _no_unknown_keys("", raw, {"name", "description", "seed", "model", "data", "optimizer", "run", "matrix"})
     try:
+        _no_unknown_keys("", raw, {"name", "description", "seed", "model", "data", "optimizer", "run", "matrix"})
         model = _parse_model(dict(_table("model", raw.get("model", {}))), source)
         data = _build("data", DataConfig, _table("data", raw.get("data", {})))
         _dimension("data.batch_size", data.batch_size)
@@ -444,7 +447,7 @@ def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
         raw.setdefault("kind", "factory")
     kind = raw.get("kind", "mlp")
     if kind not in MODEL_KINDS:
-        raise WorkloadError(f"model.kind: {kind!r} is not allowed (allowed: {', '.join(map(repr, MODEL_KINDS))})")
+        raise WorkloadError(not_allowed("model.kind", kind, MODEL_KINDS))
     if kind == "factory":
         extra = {k: v for k, v in raw.items() if k not in (*FACTORY_RESERVED, "kind")}
         raw = {k: v for k, v in raw.items() if k in (*FACTORY_RESERVED, "kind")}
@@ -452,8 +455,7 @@ def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
     elif kind == "llama" and raw.get("preset", "") != "":
         preset = raw["preset"]
         if preset not in LLAMA_PRESETS:
-            raise WorkloadError(f"model.preset: {preset!r} is not allowed "
-                                f"(allowed: {', '.join(map(repr, LLAMA_PRESETS))})")
+            raise WorkloadError(not_allowed("model.preset", preset, LLAMA_PRESETS))
         raw = {**LLAMA_PRESETS[preset], **raw}
     elif kind == "hf" and isinstance(raw.get("config"), str) and raw["config"]:
         # relative to the workload file, as ``extends`` is; absolute afterwards so every rank finds it
@@ -545,7 +547,7 @@ def _parse_matrix(raw: dict[str, Any]) -> dict[str, list]:
             raise WorkloadError(f"matrix.world_size: {ws} is not allowed (allowed: int >= 1)")
     for dt in matrix["dtype"]:
         if dt not in DTYPES:
-            raise WorkloadError(f"matrix.dtype: {dt!r} is not allowed (allowed: {', '.join(map(repr, DTYPES))})")
+            raise WorkloadError(not_allowed("matrix.dtype", dt, DTYPES))
     # Engine names and engine-specific axes are checked against the engine registry
     # when the matrix is expanded (zerobench.spec.matrix), which knows every engine's axes.
     return matrix
@@ -572,7 +574,7 @@ def _coerce(name: str, value: Any, hint) -> Any:
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise WorkloadError(f"{name}: {value!r} is not allowed (allowed: {', '.join(map(repr, allowed))})")
+            raise WorkloadError(not_allowed(name, value, allowed))
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -594,9 +596,7 @@ def _no_unknown_keys(prefix: str, raw: dict[str, Any], allowed: set[str]) -> Non
     unknown = sorted(set(raw) - allowed)
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise WorkloadError(
-            f"unknown key {where}{unknown[0]} (allowed in {prefix or 'the top level'}: {', '.join(sorted(allowed))})"
-        )
+        raise WorkloadError(unknown_key(f"{where}{unknown[0]}", allowed, prefix or "the top level"))
 
 
 def _check_optimizer_keys(kind: str, raw: dict[str, Any]) -> None:

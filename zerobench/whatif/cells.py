@@ -55,8 +55,10 @@ def select_configurations(w, only=None, world_sizes=(2,)) -> list:
     ids = [config_id(c) for c in cells]
     unknown = [i for i in only if i not in ids]
     if unknown:
-        raise ValueError(f"--config: {', '.join(map(repr, unknown))} is not a configuration of workload {w.name!r} "
-                         f"(allowed: {', '.join(ids)})")
+        from zerobench.choices import not_allowed
+
+        raise ValueError(not_allowed("--config", unknown[0], ids, show=str,
+                                     what=f"is not a configuration of workload {w.name!r}"))
     return [c for c, i in zip(cells, ids) if i in only]
 
 
