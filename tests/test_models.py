@@ -222,7 +222,7 @@ def test_factory_model_builds_with_its_units_batches_and_loss(user_module):
     ({"factory": "toy_factory:not_a_module", "wrap": ["X"], "vocab": 8, "seq_len": 4},
      r"model.factory: toy_factory:not_a_module returned dict, not a torch.nn.Module"),
     ({"factory": "toy_factory:build", "wrap": ["Block"], "vocab": 8, "seq_len": 4},
-     r"model.wrap: no module of class 'Block' in the model \(its module classes: .*ToyBlock"),
+     r"model.wrap: 'Block' is the class of no module of the model; did you mean 'ToyBlock'\? \(allowed: .*ToyBlock"),
 ])
 def test_factory_errors_name_the_key(user_module, model, match):
     cfg = parse_workload({"model": model}).model

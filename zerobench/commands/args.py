@@ -26,6 +26,14 @@ class ArgumentError(ValueError):
     """A command-line value that cannot be used; the message names the option and what is allowed."""
 
 
+def add_overrides(p) -> None:
+    """``--set KEY=VALUE``, repeatable: a field of the workload changed without editing its
+    file ([Note: overrides] in zerobench/spec/workload.py)."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="change a field of the workload, validated as the file is, e.g. --set data.steps=20 "
+                        "--set matrix.engine=ddp,impl-fsdp (repeatable; commas make a list)")
+
+
 def newest_folder(root: Path, kinds=tuple(FOLDER_KINDS)) -> Path | None:
     """The newest folder directly under ``root`` of one of ``kinds`` ([Note: latest])."""
     try:
@@ -60,6 +68,23 @@ def results_root(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path is not allowed (allowed: a folder, default results)")
     return Path(text)
+
+
+def check_results_folder(path: Path, option: str = "--results") -> None:
+    """ArgumentError naming ``option`` when result folders cannot be made under ``path``
+    (a file there, or no write permission): checked before any work."""
+    import os
+
+    if path.exists() and not path.is_dir():
+        raise ArgumentError(f"{option}: {path} is not a folder (allowed: a folder to make result folders in, "
+                            f"default {DEFAULT_RESULTS})")
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the first existing ancestor: the folders below it will be made
+    if not parent.is_dir():
+        raise ArgumentError(f"{option}: {parent} is not a folder, so {path} cannot be made")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArgumentError(f"{option}: {parent} is not writable, so no result folder can be made in {path}")
 
 
 def output_file(text: str) -> Path:

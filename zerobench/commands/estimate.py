@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from zerobench.commands.args import DEFAULT_RESULTS, resolve_folder, results_root
+from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, resolve_folder, results_root
 
 HELP = "per-rank peak memory of each engine at any world size, on a fake process group"
 
 
 def arguments(p) -> None:
     p.add_argument("workload", help="workload TOML file or shipped workload name")
+    add_overrides(p)
     p.add_argument("--world-sizes", default="8,64,1024", help="comma-separated world sizes (default: 8,64,1024)")
     p.add_argument("--rank", type=int, default=0, help="the rank to run (default 0)")
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS, help="folder of result folders")
@@ -34,6 +35,7 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    check_results_folder(args.results)
     against = resolve_folder(args.against, "--against") if args.against else None
 
     import time
@@ -50,7 +52,7 @@ def main(args) -> int:
         out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank,
                            results_root=args.results, fake_tensors=args.fake_tensors,
                            hybrid_shard_size=args.hybrid_shard_size, only=args.config, backend=args.backend,
-                           full_depth=args.full_depth, progress=progress, log=progress.print)
+                           full_depth=args.full_depth, progress=progress, log=progress.print, overrides=args.overrides)
     frame = pd.read_csv(out_dir / "estimate.csv")
     print("per-rank peak MiB (estimated on a fake process group):")
     print(format_table(frame))

@@ -7,7 +7,7 @@ trace per cell and plots. Nothing is measured: these are a model's predictions.
 
 from __future__ import annotations
 
-from zerobench.commands.args import DEFAULT_RESULTS, results_root
+from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, results_root
 
 HELP = "step time, overlap and allocator peaks of each engine on a virtual GPU"
 
@@ -16,6 +16,7 @@ def arguments(p) -> None:
     from zerobench.instruments.link import PRESETS
 
     p.add_argument("workload", help="workload TOML file or shipped workload name")
+    add_overrides(p)
     p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
     p.add_argument("--gpu", default="h100-sxm",
                    help="GPU preset (default h100-sxm; docs/vgpu.md lists them, and so does a wrong name)")
@@ -38,6 +39,8 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    check_results_folder(args.results)
+
     import time
 
     import pandas as pd
@@ -51,7 +54,8 @@ def main(args) -> int:
                           link=args.link, inter_link=args.inter_link, node_size=args.node_size,
                           results_root=args.results, matrix=args.matrix, only=args.config,
                           alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
-                          record_streams=args.nccl_record_streams, progress=progress, log=progress.print)
+                          record_streams=args.nccl_record_streams, progress=progress, log=progress.print,
+                          overrides=args.overrides)
     frame = pd.read_csv(out_dir / "predict.csv")
     print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
           f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")

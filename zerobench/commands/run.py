@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zerobench.commands.args import DEFAULT_RESULTS, ArgumentError, resolve_folder, results_root
+from zerobench.commands.args import (DEFAULT_RESULTS, ArgumentError, add_overrides, check_results_folder,
+                                     resolve_folder, results_root)
 
 HELP = "run a workload's matrix (default: the shipped quickstart)"
 DEFAULT_WORKLOAD = "quickstart"
@@ -19,6 +20,7 @@ DEFAULT_WORKLOAD = "quickstart"
 def arguments(p) -> None:
     p.add_argument("workload", nargs="?", default=None,
                    help=f"workload TOML file or shipped workload name (default: {DEFAULT_WORKLOAD})")
+    add_overrides(p)
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
                    help="folder of run folders (default: results)")
     p.add_argument("--resume", metavar="RUN",
@@ -40,7 +42,12 @@ def main(args) -> int:
         if args.workload is not None:
             raise ArgumentError(f"--resume {args.resume}: the run's workload is its workload.json; "
                                 f"leave out WORKLOAD ({args.workload}) (allowed: `zerobench run --resume RUN`)")
+        if args.overrides:
+            raise ArgumentError(f"--resume {args.resume}: the run's workload is its workload.json; leave out "
+                                f"--set {args.overrides[0]} (allowed: `zerobench run --resume RUN`)")
         resume = resolve_folder(args.resume, "--resume", results=args.results)
+    else:
+        check_results_folder(args.results)
 
     from rich.text import Text
 
@@ -52,7 +59,7 @@ def main(args) -> int:
     try:
         run_dir = run_matrix(args.workload or DEFAULT_WORKLOAD, results_root=args.results, resume=resume,
                              only=args.cell, profile=args.profile, device=args.device,
-                             prepare_only=args.prepare_only, console=console)
+                             prepare_only=args.prepare_only, console=console, overrides=args.overrides)
     except Interrupted as stop:
         counts = cell_counts(stop.run_dir)
         console.print(Text(f"interrupted: {counts_line(counts)} so far; the ranks of the cell in flight were "

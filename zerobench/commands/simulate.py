@@ -6,7 +6,7 @@ heatmap per cell (knob setting x link bandwidth). Pure Python: no torch.
 
 from __future__ import annotations
 
-from zerobench.commands.args import resolve_folder
+from zerobench.commands.args import ArgumentError, resolve_folder
 
 HELP = "predict step time / exposed comm of a profiled run's cells on another link, world size or device speed"
 
@@ -33,6 +33,8 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    import math
+
     run = resolve_folder(args.run, "RUN")
 
     import pandas as pd
@@ -41,15 +43,21 @@ def main(args) -> int:
     from zerobench.whatif.simulate.run import simulate_run, tag
     from zerobench.whatif.simulate.validate import validation_summary
 
+    for option, value, low, allowed in (("--gbps", args.gbps, 0, "a finite number > 0"),
+                                        ("--latency-us", args.latency_us, None, "a finite number >= 0"),
+                                        ("--compute-scale", args.compute_scale, 0, "a finite number > 0")):
+        if value is not None and not (math.isfinite(value) and (value > low if low is not None else value >= 0)):
+            raise ArgumentError(f"{option}: {value} is not allowed (allowed: {allowed})")
+    if args.latency_us is not None and not (args.link or args.gbps is not None):
+        raise ArgumentError(f"--latency-us {args.latency_us}: a latency needs a link (allowed: with --link PRESET or "
+                            f"--gbps N)")
+    for ws in args.world_sizes or []:
+        if ws < 1:
+            raise ArgumentError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
     link = None
     if args.link or args.gbps is not None:
         link = resolve_link(args.link, args.gbps, args.latency_us)
     inter = resolve_link(args.inter_link) if args.inter_link else None
-    for ws in args.world_sizes or []:
-        if ws < 1:
-            raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
-    if not args.compute_scale > 0:
-        raise ValueError(f"--compute-scale: must be > 0, got {args.compute_scale}")
     pred, mat = simulate_run(run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,
                              plots=not args.no_plots, inter_link=inter, async_collectives=args.async_collectives,
                              cross=args.cross)

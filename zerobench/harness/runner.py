@@ -98,6 +98,7 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "cells": [c.id for c in cells],
+        "overrides": list(workload.overrides),  # --set KEY=VALUE as given; workload.json holds their result
         "concurrent_runs": active.others(),  # other zerobench runs on this machine: contended timings
         "devices": devices.environment(device),  # versions, CUDA_VISIBLE_DEVICES, NCCL_*, threads
         "context": {
@@ -154,10 +155,11 @@ def _cpu_count() -> int:
 
 def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"), resume: Path | None = None,
                only: list[str] | None = None, profile: bool = False, device: str = "auto",
-               prepare_only: bool = False, console: Console | None = None) -> Path:
+               prepare_only: bool = False, console: Console | None = None, overrides=()) -> Path:
     """Run every cell of the workload (or the ``only`` ones); return the run folder.
     With ``prepare_only``, write the run folder and list the cells without running them
-    (for launching each cell under torchrun yourself).
+    (for launching each cell under torchrun yourself). ``overrides``: ``--set KEY=VALUE``
+    applied to the workload file ([Note: overrides] in zerobench/spec/workload.py).
 
     Everything that can be refused is checked before anything is written: a command
     that fails leaves no new folder, and a failed ``--resume`` leaves meta.json as it was."""
@@ -172,11 +174,12 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
         if not os.access(run_dir, os.W_OK):
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
-        workload = load_workload(workload_path)
+        workload = load_workload(workload_path, overrides)
     device_type = devices.device_type(device)
     all_cells = expand(workload, device_type)  # a matrix that is refused is refused before any note
     notes = matrix_notes(workload)
-    check_user_model(workload.model, workload.data.batch_size, workload.data.seed)  # its errors before any folder
+    check_user_model(workload.model, workload.data.batch_size, workload.data.seed,
+                     label=workload.label)  # its errors before any folder
     if device_type == "cuda":
         try:
             devices.choose(device, 0, 1)

@@ -124,9 +124,9 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
 
 
 def _in_file(workload: Workload, message: str) -> str:
-    """``message`` prefixed with the workload's file, as parse_workload's errors are."""
-    source = workload.source or "<dict>"
-    return message if message.startswith(f"{source}: ") else f"{source}: {message}"
+    """``message`` prefixed with the workload's file and overrides, as parse_workload's errors are."""
+    label = workload.label
+    return message if message.startswith(f"{label}: ") else f"{label}: {message}"
 
 
 def _check_engines(workload: Workload) -> None:

@@ -18,6 +18,8 @@ def parse_world_sizes(text: str) -> list[int]:
             raise ValueError(f"--world-sizes: {part!r} is not allowed (allowed: comma-separated ints >= 1)") from None
         if ws < 1:
             raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
+        if ws in out:
+            raise ValueError(f"--world-sizes: {ws} is repeated (allowed: each world size once)")
         out.append(ws)
     return out
 

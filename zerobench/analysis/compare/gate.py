@@ -56,6 +56,7 @@ import pandas as pd
 from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL,
                                               Rule, default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
 from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
+from zerobench.choices import did_you_mean
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME, METRICS
 
@@ -194,7 +195,8 @@ def select_cells(run: RunTables, patterns: Sequence[str]) -> RunTables:
     for pattern in wanted:
         hits = fnmatch.filter(ids, pattern)
         if not hits:
-            raise ValueError(f"--cells: {pattern!r} matches no cell of {run.path} (cells: {', '.join(ids)})")
+            raise ValueError(f"--cells: {pattern!r} matches no cell of {run.path}{did_you_mean(pattern, ids, show=str)} "
+                             f"(cells: {', '.join(ids)})")
         keep.update(hits)
     results = run.results[run.results["cell_id"].isin(keep)].reset_index(drop=True)
     steps = None if run.steps is None else run.steps[run.steps["cell_id"].isin(keep)].reset_index(drop=True)

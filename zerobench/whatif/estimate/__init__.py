@@ -60,13 +60,15 @@ def _psi(workload) -> int:
 
 def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
              fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl", full_depth: bool = False, progress=None) -> Path:
+             log=print, backend: str = "nccl", full_depth: bool = False, progress=None,
+             overrides=()) -> Path:
     """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
     Every argument is checked before the folder is made. ``progress``: told each
     configuration as it finishes (zerobench.commands.progress.Progress).
     ``backend``: whose own communication buffers to count (zerobench/whatif/estimate/rank.py).
     ``full_depth``: run every block even where the estimate would extrapolate from two
-    shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
+    shallow copies of the model (zerobench/whatif/estimate/depth.py). ``overrides``: ``--set
+    KEY=VALUE`` applied to the workload file ([Note: overrides] in zerobench/spec/workload.py)."""
     import pandas as pd
 
     from zerobench.engines.stages import engine_model_state_bytes, engine_stage, keeps_master_copy, paper_bytes_from_counts
@@ -74,10 +76,11 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.estimate import depth
 
-    w = load_workload(workload_path)
+    w = load_workload(workload_path, overrides)
     from zerobench.spec.user_check import check_user_model
 
-    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
+    # the user's code fails here, not in a rank
+    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if rank < 0:
         raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")

@@ -48,14 +48,16 @@ def _with_matrix(workload):
 def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast", link: str = "nvlink4-8gpu",
             inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
             matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
-            nccl_mib: int | None = None, record_streams: bool = False, progress=None) -> Path:
+            nccl_mib: int | None = None, record_streams: bool = False, progress=None,
+            overrides=()) -> Path:
     """Predict every configuration of the workload at ``world_sizes``; returns the folder.
     Every argument is checked before the folder is made. ``progress``: told each cell as
     it finishes (zerobench.commands.progress.Progress).
     ``alloc_conf``: caching-allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax;
     ``context_mib`` / ``nccl_mib``: device memory outside the allocator (the CUDA
     context; each NCCL communicator), in place of the preset's; ``record_streams``: as
-    ProcessGroupNCCL did before avoiding record_stream became its default."""
+    ProcessGroupNCCL did before avoiding record_stream became its default. ``overrides``: ``--set
+    KEY=VALUE`` applied to the workload file ([Note: overrides] in zerobench/spec/workload.py)."""
     import pandas as pd
 
     from zerobench.instruments.link import resolve_link
@@ -82,10 +84,11 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
-    w = load_workload(workload_path)
+    w = load_workload(workload_path, overrides)
     from zerobench.spec.user_check import check_user_model
 
-    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
+    # the user's code fails here, not in a rank
+    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)

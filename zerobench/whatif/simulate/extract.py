@@ -277,6 +277,14 @@ def load_schedules(run_dir, cells: list[str] | None = None) -> dict[str, Schedul
     run_dir = Path(run_dir)
     folder = run_dir / "schedules"
     have = {p.name[:-5]: p for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+    if cells:
+        known = sorted(set(have) | {c for c, _, _ in find_traces(run_dir)})
+        unknown = [c for c in cells if c not in known]
+        if unknown:
+            from zerobench.choices import not_allowed
+
+            raise ValueError(not_allowed("--cell", unknown[0], known, show=str,
+                                         what=f"is not a profiled cell of {run_dir}"))
     if not have or (cells and not set(cells) <= set(have)):
         have.update(extract_run(run_dir, cells))
     if cells:
