@@ -19,13 +19,16 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from zerobench.instruments.load import verdict
 from zerobench.runs.tables import REFERENCE_ENGINE, load_results, reference_cells, summary
 from zerobench.runs.folder import DamagedFile, RunFolder
 
 
-def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Add step_time_x_ref and peak_mem_x_ref: each cell over the reference engine's
-    default cell of the same world size and dtype, from the same run."""
+    default cell of the same world size and dtype, from the same run; with the run's
+    ``steps`` (steps.csv), also step_time_x_ref_p10 and _p90, the spread of the step-time
+    ratio ([Note: ratio spread])."""
     cells = cells.copy()
     config = results.drop_duplicates("cell_id").set_index("cell_id")[["world_size", "dtype"]]
     cells = cells.join(config, on="cell_id")
@@ -36,7 +39,46 @@ def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.Data
             continue
         base = cells.apply(lambda r: ref[col].get((r["world_size"], r["dtype"]), float("nan")), axis=1)
         cells[out] = cells[col] / base
+    spread = ratio_spread(cells, ref, steps)
+    cells["step_time_x_ref_p10"], cells["step_time_x_ref_p90"] = spread[0], spread[1]
     return cells
+
+
+# [Note: ratio spread]
+# A step-time ratio to DDP is two noisy numbers divided, so it carries its spread: the 10th
+# and 90th percentiles of t_cell / t_ref over every pair of one measured step of the cell and
+# one of the reference cell (a step's time is the median over its ranks; steps.csv holds
+# them). Pairs, not step i with step i: the two cells ran one after the other, so no step of
+# one belongs with a step of the other, and every pair is an equally likely draw of the two.
+# Its middle is close to the ratio of the medians. It is the spread of one step against one
+# step, wider than the uncertainty of the medians: on the 2-core CPU VM single steps jitter,
+# and DDP's fp32 cell against itself reads 1.00 (0.66-1.52) in
+# results/curated/20261121-165230-quickstart (`zerobench show` of it). A ratio whose range
+# spans 1 does not say which cell is faster; two runs giving 1.51 and 3.37 should be read
+# with theirs. Memory, bytes and losses carry no spread: they are deterministic.
+
+
+def ratio_spread(cells: pd.DataFrame, ref: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[list, list]:
+    """(p10, p90) of each cell's step-time ratio to its reference cell, NaN where either
+    has no per-step times ([Note: ratio spread])."""
+    nan = [float("nan")] * len(cells)
+    if steps is None or steps.empty or ref.empty or "step_time_s" not in steps.columns or "cell_id" not in ref:
+        return nan, list(nan)
+    per_step = steps.assign(t=pd.to_numeric(steps["step_time_s"], errors="coerce")) \
+        .groupby(["cell_id", "step"], sort=False)["t"].median().dropna()
+    times = {cell: group.to_numpy() for cell, group in per_step.groupby(level=0, sort=False)}
+    low, high = [], []
+    for _, r in cells.iterrows():
+        ref_cell = ref["cell_id"].get((r["world_size"], r["dtype"])) if "cell_id" in ref else None
+        mine, theirs = times.get(r["cell_id"]), times.get(ref_cell)
+        if mine is None or theirs is None or not len(mine) or not len(theirs):
+            low.append(float("nan"))
+            high.append(float("nan"))
+            continue
+        ratios = pd.Series((mine[:, None] / theirs[None, :]).ravel())
+        low.append(float(ratios.quantile(0.1)))
+        high.append(float(ratios.quantile(0.9)))
+    return low, high
 
 
 def wide_console() -> Console:
@@ -48,8 +90,9 @@ def wide_console() -> Console:
 def print_summary(run_dir: Path, console: Console | None = None) -> None:
     console = console or wide_console()
     results = load_results(run_dir)
-    cells = with_reference_ratios(summary(results), results)
-    table = Table(title=escape(f"{run_dir.name}  (x{REFERENCE_ENGINE}: ratio to {REFERENCE_ENGINE} at the same world size and dtype)"))
+    cells = with_reference_ratios(summary(results), results, RunFolder(run_dir).steps())
+    table = Table(title=escape(f"{run_dir.name}  (x{REFERENCE_ENGINE}: ratio to {REFERENCE_ENGINE} at the same world size "
+                               f"and dtype; step time's with its p10-p90 range)"))
     for name in ("cell", "status", "step ms", f"x{REFERENCE_ENGINE}", "peak MiB", f"x{REFERENCE_ENGINE} ",
                  "comm MiB/step", "loss dev", "note"):
         # numbers never wrap or truncate; long cell ids fold onto a second line instead
@@ -64,7 +107,7 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
             continue
         table.add_row(
             Text(str(r["cell_id"])), "ok",
-            _num(r.get("step_time_s"), 1e3, "{:.1f}"), _num(r.get("step_time_x_ref"), 1, "{:.2f}"),
+            _num(r.get("step_time_s"), 1e3, "{:.1f}"), _ratio(r),
             _num(r.get("peak_mem_bytes"), 2**-20, "{:.1f}"), _num(r.get("peak_mem_x_ref"), 1, "{:.2f}"),
             _num(r.get("comm_total_bytes"), 2**-20, "{:.2f}"), _num(r.get("loss_max_abs_diff_ref"), 1, "{:.1e}"),
             Text(_text(r.get("note"))[:100]),  # what the engine ignored here (Engine.notes)
@@ -87,7 +130,22 @@ def folder_notes(run_dir: Path) -> list[str]:
     if folder.tables_stale():
         notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; "
                      f"`zerobench reference {run_dir}` writes the tables")
+    try:
+        loaded = verdict(folder.meta().get("machine_load"))  # [Note: machine load]
+    except DamagedFile:
+        loaded = None
+    if loaded:
+        notes.append(loaded)
     return notes
+
+
+def _ratio(r) -> str:
+    """"1.51 (1.42-1.63)": the step-time ratio and its spread ([Note: ratio spread])."""
+    ratio = _num(r.get("step_time_x_ref"), 1, "{:.2f}")
+    low, high = r.get("step_time_x_ref_p10"), r.get("step_time_x_ref_p90")
+    if ratio == "-" or low is None or high is None or pd.isna(low) or pd.isna(high):
+        return ratio
+    return f"{ratio} ({low:.2f}-{high:.2f})"
 
 
 def _text(value) -> str:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from zerobench.choices import not_allowed
 from zerobench.harness import active
+from zerobench.instruments import load
 
 from zerobench.rank import devices
 from zerobench.runs.files import new_stamped_dir, write_json_atomic
@@ -265,6 +266,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     params = preflight.parameter_count(workload)
+    run_started = load.sample()
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("cells", total=len(todo))
@@ -293,7 +295,8 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                     write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
                 else:
                     record = run_one(run_dir, workload, cell, profile, device, references.get(ws),
-                                     concurrent=concurrent, reference_error=reference_failures.get(ws))
+                                     concurrent=concurrent, reference_error=reference_failures.get(ws),
+                                     started=load.sample())
                 console.print(_one_line(record))
                 progress.advance(task)
                 write_tables(run_dir)
@@ -302,8 +305,23 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
         # --resume runs it again. Finished cells are on disk already.
         if any((run_dir / "cells").glob("*.json")):
             write_tables(run_dir)
+            record_machine_load(run_dir, run_started)
         raise Interrupted(run_dir) from None
     write_tables(run_dir)
+    record_machine_load(run_dir, run_started)
+
+
+def record_machine_load(run_dir: Path, started: load.LoadSample) -> None:
+    """meta.json's ``machine_load``: what the machine did during the run's cells
+    ([Note: machine load] in zerobench/instruments/load.py), from every cell record that has
+    it (a resumed run's earlier cells too) and the load averages of this invocation."""
+    folder = RunFolder(run_dir)
+    try:
+        meta = folder.meta()
+    except DamagedFile:
+        return
+    per_cell = [r.get("machine_load") for r in folder.cell_records()]
+    write_json_atomic(folder.meta_path, {**meta, "machine_load": load.summarize(per_cell, started, load.sample())})
 
 
 class Interrupted(Exception):
@@ -324,7 +342,11 @@ def cell_counts(run_dir: Path) -> dict[str, int]:
 
 
 def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
-            reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None) -> dict:
+            reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None,
+            started: load.LoadSample | None = None) -> dict:
+    """Run one cell (or record it skipped) and write its record; ``started``: the machine
+    as the cell began, so that the record says what else it did meanwhile
+    ([Note: machine load])."""
     path = run_dir / "cells" / f"{cell.id}.json"
     path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
     if cell.skip_reason is not None:
@@ -348,6 +370,8 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             record["reference_error"] = reference_error  # why loss_max_abs_diff_ref is empty
         if concurrent:
             record["concurrent_runs"] = list(concurrent)
+        if started is not None:
+            record["machine_load"] = load.between(started, load.sample())
     if cell.note:
         record["note"] = cell.note  # what the engine ignored here (Engine.notes)
     write_json_atomic(path, record)
