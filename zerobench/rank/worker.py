@@ -189,6 +189,7 @@ class CellRunner:
             "peak_mem_other_bytes": breakdown["unsharded"] + breakdown["activations"] + breakdown["other"],
             "peak_mem_unsharded_bytes": breakdown["unsharded"],
             "peak_mem_activations_bytes": breakdown["activations"],
+            **{f"peak_mem_other_{part}_bytes": n for part, n in tracker.peak_other_breakdown().items()},
             "steady_mem_bytes": steady,
             "memory_steps": steps,
             **tracker.comm.columns(),
@@ -198,7 +199,7 @@ class CellRunner:
             timeline = timeline.iloc[:: len(timeline) // TIMELINE_POINTS + 1]
         del engine
         gc.collect()
-        return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+        return {"metrics": metrics, "timeline": timeline.to_dict(orient="list"), "phases": tracker.phases()}
 
 
 def _export_trace(prof, trace_path: Path) -> None:
@@ -316,6 +317,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
             mem = runner.memory_pass()
             record["metrics"].update(mem["metrics"])
             record["timeline"] = mem["timeline"]
+            record["phases"] = mem["phases"]  # where memory_timeline.png marks forward, backward, optimizer
         record["metrics"]["rss_max_bytes"] = _rss_max_bytes()
         record["rank"] = rank
         record["pass_wall_s"] = time.perf_counter() - started

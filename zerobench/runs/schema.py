@@ -72,6 +72,10 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_other_bytes", "B", "everything else live at the peak: activations, unsharded parameters, comm buffers", "deterministic"),
     Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
     Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
+    *(Metric(f"peak_mem_other_{part}_bytes", "B", f"storages of no role live at the peak, {what} (part of other; "
+             "[Note: what other holds] in zerobench/instruments/memory.py)", "deterministic")
+      for part, what in (("kept", "live when the measured step began"), ("backward", "allocated in backward"),
+                         ("optimizer", "allocated in the optimizer step"))),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
     Metric("memory_steps", "", "steps the memory pass measured until every rank's peak was exact (more than "
            "MEMORY_PASS_ATTEMPTS: none was, the peak is an upper bound; [Note: frees on other threads] in "
