@@ -12,10 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.test_plots import _unexplained, figures  # noqa: F401 (a fixture)
 from zerobench.cli import main
 from zerobench.harness import active
-
-from tests.test_plots import _unexplained, figures  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
