@@ -38,11 +38,10 @@ class _FakeAllocator:
 
 
 def test_allocator_metrics_read_any_device_module():
-    from zerobench.runs.schema import METRIC_BY_NAME
-    from zerobench.rank.session import allocator_metrics
+    from zerobench.runs.schema import METRIC_BY_NAME, allocator_columns
 
     fake = _FakeAllocator()
-    metrics = allocator_metrics(fake.memory_stats(torch.device("cuda", 1)))
+    metrics = allocator_columns(fake.memory_stats(torch.device("cuda", 1)))
     assert fake.asked == [torch.device("cuda", 1)]
     assert metrics == {"peak_allocated_bytes": 3 << 20, "peak_active_bytes": 7 << 20,
                        "peak_reserved_bytes": 8 << 20, "num_alloc_retries": 1, "num_ooms": 0}

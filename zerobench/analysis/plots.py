@@ -33,17 +33,13 @@ import pandas as pd
 from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, Setting, figure_title, flag, numeric, plt,
                                         save_figure, short_label)
 from zerobench.runs.folder import DamagedFile, RunFolder
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 from zerobench.runs.tables import cell_records, load_results, reference_cells
 
 STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
-}
-CATEGORY_COLUMNS = {
-    "params": "peak_mem_params_bytes", "grads": "peak_mem_grads_bytes", "optim": "peak_mem_optim_bytes",
-    "unsharded": "peak_mem_unsharded_bytes", "activations": "peak_mem_activations_bytes",
 }
 
 
@@ -193,7 +189,7 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
             peaks = numeric(ranks["peak_mem_bytes"])
             top = ranks.loc[peaks.idxmax()]
             left = 0.0
-            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in CATEGORY_COLUMNS.items()}
+            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in PEAK_ROLE_COLUMNS.items()}
             parts["other"] = max(float(peaks.max()) - sum(parts.values()), 0.0)
             for cat, nbytes in parts.items():
                 mib = nbytes / 2**20

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench.instruments.link import KINDS
+from zerobench.instruments.storages import tensors_in
 
 __all__ = ["KINDS", "FUNCTIONS", "Collective", "Layer", "CommCounter", "intercepted", "intercepting",
            "ddp_comm_hook"]
@@ -92,15 +93,6 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str):
     return args[index] if len(args) > index else kwargs.get(name)
 
 
-def tensors_in(value) -> list[torch.Tensor]:
-    """The tensors of an argument: a tensor, or a (nested) list of them."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors_in(v)]
-    return []
-
-
 def nbytes(value) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
@@ -137,13 +129,13 @@ class Collective:
 
     def outputs(self) -> list[torch.Tensor]:
         """The tensors the call writes (all-gather output, reduce-scatter output, the buffer)."""
-        return tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].output))
+        return list(tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].output)))
 
     def input(self) -> torch.Tensor | None:
         """A reduce-scatter's full input (None for other kinds)."""
         if self.kind != "reduce_scatter":
             return None
-        found = tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].sized))
+        found = list(tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].sized)))
         return found[0] if len(found) == 1 else None
 
     def future_value(self) -> list:

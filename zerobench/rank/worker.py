@@ -48,6 +48,7 @@ from zerobench.rank.session import Session
 from zerobench.rank.worlds import TorchrunWorld, World
 from zerobench.runs.files import write_atomic, write_json_atomic
 from zerobench.runs.folder import RunFolder, read_json
+from zerobench.runs.schema import peak_columns
 from zerobench.spec.matrix import Cell, expand, find_cell
 from zerobench.spec.models import samples_to_tokens
 from zerobench.spec.workload import Workload, parse_workload
@@ -180,15 +181,8 @@ class CellRunner:
             _, steps = measure_exact_step(tracker, step, self.world.all_true)
             self.world.barrier()
             steady = _settled_bytes(tracker)
-        breakdown = tracker.peak_breakdown()
         metrics = {
-            "peak_mem_bytes": tracker.peak_bytes,
-            "peak_mem_params_bytes": breakdown["params"],
-            "peak_mem_grads_bytes": breakdown["grads"],
-            "peak_mem_optim_bytes": breakdown["optim"],
-            "peak_mem_other_bytes": breakdown["unsharded"] + breakdown["activations"] + breakdown["other"],
-            "peak_mem_unsharded_bytes": breakdown["unsharded"],
-            "peak_mem_activations_bytes": breakdown["activations"],
+            **peak_columns(tracker.peak_bytes, tracker.peak_breakdown()),
             "steady_mem_bytes": steady,
             "memory_steps": steps,
             **tracker.comm.columns(),

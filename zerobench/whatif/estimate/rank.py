@@ -35,6 +35,7 @@ import torch
 
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import BACKENDS, FakeWorld
+from zerobench.runs.schema import peak_columns
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import Workload, parse_workload
 
@@ -51,8 +52,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
             step = session.measured_step(engine, w.run.memory_warmup_steps, tracker)
     return {
         "status": "ok", "reason": None,
-        "peak_mem_bytes": tracker.peak_bytes,
-        **{f"peak_mem_{k}_bytes": v for k, v in tracker.peak_breakdown().items()},
+        **peak_columns(tracker.peak_bytes, tracker.peak_breakdown()),
         **step.state,
         "estimate_wall_s": time.perf_counter() - started,
     }
