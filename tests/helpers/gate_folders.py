@@ -23,7 +23,7 @@ import pytest
 
 from zerobench.harness.runner import prepare_run
 from zerobench.harness.testing import run_ranks
-from zerobench.runs.files import write_json_atomic
+from zerobench.runs.folder import RunFolder
 from zerobench.spec.matrix import expand
 from zerobench.spec.workload import load_workload
 
@@ -59,8 +59,8 @@ def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str
     for size in sorted({c.world_size for c in cells}):
         ids = [c.id for c in cells if c.world_size == size]
         records = run_ranks(_cell_records, size, args=(w, ids), timeout=600)[0]
-        for cell_id, record in records.items():
-            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
+        for record in records.values():
+            RunFolder(run_dir).write_cell(record)
     return run_dir
 
 

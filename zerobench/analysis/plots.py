@@ -25,7 +25,6 @@ a ``TypeError`` from ``pd.NA``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -278,9 +277,10 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
 
 
 def _warmup_steps(folder: RunFolder) -> int:
+    """The run's warm-up steps (0 when its workload.json cannot be read)."""
     try:
-        return int(json.loads(folder.workload_path.read_text())["data"]["warmup_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return folder.workload().data.warmup_steps
+    except (OSError, ValueError):  # DamagedFile and WorkloadError are ValueErrors
         return 0
 
 
@@ -425,7 +425,7 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     setting = run_setting(run_dir, results)
-    out = run_dir / "plots"
+    folder = RunFolder(run_dir)
     plots = [
         ("pareto.png", lambda path: plot_pareto_run(results, path, setting)),
         ("step_time.png", lambda path: plot_step_time(results, path, setting)),
@@ -438,7 +438,7 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
         progress.set_total(len(plots))
     drawn = []
     for name, draw in plots:
-        drawn.append(draw(out / name))
+        drawn.append(draw(folder.plot_path(name)))
         if progress is not None:
             progress.advance(name)
     return [p for p in drawn if p is not None]

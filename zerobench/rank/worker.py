@@ -46,12 +46,12 @@ from zerobench.rank import devices
 from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import TorchrunWorld, World
-from zerobench.runs.files import write_atomic, write_json_atomic
-from zerobench.runs.folder import RunFolder, read_json
+from zerobench.runs.files import write_atomic
+from zerobench.runs.folder import RunFolder
 from zerobench.runs.schema import peak_columns
 from zerobench.spec.matrix import Cell, expand, find_cell
 from zerobench.spec.models import samples_to_tokens
-from zerobench.spec.workload import Workload, parse_workload
+from zerobench.spec.workload import Workload
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
 
@@ -92,12 +92,6 @@ def harness_alive(harness: int | None) -> bool:
 def pick_device(requested: str, local_rank: int, local_world: int) -> torch.device:
     """The rank's device; zerobench.rank.devices decides (and raises rather than falling back)."""
     return devices.choose(requested, local_rank, local_world).device
-
-
-def load_run(run_dir: Path) -> Workload:
-    """The workload a run folder was made for (its workload.json; errors name the file)."""
-    path = Path(run_dir) / "workload.json"
-    return parse_workload(read_json(path), source=str(path))
 
 
 # --------------------------------------------------------------------------------------
@@ -287,7 +281,8 @@ def _rss_max_bytes() -> int:
 
 def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: int | None = None) -> None:
     env = torchrun_env()
-    workload = load_run(run_dir)
+    folder = RunFolder(run_dir)
+    workload = folder.workload()
     cell = find_cell(workload, cell_id)
     if cell is None:
         cells = ", ".join(c.id for c in expand(workload))
@@ -303,7 +298,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         engine = runner.build()
         record = runner.timing_pass(engine)
         if profile:
-            runner.profile_pass(engine, RunFolder(run_dir).trace_path(cell_id, rank))
+            runner.profile_pass(engine, folder.trace_path(cell_id, rank))
         del engine
         gc.collect()
         if workload.run.memory_pass:
@@ -330,7 +325,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
                 record["harness_pid"] = harness
             if cell.note:
                 record["note"] = cell.note  # what the engine ignored here (Engine.notes)
-            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
+            folder.write_cell(record)
 
 
 def divergence(ranks: list[dict]) -> str | None:

@@ -1,16 +1,5 @@
 """The results table: its columns, what each means, and how each should be compared.
-
-One run is one folder ``results/<run-id>/``::
-
-    meta.json        workload, git commit, torch version, backend, machine, date, command line
-    workload.toml    the fully resolved workload the run used
-    cells/<cell>.json   one file per cell: status, config, per-rank metrics, per-step series
-    results.csv      the tidy table: one row per cell x rank (built from cells/)
-    steps.csv        one row per cell x rank x measured step: step time and loss
-    plots/*.png
-
-Every file is written atomically (temporary file + rename), so a killed run leaves
-only whole files behind and ``--resume`` can trust what it finds.
+(Where a run folder keeps its files is zerobench/runs/folder.py's ``RunFolder``.)
 
 This module is the single place that names the columns, for every tool: a run's
 ``results.csv``, ``estimate.csv``, ``predict.csv`` and simulate's tables. One quantity has
