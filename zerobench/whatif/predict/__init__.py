@@ -1,7 +1,7 @@
 """``zerobench predict``: what each engine cell would do on GPUs, at any world size.
 
 For each engine configuration of a workload and each world size, one rank runs a
-warm-up and one measured step on the virtual GPU (zerobench/vgpu) against a fake
+warm-up and one measured step on the virtual GPU (zerobench/instruments/vgpu) against a fake
 process group, with fake tensors: any model size, every cell in turn in one child
 process (zerobench/whatif/predict/rank.py; [Note: one process for many cells] in
 zerobench/whatif/jobs.py). Out come ``predict.csv`` (one row per cell and world size,
@@ -63,7 +63,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
     from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
     from zerobench.spec.workload import load_workload
-    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
+    from zerobench.spec.matrix import EMULATION_AXES
 
     for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_preset(host)),
                           ("--link", lambda: resolve_link(link)),
@@ -101,7 +101,8 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     results: dict = {}
     jobs = []
     for cell in cells:
-        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
+        # without the harness's link emulation: the virtual GPU times collectives itself
+        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_AXES)
         for ws in world_sizes:
             why = why_not(cell, ws, None)
             if why:
@@ -127,7 +128,7 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
                          "gpu": gpu, "host": host, "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
                          "node_size": node_size, "alloc_conf": memory["alloc_conf"], **versions(),
-                         **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
+                         **{k: v for k, v in cell.opts.items() if k not in EMULATION_AXES}, **res})
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "predict.csv", frame)
     from zerobench.whatif.predict.plots import plot_predict_all
