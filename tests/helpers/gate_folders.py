@@ -64,7 +64,7 @@ def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str
     return run_dir
 
 
-def _predict_here(w, jobs, gpu, host, links, node_size, traces, memory, log) -> list[dict]:
+def _predict_here(w, jobs, gpu, host, links, node_size, traces, memory, log, progress) -> list[dict]:
     """``zerobench.whatif.predict._run_jobs`` in this process: each job as the predicting
     child runs it (zerobench.whatif.predict.rank.run_job)."""
     from zerobench.instruments.vgpu.presets import gpu_preset
