@@ -49,14 +49,14 @@ class Session:
     """One cell on one rank; see [Note: the rank session]."""
 
     def __init__(self, workload: Workload, cell: Cell, world: World):
-        self.w = workload
+        self.workload = workload
         self.cell = cell
         self.world = world
         self.ctx = world.context()
         self.engine_cls = get_engine(cell.engine)
         self.loss = loss_fn(workload.model)
         o = workload.optimizer
-        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
+        self.optimizer_spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
 
     # -- building ---------------------------------------------------------------------
 
@@ -67,11 +67,11 @@ class Session:
         with self.world.building():
             engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
             device = None if self.world.backend == "fake" else self.ctx.device
-            model, units = build_for_cell(self.w.model, self.w.seed, device,
+            model, units = build_for_cell(self.workload.model, self.workload.seed, device,
                                           self.cell.opts.get("activation_checkpointing", "none"))
             engine.wrap(model, units)
         self.world.materialize()
-        engine.build_optimizer(self.spec)
+        engine.build_optimizer(self.optimizer_spec)
         return engine
 
     def tracker(self, timeline: bool = True) -> StorageTracker:
@@ -84,7 +84,7 @@ class Session:
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (inputs, targets) at ``step``: its slice of the global batch
         (zerobench/spec/data.py); under fake tensors, tensors of the same shapes."""
-        d, m = self.w.data, self.w.model
+        d, m = self.workload.data, self.workload.model
         if self.world.fake_tensors:
             if getattr(m, "batch", ""):
                 return data_mod.global_batch(m, d.batch_size, d.seed, step)

@@ -44,7 +44,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
     """Peak and composition of ``rank`` for ``cell`` (its world size) on a fake process group,
     with ``backend``'s own buffers (see the module docstring)."""
     started = time.perf_counter()
-    with FakeWorld(cell.world_size, rank, fake_tensors=fake, backend=backend) as world:
+    with FakeWorld(cell.world_size, rank, fake_tensors=fake, buffers_of=backend) as world:
         session = Session(w, cell, world)
         with session.tracker(timeline=False) as tracker:
             engine = session.build()
