@@ -1,4 +1,4 @@
-"""The virtual GPU (zerobench/vgpu): timelines worked out by hand, the caching-allocator
+"""The virtual GPU (zerobench/instruments/vgpu): timelines worked out by hand, the caching-allocator
 model, the cost model, collectives on a fake process group, and impl's CUDA code path
 running on it (the same code a GPU runs, through impl.streams' device module)."""
 

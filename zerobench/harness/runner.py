@@ -128,7 +128,8 @@ def _cpu_model() -> str:
 
 
 #: CPU feature flags that change which instructions numeric kernels use (and so how bf16
-#: and sometimes fp32 results round). See [Note: losses across machines] in compare_rules.py.
+#: and sometimes fp32 results round). See [Note: losses across machines] in
+#: zerobench/analysis/compare/rules.py.
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bf16", "asimd", "sve", "neon")
 
 
@@ -158,8 +159,8 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
     With ``prepare_only``, write the run folder and list the cells without running them
     (for launching each cell under torchrun yourself).
 
-    Everything that can be refused is checked before anything is written: a command
-    that fails leaves no new folder, and a failed ``--resume`` leaves meta.json as it was."""
+    Everything that can be refused is checked before anything is written ([Note: refuse
+    early] in zerobench/cli.py)."""
     console = console or Console()
     if resume is not None:
         run_dir = resume

@@ -4,8 +4,9 @@ every instrument consumes.
 [Note: one interception]
 Every instrument that needs to see collectives sees them here, at the
 ``torch.distributed`` functions the engines call through the module attribute
-(torch 2.13's fully_shard in ``_fsdp_collectives.py``, FSDP1 in ``_flat_param.py`` and
-``_runtime_utils.py``, ZeroRedundancyOptimizer's broadcasts, DDP's buffer broadcast
+(torch 2.13's fully_shard in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``,
+FSDP1 in ``torch/distributed/fsdp/_flat_param.py`` and
+``torch/distributed/fsdp/_runtime_utils.py``, ZeroRedundancyOptimizer's broadcasts, DDP's buffer broadcast
 ``_broadcast_coalesced``, and ``impl.comm``). :data:`FUNCTIONS` names each function's
 kind and where its group, tensors and outputs are; a call becomes one
 :class:`Collective` record (kind, bytes, group, async), the same for every consumer.

@@ -479,7 +479,7 @@ def hardware_differences(baseline_meta: dict, new_meta: dict) -> list[str]:
 
     A field that one run records and the other does not (a baseline older than the
     field) counts as a difference: its numbers cannot be assumed reproducible. A field
-    neither records says nothing. See [Note: losses across machines] in compare_rules.py.
+    neither records says nothing. See [Note: losses across machines] in rules.py.
     """
     reasons = []
     for key in HARDWARE_KEYS:
