@@ -34,6 +34,7 @@ def dtensor():
 def test_a_dtensor_holds_its_local_shard(dtensor):
     local = dtensor.to_local()
     assert dtensor.shape == (8, 4) and local_tensor(dtensor).shape == (4, 4)
+    assert [s is local.untyped_storage() for s in storages_of([dtensor])] == [True]
     assert [s.nbytes() for s in storages_of([dtensor])] == [64]
     assert distinct_nbytes([dtensor]) == (64, 16)
     assert costs.tensor_bytes(dtensor) == 64  # the cost model reads the same bytes
