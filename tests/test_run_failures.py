@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from zerobench.harness.launch import describe_failure
 from zerobench.analysis.summary import print_summary
+from zerobench.harness.launch import describe_failure
+from zerobench.harness.runner import _one_line
 from zerobench.runs.folder import RunFolder
 from zerobench.runs.tables import write_tables
-from zerobench.harness.runner import _one_line
 
 GLOO_ERROR = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
               "Connection closed by peer [127.0.0.1]:29500 [bold] [/] [/red]")

@@ -11,11 +11,10 @@ import sys
 import pytest
 import torch
 
-from tests.helpers.fsdp import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports
-from zerobench.harness.testing import run_ranks
-
 from impl.fsdp.rate_limiter import FreeEventQueue, RateLimiter
 from impl.streams import Streams
+from tests.helpers.fsdp import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports
+from zerobench.harness.testing import run_ranks
 from zerobench.rank import devices
 
 warm_up_imports()

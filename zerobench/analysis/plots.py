@@ -29,8 +29,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, Setting, figure_title, flag, numeric, plt,
-                                        save_figure, short_label)
+from zerobench.analysis.figures import (
+    REFERENCE_ENGINE,
+    EngineStyles,
+    Setting,
+    figure_title,
+    flag,
+    numeric,
+    plt,
+    save_figure,
+    short_label,
+)
 from zerobench.runs.folder import DamagedFile, RunFolder
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 from zerobench.runs.tables import cell_records, load_results, reference_cells

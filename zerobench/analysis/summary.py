@@ -19,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from zerobench.runs.tables import REFERENCE_ENGINE, load_results, reference_cells, summary
 from zerobench.runs.folder import DamagedFile, RunFolder
+from zerobench.runs.tables import REFERENCE_ENGINE, load_results, reference_cells, summary
 
 
 def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:

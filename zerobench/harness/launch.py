@@ -29,7 +29,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from zerobench.rank.protocol import HARNESS_ENV, code_root

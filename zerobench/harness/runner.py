@@ -15,19 +15,16 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from rich.text import Text
 
-from zerobench.harness import active
-
+from zerobench.harness import active, preflight
+from zerobench.harness.launch import code_root, launch_cell
+from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
 from zerobench.rank import devices
 from zerobench.runs.files import new_stamped_dir
-from zerobench.harness import preflight
-from zerobench.harness.launch import code_root, launch_cell
-from zerobench.spec.matrix import Cell, expand, matrix_notes
-from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
-from zerobench.runs.tables import write_tables
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
+from zerobench.runs.tables import write_tables
+from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.spec.user_check import check_user_model
 from zerobench.spec.workload import Workload, WorkloadError, load_workload
 

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from zerobench.analysis.figures import figure_title, plt, save_figure
-from . import intervals as iv
-from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows
 from zerobench.runs.folder import RunFolder
 
+from . import intervals as iv
+from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows
 from .trace import Trace, load_trace
 
 COLORS = {"compute": "#4C72B0", "comm hidden": "#DD8452", "comm exposed": "#C44E52", "wait": "#8C8C8C",

@@ -72,8 +72,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Collective, Layer
-from zerobench.instruments.storages import Listener, makes_no_storage, storages_of
 from zerobench.instruments.link import Link
+from zerobench.instruments.storages import Listener, makes_no_storage, storages_of
 from zerobench.instruments.vgpu import comm, costs
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator

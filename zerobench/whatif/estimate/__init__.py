@@ -14,9 +14,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from zerobench.whatif.cells import (check_hybrid_shard_size, config_id, configurations_to_run, new_results_folder,
-                                     parse_world_sizes, versions, why_not)
-
+from zerobench.whatif.cells import (
+    check_hybrid_shard_size,
+    config_id,
+    configurations_to_run,
+    new_results_folder,
+    parse_world_sizes,
+    versions,
+    why_not,
+)
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
@@ -62,7 +68,12 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
     import pandas as pd
 
-    from zerobench.engines.stages import engine_model_state_bytes, engine_stage, keeps_master_copy, paper_bytes_from_counts
+    from zerobench.engines.stages import (
+        engine_model_state_bytes,
+        engine_stage,
+        keeps_master_copy,
+        paper_bytes_from_counts,
+    )
     from zerobench.runs.files import write_csv_atomic
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.estimate import depth
@@ -145,7 +156,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
             })
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "estimate.csv", frame)
-    from zerobench.whatif.estimate.plots import plot_estimate, estimate_setting
+    from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
 
     plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
     return out_dir

@@ -22,8 +22,14 @@ import json
 import os
 from pathlib import Path
 
-from zerobench.whatif.cells import (config_id, configurations_to_run, new_results_folder, parse_world_sizes, versions,
-                                     why_not)
+from zerobench.whatif.cells import (
+    config_id,
+    configurations_to_run,
+    new_results_folder,
+    parse_world_sizes,
+    versions,
+    why_not,
+)
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -62,8 +68,8 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
     from zerobench.instruments.vgpu.presets import gpu_preset, host_preset
     from zerobench.runs.files import write_csv_atomic
-    from zerobench.spec.workload import load_workload
     from zerobench.spec.matrix import EMULATION_AXES
+    from zerobench.spec.workload import load_workload
 
     for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_preset(host)),
                           ("--link", lambda: resolve_link(link)),

@@ -53,6 +53,7 @@ from zerobench.instruments.vgpu.presets import gpu_preset
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
+
 def timeline_metrics(spans, start: float, end: float) -> dict:
     """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
     (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/runs/schema.py)."""

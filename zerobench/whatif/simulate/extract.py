@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zerobench.runs.files import write_atomic
 from zerobench.analysis.profiling import intervals as iv
 from zerobench.analysis.profiling.analyze import find_traces
 from zerobench.analysis.profiling.collective_table import collectives
 from zerobench.analysis.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
 from zerobench.analysis.profiling.trace import Trace, load_trace
+from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
 
 from .schedule import ENGINES, Knobs, Schedule, Unit

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zerobench.instruments.link import PRESETS, Link, resolve_link
+from zerobench.instruments.link import PRESETS, Link
 
 from .model import simulate
 from .schedule import Schedule
-from .validate import compare, cross_validate, emulation_margin, measured_link, validation_summary, write_validation
+from .validate import compare, cross_validate, emulation_margin, measured_link, write_validation
 
 
 def tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:
