@@ -84,7 +84,10 @@ class Listener:
 #     dispatches nothing, where ``Tensor.device`` goes through the dispatch modes), a real
 #     tensor's ``device``;
 #   * two tensors share a storage when ``untyped_storage()`` returns the same object
-#     (views; torch keeps one Python object per storage while it lives).
+#     (views; torch keeps one Python object per storage while it lives);
+#   * an operator's tensors are found in its ``(args, kwargs)`` at any depth: an ``out=``
+#     tensor is one it writes (fully_shard's copy-out ``split_with_sizes_copy(..., out=)``
+#     and copy-in ``_chunk_cat(..., out=)``).
 
 
 def tensors_in(obj):
