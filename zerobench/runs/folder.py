@@ -37,7 +37,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -45,6 +45,9 @@ from zerobench.instruments.link import link_from_config
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.runs.kinds import WORKLOAD_FILE, workload_name
 from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+
+if TYPE_CHECKING:  # parsed on demand: readers of the tables need no workload
+    from zerobench.spec.workload import Workload
 
 #: traces/<cell_id>/rank<r>.json.gz: one folder per cell, so that trace tools which read a
 #: folder as one job (Holistic Trace Analysis) never mix cells.
@@ -191,7 +194,7 @@ class RunFolder:
             raise DamagedFile(f"{self.meta_path}: damaged (expected a JSON object)")
         return meta
 
-    def workload(self):
+    def workload(self) -> Workload:
         """The workload the run was made for (workload.json, validated; WorkloadError or
         DamagedFile naming the file). Parsing imports nothing the workload names."""
         from zerobench.spec.workload import parse_workload
@@ -327,7 +330,7 @@ class RunFolder:
 
     # -- writing ------------------------------------------------------------------------
 
-    def write_workload(self, workload) -> None:
+    def write_workload(self, workload: Workload) -> None:
         """workload.json: the resolved workload (a ``Workload``), which the ranks read."""
         self.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.workload_path, workload.to_dict())
