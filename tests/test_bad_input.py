@@ -18,7 +18,6 @@ import pytest
 
 from zerobench.cli import main
 from zerobench.harness import active, runner
-from zerobench.runs.folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"

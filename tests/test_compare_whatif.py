@@ -1,7 +1,7 @@
 """``zerobench compare`` on predict and estimate folders ([Note: comparing what-if folders]).
 
-On small synthetic predict.csv / estimate.csv tables; tests/test_predict_gate.py runs the
-real thing.
+On small synthetic predict.csv / estimate.csv tables; the predict gate of .ci/gate runs
+the real thing (docs/ci.md).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.whatif.cells import parse_world_sizes
 from zerobench.engines.stages import FIGURE1_PAPER_GB, figure1, model_state_bytes
+from zerobench.whatif.cells import parse_world_sizes
 
 
 def test_figure1_within_1_percent():
@@ -55,8 +55,8 @@ def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, arg
 
 
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.whatif.cells import why_not
     from zerobench.spec.matrix import Cell
+    from zerobench.whatif.cells import why_not
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
     assert "not a multiple of the shard group size 3" in why_not(cell, 8, 3)

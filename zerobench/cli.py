@@ -38,6 +38,15 @@ def error_message(err: BaseException) -> str:
     return str(err)
 
 
+# [Note: refuse early]
+# Bad input is refused before anything is written or run: each command checks every
+# option, workload field and folder it is given, naming it and what is allowed, and runs
+# the user's model code once (zerobench/spec/user_check.py), before it makes a results
+# folder or starts a rank. The error reaches main() below, which prints one line and
+# returns 2: a command that fails leaves no new folder, a failed ``--resume`` leaves the
+# run's files as they were.
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: what the command returns (0 ok; see each command's --help), 2 on
     bad input or a file that cannot be read or written (argparse's own code for a bad

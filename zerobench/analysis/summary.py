@@ -19,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from zerobench.runs.tables import REFERENCE_ENGINE, load_results, reference_cells, summary
 from zerobench.runs.folder import DamagedFile, RunFolder
+from zerobench.runs.tables import REFERENCE_ENGINE, load_results, reference_cells, summary
 
 
 def with_reference_ratios(cells: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
@@ -125,7 +125,7 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
 
 def _list_row(kind: str, folder: Path) -> dict:
     """What `zerobench list` shows of one folder; a damaged file says so instead of failing."""
-    import json
+    from zerobench.runs.kinds import FOLDER_KINDS, workload_name
 
     row = {"workload": "?", "date": _stamp(folder.name), "cells": "-", "ok": "-", "failed": "-", "skipped": "-",
            "git": ""}
@@ -143,11 +143,8 @@ def _list_row(kind: str, folder: Path) -> dict:
             statuses = _statuses(run.results_path, "cell_id")
         row["cells"] = len(meta.get("cells") or []) or len(statuses)
     else:
-        try:
-            row["workload"] = str(json.loads((folder / "workload.json").read_text()).get("name", "?"))
-        except (OSError, ValueError, AttributeError):
-            row["workload"] = "(no workload.json)"
-        statuses = _statuses(folder / f"{kind}.csv", None)
+        row["workload"] = str(workload_name(folder))
+        statuses = _statuses(folder / FOLDER_KINDS[kind][0], None)  # its table: estimate.csv, predict.csv
         row["cells"] = len(statuses)
     counts = {k: statuses.count(k) for k in ("ok", "failed", "skipped")}
     row.update(counts, failed=counts["failed"] + sum(s not in counts for s in statuses))

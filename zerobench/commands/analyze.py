@@ -19,6 +19,7 @@ def main(args) -> int:
     import pandas as pd
 
     from zerobench.analysis.profiling.analyze import analyze_run
+    from zerobench.runs.folder import RunFolder
 
     try:
         summary = analyze_run(run, plots=not args.no_plots)
@@ -29,6 +30,7 @@ def main(args) -> int:
                         "max_inflight_all_gathers_trace") if c in summary.columns]
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary[cols].round(4).to_string(index=False))
-    merged = "merged into results.csv" if (run / "results.csv").exists() else "no results.csv to merge into"
-    print(f"wrote {run / 'analysis'}/ ({merged}); plots in {run / 'plots'}/")
+    folder = RunFolder(run)
+    merged = "merged into results.csv" if folder.results_path.exists() else "no results.csv to merge into"
+    print(f"wrote {folder.analysis_dir}/ ({merged}); plots in {folder.plots_dir}/")
     return 0

@@ -60,11 +60,21 @@ def main(args) -> int:
         raise
 
     from zerobench.analysis.compare import ci_report, report
-    from zerobench.analysis.compare.gate import (METRICS, RunLoadError, compare_runs, config_mismatches, exit_code,
-                                                 hardware_differences, load_run, parse_rules, resolve_metric,
-                                                 same_tool, select_cells)
+    from zerobench.analysis.compare.gate import (
+        RunLoadError,
+        compare_runs,
+        config_mismatches,
+        exit_code,
+        hardware_differences,
+        load_run,
+        parse_rules,
+        same_tool,
+        select_cells,
+    )
+    from zerobench.analysis.compare.rules import resolve_metric
     from zerobench.commands.progress import Progress
     from zerobench.runs.files import write_csv_atomic
+    from zerobench.runs.schema import METRICS
 
     console = report.make_console()
     with Progress(2 + sum(p is not None for p in outputs.values()), "compare") as progress:

@@ -45,7 +45,7 @@ def main(args) -> int:
     from zerobench.whatif.estimate import against_run, check_against, estimate, format_model_states, format_table
 
     started = time.perf_counter()
-    real = check_against(against) if against is not None else None  # before any work ([Note: refuse early])
+    real = check_against(against) if against is not None else None  # before any work: [Note: refuse early] in zerobench/cli.py
     with Progress(None, "estimate") as progress:
         out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank,
                            results_root=args.results, fake_tensors=args.fake_tensors,

@@ -8,8 +8,6 @@ files of workloads/). Exit codes: 0 every cell ok or skipped, 1 a cell failed (0
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from zerobench.commands.args import DEFAULT_RESULTS, ArgumentError, resolve_folder, results_root
 
 HELP = "run a workload's matrix (default: the shipped quickstart)"

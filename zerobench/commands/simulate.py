@@ -38,6 +38,7 @@ def main(args) -> int:
     import pandas as pd
 
     from zerobench.instruments.link import resolve_link
+    from zerobench.runs.folder import RunFolder
     from zerobench.whatif.simulate.run import simulate_run, tag
     from zerobench.whatif.simulate.validate import validation_summary
 
@@ -60,7 +61,8 @@ def main(args) -> int:
         print(pred[cols].round(4).to_string(index=False))
     if "step_error" in pred and pred["step_error"].notna().any():
         print("\n".join(validation_summary(pred.dropna(subset=["step_error"]))))
+    folder = RunFolder(run)
     if args.cross:
-        print((run / "simulate" / "cross" / "cross.md").read_text())
-    print(f"wrote {run / 'simulate' / tag(link, args.world_sizes, args.compute_scale, args.async_collectives)}/")
+        print((folder.simulate_dir("cross") / "cross.md").read_text())
+    print(f"wrote {folder.simulate_dir(tag(link, args.world_sizes, args.compute_scale, args.async_collectives))}/")
     return 0

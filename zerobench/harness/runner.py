@@ -15,19 +15,16 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from rich.text import Text
 
-from zerobench.harness import active
-
-from zerobench.rank import devices
-from zerobench.runs.files import new_stamped_dir, write_json_atomic
-from zerobench.harness import preflight
+from zerobench.harness import active, preflight
 from zerobench.harness.launch import code_root, launch_cell
-from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
-from zerobench.runs.tables import write_tables
+from zerobench.rank import devices
+from zerobench.runs.files import new_stamped_dir
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
+from zerobench.runs.tables import write_tables
+from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.spec.user_check import check_user_model
 from zerobench.spec.workload import Workload, WorkloadError, load_workload
 
@@ -52,9 +49,9 @@ class RunSetupError(ValueError):
 def prepare_run(workload: Workload, run_dir: Path, cells: list[Cell], device: str,
                 meta: dict | None = None) -> None:
     """Write the run folder's workload.json and meta.json (what the ranks read)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "workload.json", workload.to_dict())
-    write_json_atomic(run_dir / "meta.json", meta or run_metadata(workload, cells, device))
+    folder = RunFolder(run_dir)
+    folder.write_workload(workload)
+    folder.write_meta(meta or run_metadata(workload, cells, device))
 
 
 def resumed_metadata(old: dict, workload: Workload, all_cells: list[Cell], cells: list[Cell], device: str) -> dict:
@@ -128,7 +125,8 @@ def _cpu_model() -> str:
 
 
 #: CPU feature flags that change which instructions numeric kernels use (and so how bf16
-#: and sometimes fp32 results round). See [Note: losses across machines] in compare_rules.py.
+#: and sometimes fp32 results round). See [Note: losses across machines] in
+#: zerobench/analysis/compare/rules.py.
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bf16", "asimd", "sve", "neon")
 
 
@@ -158,16 +156,14 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
     With ``prepare_only``, write the run folder and list the cells without running them
     (for launching each cell under torchrun yourself).
 
-    Everything that can be refused is checked before anything is written: a command
-    that fails leaves no new folder, and a failed ``--resume`` leaves meta.json as it was."""
+    Everything that can be refused is checked before anything is written ([Note: refuse
+    early] in zerobench/cli.py)."""
     console = console or Console()
     if resume is not None:
         run_dir = resume
-        if not (run_dir / "workload.json").exists():
+        if not RunFolder(run_dir).workload_path.exists():
             raise FileNotFoundError(f"--resume {run_dir}: not a zerobench run folder (no workload.json)")
-        from zerobench.rank.worker import load_run
-
-        workload = load_run(run_dir)
+        workload = RunFolder(run_dir).workload()
         if not os.access(run_dir, os.W_OK):
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
@@ -252,6 +248,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     concurrent = active.others()
     if concurrent:
         console.print(Text(f"warning: {active.describe(concurrent)}"), style="bold yellow")
+    folder = RunFolder(run_dir)
     references: dict[int, list[float]] = {}
     reference_failures: dict[int, str] = {}
     console.print(f"[bold]{escape(workload.name)}[/]: {len(cells)} cells ({len(cells) - len(todo)} already done) "
@@ -279,13 +276,13 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                     if reference_failures[ws] is None:
                         try:
                             references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
-                            write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                            folder.write_references(references)
                         except (ReferenceFailed, WorkloadError) as err:  # the user's loss or batch, say
                             reference_failures[ws] = str(err)
                 if refused is not None:  # never allocate what cannot fit; the matrix goes on
                     record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),
                               "ranks": []}
-                    write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
+                    folder.write_cell(record)
                 else:
                     record = run_one(run_dir, workload, cell, profile, device, references.get(ws),
                                      concurrent=concurrent, reference_error=reference_failures.get(ws))
@@ -295,7 +292,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     except KeyboardInterrupt:
         # launch_cell has killed the ranks of the cell in flight; it left no record, so
         # --resume runs it again. Finished cells are on disk already.
-        if any((run_dir / "cells").glob("*.json")):
+        if folder.has_cells():
             write_tables(run_dir)
         raise Interrupted(run_dir) from None
     write_tables(run_dir)
@@ -320,15 +317,15 @@ def cell_counts(run_dir: Path) -> dict[str, int]:
 
 def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
             reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None) -> dict:
-    path = run_dir / "cells" / f"{cell.id}.json"
-    path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
+    folder = RunFolder(run_dir)
+    folder.discard_cell(cell.id)  # a stale record from an earlier attempt must not pass for this one
     if cell.skip_reason is not None:
         record = {"cell_id": cell.id, "status": "skipped", "error": cell.skip_reason, "config": cell.config(),
                   "ranks": []}
     else:
         result = launch_cell(run_dir, cell.id, cell.world_size, workload.run.timeout_s,
                              threads=workload.run.threads_per_rank, profile=profile, device=device)
-        record = RunFolder(run_dir).read_cell(cell.id) if result.ok else None
+        record = folder.read_cell(cell.id) if result.ok else None
         if record is not None:
             record["loss_max_abs_diff_ref"] = loss_deviation(record, reference or [], workload.data.warmup_steps)
             ran = record.get("code_root")
@@ -345,7 +342,7 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             record["concurrent_runs"] = list(concurrent)
     if cell.note:
         record["note"] = cell.note  # what the engine ignored here (Engine.notes)
-    write_json_atomic(path, record)
+    folder.write_cell(record)
     return record
 
 

@@ -63,11 +63,7 @@ class GPTConfig:
     ``"fp32"``, the logits upcast first, as torchtitan's ``cross_entropy_loss`` does."""
 
     def check(self) -> None:
-        _check_loss_dtype(self.loss_dtype)
-        if self.seq_len < 2:
-            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
-        for name in ("layers", "d_model", "heads", "vocab", "mlp_ratio", "seq_len"):
-            _dimension(f"model.{name}", getattr(self, name))
+        _check_decoder(self, ("layers", "d_model", "heads", "vocab", "mlp_ratio", "seq_len"))
         if self.d_model % self.heads:
             raise WorkloadError(
                 f"model.heads: {self.heads} does not divide model.d_model={self.d_model} "
@@ -121,11 +117,7 @@ class LlamaConfig:
     ``"fp32"``, the logits upcast first, as torchtitan's ``cross_entropy_loss`` does."""
 
     def check(self) -> None:
-        _check_loss_dtype(self.loss_dtype)
-        if self.seq_len < 2:
-            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
-        for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
-            _dimension(f"model.{name}", getattr(self, name))
+        _check_decoder(self, ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"))
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise WorkloadError(
                 f"model.heads: {self.heads} does not divide model.d_model={self.d_model} into heads of even width "
@@ -146,6 +138,16 @@ LOSS_DTYPES = ("model", "fp32")
 def _check_loss_dtype(value) -> None:
     if value not in LOSS_DTYPES:
         raise WorkloadError(f"model.loss_dtype: {value!r} is not allowed (allowed: {', '.join(map(repr, LOSS_DTYPES))})")
+
+
+def _check_decoder(model, dimensions: tuple[str, ...]) -> None:
+    """What every decoder's ``[model]`` is checked for: its loss dtype, a ``seq_len`` of at
+    least two tokens (one to predict the next from), and each of ``dimensions`` >= 1."""
+    _check_loss_dtype(model.loss_dtype)
+    if model.seq_len < 2:
+        raise WorkloadError(f"model.seq_len: {model.seq_len} is not allowed (allowed: int >= 2)")
+    for name in dimensions:
+        _dimension(f"model.{name}", getattr(model, name))
 
 
 #: Keys of ``[model]`` that a user model (``factory``) does not receive as keyword arguments.

@@ -28,8 +28,15 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.analysis.compare.gate import CELL_ROW
-from zerobench.analysis.compare.report import (OUTCOME, ReportInfo, fmt_limit, fmt_pct, fmt_value, summarize,
-                                               summary_line)
+from zerobench.analysis.compare.report import (
+    OUTCOME,
+    ReportInfo,
+    fmt_limit,
+    fmt_pct,
+    fmt_value,
+    summarize,
+    summary_line,
+)
 from zerobench.runs.files import write_atomic
 
 SUITE = "zerobench compare"

@@ -53,11 +53,21 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL,
-                                              Rule, default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
+from zerobench.analysis.compare.rules import (
+    DEFAULT_DET_REL,
+    DEFAULT_LOSS_ABS,
+    DEFAULT_TIME_K,
+    DEFAULT_TIME_REL,
+    GATES,
+    Rule,
+    default_rule,
+    is_timelike,
+    metric_info,
+    parse_rules,
+)
 from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME, METRICS
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells", "Rule", "parse_rules", "default_rule",
            "cell_table", "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
@@ -479,7 +489,7 @@ def hardware_differences(baseline_meta: dict, new_meta: dict) -> list[str]:
 
     A field that one run records and the other does not (a baseline older than the
     field) counts as a difference: its numbers cannot be assumed reproducible. A field
-    neither records says nothing. See [Note: losses across machines] in compare_rules.py.
+    neither records says nothing. See [Note: losses across machines] in rules.py.
     """
     reasons = []
     for key in HARDWARE_KEYS:

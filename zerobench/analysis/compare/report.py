@@ -32,7 +32,7 @@ class ReportInfo:
     exit_code: int = 0
     hardware: list[str] = field(default_factory=list)
     """Why baseline and run count as different hardware (empty: the same). Losses then
-    follow the cross-machine rules: see [Note: losses across machines] in compare_rules.py."""
+    follow the cross-machine rules: see [Note: losses across machines] in rules.py."""
 
     def hardware_line(self) -> str:
         if not self.hardware:

@@ -85,11 +85,10 @@ def analyze_run(run_dir, plots: bool = True) -> pd.DataFrame:
     order = folder.matrix_order()
     summary = summary.sort_values(["cell_id", "rank"], key=lambda c: c.map(lambda cid: order.get(cid, len(order))) if c.name == "cell_id" else c,
                                   kind="stable").reset_index(drop=True)
-    out = folder.analysis_dir
-    write_csv_atomic(out / "summary.csv", summary)
-    write_csv_atomic(out / "steps.csv", _cell_first(pd.concat(steps, ignore_index=True)))
-    write_csv_atomic(out / "collectives.csv", _cell_first(pd.concat(colls, ignore_index=True)))
-    write_csv_atomic(out / "inflight.csv", _cell_first(pd.concat(inflight, ignore_index=True)))
+    write_csv_atomic(folder.analysis_path("summary"), summary)
+    write_csv_atomic(folder.analysis_path("steps"), _cell_first(pd.concat(steps, ignore_index=True)))
+    write_csv_atomic(folder.analysis_path("collectives"), _cell_first(pd.concat(colls, ignore_index=True)))
+    write_csv_atomic(folder.analysis_path("inflight"), _cell_first(pd.concat(inflight, ignore_index=True)))
     folder.merge_into_results(summary)
     if plots:
         from .plots import plot_run
