@@ -9,9 +9,10 @@ the parent hands every cell (a *job*: a configuration at one world size, and for
 estimate's depth extrapolation one depth) to one child process, which runs them in
 turn: each in a fresh fake world (its process group made and destroyed around it, as
 before), imports paid once. The child writes its rows as it goes and reports progress
-with an estimate of the time left on its stderr, which the parent passes on. A job that
-kills the child (a crash, not an exception: those become its row) is reported failed
-with the child's last words, and a new child takes the jobs after it.
+with an estimate of the time left on its stderr, which the parent passes on (the
+command prints the one total wall time at its end). A job that kills the child (a
+crash, not an exception: those become its row) is reported failed with the child's last
+words, and a new child takes the jobs after it.
 
 The parent stays light (no engine is imported there), and the child is the one launcher's
 (zerobench/harness/launch.py).
@@ -115,4 +116,4 @@ def child_loop(argv_jobs: Path, out: Path, run_one: Callable[[Job], dict]) -> No
         status = rows[-1].get("status", "ok")
         print(f"{PROGRESS}[{i}/{len(jobs)}] {job.label or job.engine} ws{job.world_size}"
               f"{'' if job.layers is None else f' depth {job.layers}'}: {status} in {now - t0:.1f} s "
-              f"(elapsed {now - started:.0f} s, about {left:.0f} s left)", file=sys.stderr, flush=True)
+              f"(about {left:.0f} s left)", file=sys.stderr, flush=True)

@@ -12,7 +12,6 @@ beside them), ``workload.json`` and ``plots/estimate_peak.png``. See docs/estima
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from zerobench.whatif.cells import (check_hybrid_shard_size, config_id, log_and_advance, parse_world_sizes,
@@ -22,11 +21,6 @@ from zerobench.whatif.cells import (check_hybrid_shard_size, config_id, log_and_
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
 DEFAULT_WORLD_SIZES = (8, 64, 1024)
-
-
-
-
-
 
 
 def check_against(run):
@@ -45,7 +39,6 @@ def check_against(run):
         raise ValueError(f"--against: {run} has no peak_mem_bytes (allowed: a run with the memory pass, "
                          f"run.memory_pass = true)")
     return results
-
 
 
 def _psi(workload) -> int:
@@ -119,12 +112,10 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     found = {}
     if progress is not None:
         progress.set_total(len(jobs))
-    if jobs:
-        started = time.perf_counter()
+    if jobs:  # the command prints the one wall time, its own
         for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend,
                                             log_and_advance(log, progress))):
             found[(job.label, job.world_size, job.layers)] = row
-        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
     for cell in cells:
         cid, shallow = config_id(cell), plans[config_id(cell)]
         results = {}
@@ -180,8 +171,6 @@ def _extrapolated(w, cell, ws, rank, shallow, a: dict | None, b: dict | None) ->
     return depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
 
 
-
-
 def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log) -> list[dict]:
     from zerobench.whatif.jobs import run_jobs
 
@@ -193,39 +182,6 @@ def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log) -> l
     if hybrid_shard_size:
         env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
     return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process")
-
-
-def format_table(frame) -> str:
-    """Peak MiB per configuration (rows) and world size (columns); skipped cells say so."""
-    if frame.empty:
-        return "(no configuration)"
-    lines = []
-    sizes = sorted(frame["world_size"].unique())
-    width = max(len(c) for c in frame["config"]) + 2
-    lines.append("config".ljust(width) + "".join(f"{'ws' + str(s):>12}" for s in sizes))
-    for config, group in frame.groupby("config", sort=False):
-        cells = []
-        for s in sizes:
-            row = group[group["world_size"] == s].iloc[0]
-            cells.append(f"{row['peak_mem_bytes'] / 2**20:>12.2f}" if row["status"] == "ok" else f"{'skipped':>12}")
-        lines.append(config.ljust(width) + "".join(cells))
-    reasons = frame[frame["status"] != "ok"][["config", "world_size", "reason"]]
-    for _, r in reasons.iterrows():
-        lines.append(f"  skipped {r['config']} ws{r['world_size']}: {r['reason']}")
-    return "\n".join(lines)
-
-
-def format_model_states(frame) -> str:
-    """Per configuration and world size: the model states from the element counts the
-    engine holds (measured) beside the paper's formula for its stage (analytic)."""
-    ok = frame[frame["status"] == "ok"]
-    width = max([len(c) for c in ok["config"]] + [6]) + 2
-    lines = ["config".ljust(width) + f"{'ws':>6}{'stage':>7}{'measured':>12}{'analytic':>12}{'diff':>9}"]
-    for _, r in ok.iterrows():
-        measured, analytic = r["paper_model_states_bytes"], r["paper_analytic_model_states_bytes"]
-        lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.4g}"
-                     f"{analytic / 1e9:>12.4g}{100 * (measured - analytic) / analytic:>+8.2f}%")
-    return "\n".join(lines)
 
 
 def against_run(estimates, results):

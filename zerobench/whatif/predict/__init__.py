@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 
 from zerobench.whatif.cells import config_id, parse_world_sizes, select_configurations, versions, why_not
@@ -113,11 +112,9 @@ def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str = "fast
     if jobs:
         from zerobench.whatif.cells import log_and_advance
 
-        started = time.perf_counter()
         for job, row in zip(jobs, _run_jobs(w, jobs, gpu, host, links, node_size, out_dir / "traces", memory,
-                                            log_and_advance(log, progress))):
+                                            log_and_advance(log, progress))):  # the command prints the wall time
             results[(job.label, job.world_size)] = row
-        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
     rows = []
     for cell in cells:
         for ws in world_sizes:
@@ -155,27 +152,3 @@ def _run_jobs(w, jobs, gpu, host, links, node_size, traces: Path, memory: dict, 
     # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
     return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process")
-
-
-def _int(value) -> str:
-    return "-" if value is None or value != value else f"{int(value)}"
-
-
-def _percent(value) -> str:
-    return "-" if value is None or value != value else f"{100 * value:.1f}"
-
-
-def format_table(frame) -> str:
-    lines = [f"{'config':<44}{'ws':>6}{'step ms':>10}{'exposed ms':>12}{'overlap':>9}{'active GiB':>12}"
-             f"{'reserved GiB':>14}{'units':>7}{'lead ms':>9}{'retries':>8}{'MFU %':>7}"]
-    for _, r in frame.iterrows():
-        if r["status"] != "ok":
-            lines.append(f"{r['config']:<44}{r['world_size']:>6}  {r['status']}: {r['reason']}")
-            continue  # a capped cell's figures are a full card's, not a prediction
-        lines.append(f"{r['config']:<44}{r['world_size']:>6}{r['step_time_s'] * 1e3:>10.2f}"
-                     f"{r['exposed_comm_s'] * 1e3:>12.2f}{r['overlap_ratio']:>9.2f}"
-                     f"{r['peak_active_bytes'] / 2**30:>12.2f}{r['peak_reserved_bytes'] / 2**30:>14.2f}"
-                     f"{r['max_unsharded_units']:>7.1f}{r['host_lead_max_s'] * 1e3:>9.2f}"
-                     f"{_int(r.get('num_alloc_retries')):>8}{_percent(r.get('mfu')):>7}")
-    return "\n".join(lines)
-
