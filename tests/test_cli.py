@@ -180,8 +180,10 @@ def test_progress_shows_an_eta_on_a_terminal_only_after_a_while():
     assert fast.getvalue() == ""  # done before a bar was worth showing
 
 
-def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(tmp_path, capsys):
+def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(tmp_path, capsys, monkeypatch):
     import shutil
+
+    monkeypatch.setenv("COLUMNS", "160")  # every folder name whole in its column
 
     shutil.copytree(ROOT / "results" / "baselines" / "cpu-quickstart", tmp_path / "baselines" / "cpu-quickstart")
     estimate = _folder(tmp_path, "20261124-101010-w-estimate", "workload.json")

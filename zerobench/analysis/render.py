@@ -275,11 +275,13 @@ def _widths(texts: dict[int, list[str]], columns: list[Column], keep: list[int],
         return widths
     widths = list(least)
     spare = room - sum(least)
-    # identifiers first (a cell id whole on one line), then headers, then free text
-    for kinds in (("parts",), ("none",), ("words",)):
+    # Identifiers first, up to their median length (most ids on one line), then headers
+    # on one line, then identifiers whole, then free text.
+    typical = [sorted(len(t) for t in texts[i])[len(texts[i]) // 2] if texts[i] else 0 for i in keep]
+    for kinds, target in ((("parts",), typical), (("none",), whole), (("parts",), whole), (("words",), whole)):
         for k, i in enumerate(keep):
             if columns[i].wrap in kinds and spare > 0:
-                grow = min(spare, whole[k] - widths[k])
+                grow = max(0, min(spare, target[k] - widths[k]))
                 widths[k] += grow
                 spare -= grow
     return widths

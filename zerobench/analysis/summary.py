@@ -87,7 +87,8 @@ def print_summary(run_dir: Path, console: Console | None = None, running: dict |
     else:
         console.print(Text(f"{Path(run_dir).name}: no cell has finished yet"), style="bold")
     for note in folder_notes(run_dir, running):
-        console.print(Text(note), style="yellow", soft_wrap=True)  # commands stay whole, for copying
+        for line in note.splitlines():  # prose wrapped to the width; a command on a line of its own, whole
+            console.print(Text(line), style="yellow", soft_wrap=line.startswith("  "))
 
 
 def unfinished_cells(run_dir: Path) -> list[str]:
@@ -112,7 +113,8 @@ def folder_notes(run_dir: Path, running: dict | None = None) -> list[str]:
     """What a reader of the folder should know that the table does not say: cells not run
     yet (a run interrupted, or running now) and how to finish them, tables shown from
     cells/ and cells never checked against the reference ([Note: readers have no side
-    effects] in zerobench/runs/folder.py)."""
+    effects] in zerobench/runs/folder.py). A command to copy is on a line of its own,
+    indented."""
     folder = RunFolder(run_dir)
     notes = []
     left = unfinished_cells(run_dir)
@@ -120,7 +122,7 @@ def folder_notes(run_dir: Path, running: dict | None = None) -> list[str]:
         listed = len(left) + len(folder.cell_records() or [])
         if running:
             notes.append(f"running: {len(left)} of {listed} cell(s) still to run (pid {running.get('pid', '?')}, "
-                         f"started {running.get('started', '?')}); `zerobench show {run_dir}` again for more")
+                         f"started {running.get('started', '?')}); show it again for more:\n  zerobench show {run_dir}")
         else:
             notes.append(f"interrupted: {listed - len(left)} of {listed} cell(s) finished, {len(left)} not run "
                          f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}). Resume with:\n"
@@ -128,10 +130,10 @@ def folder_notes(run_dir: Path, running: dict | None = None) -> list[str]:
     missing = folder.missing_references()
     if missing:
         notes.append(f"note: {len(missing)} cell(s) have no single-process loss reference (run under torchrun); "
-                     f"`zerobench reference {run_dir}` computes it")
+                     f"this computes it:\n  zerobench reference {run_dir}")
     if folder.tables_stale():
-        notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; "
-                     f"`zerobench reference {run_dir}` writes the tables")
+        notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; this writes "
+                     f"the tables:\n  zerobench reference {run_dir}")
     return notes
 
 
@@ -151,8 +153,8 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
     if not folders:
         console.print(Text(f"no runs, estimates or predictions under {results_root}"))
         return
-    table = Table([Column("folder", "left", "parts", breaks="-/"), Column("kind", "left"),
-                   Column("workload", "left", "parts"), Column("date", "left", "words"), Column("cells"),
+    table = Table([Column("folder", "left", "parts", breaks="-/", role="key"), Column("kind", "left"),
+                   Column("workload", "left", "parts"), Column("date", "left"), Column("cells"),
                    Column("ok"), Column("failed"), Column("skipped"), Column("not run"), Column("git", "left")],
                   title=f"results under {results_root}")
     for kind, folder in folders:
@@ -175,7 +177,7 @@ def _list_row(kind: str, folder: Path) -> dict:
         except DamagedFile:
             meta = {"workload": f"(damaged {run.meta_path.name})"}
         row.update(workload=str(meta.get("workload", "?")), git=(meta.get("git_commit") or "")[:8])
-        row["date"] = str(meta.get("date", row["date"]))[:19].replace("T", " ")
+        row["date"] = str(meta.get("date", row["date"]))[:16].replace("T", " ")
         if run.cells_dir.is_dir():
             statuses = [r["status"] for r in run.cell_records()]
         elif run.results_path.exists():  # a curated run or a baseline: its tables are what it kept
@@ -209,8 +211,8 @@ def _statuses(table: Path, per: str | None) -> list[str]:
 
 
 def _stamp(name: str) -> str:
-    """"2026-11-24 12:00:00" from a folder named <date>-<time>-..., else "?"."""
+    """"2026-11-24 12:00" from a folder named <date>-<time>-..., else "?"."""
     import re
 
     m = re.match(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})(\d{2})", name)
-    return f"{m[1]}-{m[2]}-{m[3]} {m[4]}:{m[5]}:{m[6]}" if m else "?"
+    return f"{m[1]}-{m[2]}-{m[3]} {m[4]}:{m[5]}" if m else "?"
