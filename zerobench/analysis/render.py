@@ -155,21 +155,18 @@ def _parts(text: str, breaks: str) -> list[str]:
     return [p for p in re.split(f"(?<=[{re.escape(breaks)}])", text) if p]
 
 
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
 def _fold(text: str, width: int) -> list[str]:
     """A word wider than ``width`` in pieces of ``width``: the last resort."""
     return [text[i:i + width] for i in range(0, len(text), width)] or [""]
 
 
-def _fill(pieces: list[str], width: int, joiner: str) -> list[str]:
-    """Greedy line filling of ``pieces`` (joined by ``joiner``) into lines of at most ``width``."""
+def _fill(pieces: list[str], width: int) -> list[str]:
+    """``pieces`` (the parts of an identifier) filled greedily into lines of at most
+    ``width``; a piece wider than that is folded."""
     lines: list[str] = []
     line = ""
     for piece in pieces:
-        candidate = line + joiner + piece if line and joiner else line + piece
+        candidate = line + piece
         if len(candidate.rstrip()) <= width:
             line = candidate
             continue
@@ -189,10 +186,10 @@ def wrap_cell(text: str, column: Column, width: int) -> list[str]:
         return [text]
     if column.wrap == "parts":
         indent = PART_INDENT if width > 2 * len(PART_INDENT) else ""
-        first, *rest = _fill(_parts(text, column.breaks), width, "")
+        first, *rest = _fill(_parts(text, column.breaks), width)
         if not rest:
             return [first]
-        rest = _fill(_parts("".join(rest), column.breaks), width - len(indent), "")
+        rest = _fill(_parts("".join(rest), column.breaks), width - len(indent))
         return [first] + [indent + line for line in rest]
     if column.wrap == "words":
         out = []
@@ -208,7 +205,7 @@ def _min_width(texts: list[str], column: Column) -> int:
         return max([len(_parts(t, column.breaks)[0]) for t in texts] + [len(PART_INDENT) + len(p) for p in parts])
     if column.wrap == "words":
         # a long word (a path) may be folded rather than widen the column beyond 24
-        return min(max((len(w) for t in texts for w in _words(t)), default=0), 24)
+        return min(max((len(w) for t in texts for w in t.split()), default=0), 24)
     return max((len(t) for t in texts), default=0)
 
 
@@ -350,25 +347,11 @@ def layout(table: Table, width: int) -> list[tuple[str, str | None]]:
         out.append(("(nothing to show)", None) if not table.rows else ("", None))
     else:
         abbreviations = _Abbreviations()
-        widths = _widths(texts, columns, values, width)
-        if widths is None:  # shorten the keys of key=value parts, then try again
-            for i in values:
-                if columns[i].wrap == "parts":
-                    texts[i] = [abbreviations.apply(t, columns[i].breaks) for t in texts[i]]
-            widths = _widths(texts, columns, values, width)
-        left_out = []
-        for i in reversed([i for i in values if columns[i].optional]):
-            if widths is not None:
-                break
-            left_out.insert(0, i)  # rather than a panel far below the rows it belongs to
-            widths = _widths(texts, columns, [v for v in values if v not in left_out], width)
-        if widths is None:
-            left_out = []
-        values = [v for v in values if v not in left_out]
+        widths, shown, left_out = _fit(texts, columns, values, width, abbreviations)
         if widths is not None:
-            out += _render_block(table, values, widths, texts, notes, group, width)
+            out += _render_block(table, shown, widths, texts, notes, group, width)
         else:
-            for k, panel in enumerate(_panels(texts, columns, values, width)):
+            for k, panel in enumerate(_panels(texts, columns, shown, width)):
                 if k:
                     out.append(("", None))
                 out += _render_block(table, panel, _widths(texts, columns, panel, width, force=True), texts,
@@ -378,13 +361,35 @@ def layout(table: Table, width: int) -> list[tuple[str, str | None]]:
             out += [(line, "dim") for line in textwrap.wrap(f"abbreviated: {legend}", width)]
         if left_out:
             names = ", ".join(columns[i].header for i in left_out)
-            need = sum(_least(texts[i], columns[i]) for i in values + left_out) + len(SEP) * (len(values + left_out) - 1)
+            need = sum(_least(texts[i], columns[i]) for i in values) + len(SEP) * (len(values) - 1)
             out += [(line, "dim") for line in textwrap.wrap(f"not shown at {width} columns: {names} (a terminal of "
                                                               f"{need} columns shows it)", width)]
     for note in table.notes:
         out += [(line, "dim") for line in textwrap.wrap(note, width, break_long_words=True,
                                                          break_on_hyphens=False)] or [("", None)]
     return out
+
+
+def _fit(texts, columns, values: list[int], width: int, abbreviations: _Abbreviations):
+    """(widths or None, the columns shown, the optional ones left out): the columns at
+    ``width`` as they are; else with the keys of ``key=value`` parts abbreviated (in
+    ``texts``); else without optional columns, last first. None: panels it is, every
+    column shown."""
+    widths = _widths(texts, columns, values, width)
+    if widths is None:
+        for i in values:
+            if columns[i].wrap == "parts":
+                texts[i] = [abbreviations.apply(t, columns[i].breaks) for t in texts[i]]
+        widths = _widths(texts, columns, values, width)
+    left_out: list[int] = []
+    for i in reversed([i for i in values if columns[i].optional]):
+        if widths is not None:
+            break
+        left_out.insert(0, i)  # rather than a panel far below the rows it belongs to
+        widths = _widths(texts, columns, [v for v in values if v not in left_out], width)
+    if widths is None:
+        return None, values, []
+    return widths, [v for v in values if v not in left_out], left_out
 
 
 def _panels(texts, columns, values: list[int], width: int) -> list[list[int]]:
