@@ -198,3 +198,18 @@ def test_gloo_backend_estimate_matches_the_gloo_memory_pass(tmp_path):
         diffs[backend] = against_run(frame, baseline).set_index("config")["diff_pct"]
     assert (diffs["gloo"].abs() < 1).all(), diffs["gloo"].to_string()
     assert (diffs["nccl"] < -5).all(), diffs["nccl"].to_string()
+
+
+def test_estimate_prints_its_tables_in_mib_and_one_wall_time(tmp_path, capsys, monkeypatch):
+    """Once: 'N cells in X s', 'elapsed Y s' and '(Z s)' -- three wall times -- and the
+    model states in GB beside peaks in MiB."""
+    from zerobench.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["estimate", "quickstart", "--world-sizes", "8,64", "--config", "ddp-fp32", "--config",
+                 "torch-fsdp1-fp32-sharding_strategy=SHARD_GRAD_OP", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"\d s wall|\d s\)|cells in|elapsed", out)) == 1, out
+    assert re.search(r"estimate: .*estimate\.csv \(4 cells, [\d.]+ s wall\)", out)
+    assert "per-rank peak MiB" in out and "model states per rank, MiB" in out and "GB" not in out
+    assert all(len(line) <= 80 for line in out.splitlines() if not line.startswith(("[", "estimate: ", "plot: ")))

@@ -79,7 +79,6 @@ def run_jobs(module: str, workload, jobs: list[Job], args: list[str], env: dict,
         progress.set_total(len(jobs))
     if not jobs:
         return []
-    started = time.perf_counter()
 
     def ended(index: int, status: str, how: str) -> None:
         log(f"[{index + 1}/{len(jobs)}] {jobs[index].describe()}: {status} {how}")
@@ -117,7 +116,6 @@ def run_jobs(module: str, workload, jobs: list[Job], args: list[str], env: dict,
                                "reason": f"{what} failed (exit code {proc.returncode}): {last}"}
                 ended(first, "skipped", f"({what} failed)")
                 first += 1
-    log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
     return rows  # type: ignore[return-value]
 
 

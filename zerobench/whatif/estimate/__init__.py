@@ -188,39 +188,6 @@ def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, prog
                     progress=progress)
 
 
-def format_table(frame) -> str:
-    """Peak MiB per configuration (rows) and world size (columns); skipped cells say so."""
-    if frame.empty:
-        return "(no configuration)"
-    lines = []
-    sizes = sorted(frame["world_size"].unique())
-    width = max(len(c) for c in frame["config"]) + 2
-    lines.append("config".ljust(width) + "".join(f"{'ws' + str(s):>12}" for s in sizes))
-    for config, group in frame.groupby("config", sort=False):
-        cells = []
-        for s in sizes:
-            row = group[group["world_size"] == s].iloc[0]
-            cells.append(f"{row['peak_mem_bytes'] / 2**20:>12.2f}" if row["status"] == "ok" else f"{'skipped':>12}")
-        lines.append(config.ljust(width) + "".join(cells))
-    reasons = frame[frame["status"] != "ok"][["config", "world_size", "reason"]]
-    for _, r in reasons.iterrows():
-        lines.append(f"  skipped {r['config']} ws{r['world_size']}: {r['reason']}")
-    return "\n".join(lines)
-
-
-def format_model_states(frame) -> str:
-    """Per configuration and world size: the model states from the element counts the
-    engine holds (measured) beside the paper's formula for its stage (analytic)."""
-    ok = frame[frame["status"] == "ok"]
-    width = max([len(c) for c in ok["config"]] + [6]) + 2
-    lines = ["config".ljust(width) + f"{'ws':>6}{'stage':>7}{'measured':>12}{'analytic':>12}{'diff':>9}"]
-    for _, r in ok.iterrows():
-        measured, analytic = r["paper_model_states_bytes"], r["paper_analytic_model_states_bytes"]
-        lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.4g}"
-                     f"{analytic / 1e9:>12.4g}{100 * (measured - analytic) / analytic:>+8.2f}%")
-    return "\n".join(lines)
-
-
 def against_run(estimates, results):
     """Estimated vs real per-rank peak, per configuration, world size and rank: the rows of
     ``estimates`` (estimate.csv) that a run's ``results`` (results.csv, memory pass) also

@@ -152,27 +152,3 @@ def _run_jobs(w, jobs, gpu, host, links, node_size, traces: Path, memory: dict, 
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
     return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process",
                     progress=progress)
-
-
-def _int(value) -> str:
-    return "-" if value is None or value != value else f"{int(value)}"
-
-
-def _percent(value) -> str:
-    return "-" if value is None or value != value else f"{100 * value:.1f}"
-
-
-def format_table(frame) -> str:
-    lines = [f"{'config':<44}{'ws':>6}{'step ms':>10}{'exposed ms':>12}{'overlap':>9}{'active GiB':>12}"
-             f"{'reserved GiB':>14}{'units':>7}{'lead ms':>9}{'retries':>8}{'MFU %':>7}"]
-    for _, r in frame.iterrows():
-        if r["status"] != "ok":
-            lines.append(f"{r['config']:<44}{r['world_size']:>6}  {r['status']}: {r['reason']}")
-            continue  # a capped cell's figures are a full card's, not a prediction
-        lines.append(f"{r['config']:<44}{r['world_size']:>6}{r['step_time_s'] * 1e3:>10.2f}"
-                     f"{r['exposed_comm_s'] * 1e3:>12.2f}{r['overlap_ratio']:>9.2f}"
-                     f"{r['peak_active_bytes'] / 2**30:>12.2f}{r['peak_reserved_bytes'] / 2**30:>14.2f}"
-                     f"{r['max_unsharded_units']:>7.1f}{r['host_lead_max_s'] * 1e3:>9.2f}"
-                     f"{_int(r.get('num_alloc_retries')):>8}{_percent(r.get('mfu')):>7}")
-    return "\n".join(lines)
-
