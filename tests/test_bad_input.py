@@ -18,7 +18,6 @@ import pytest
 
 from zerobench.cli import main
 from zerobench.harness import active, runner
-from zerobench.runs.folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -188,10 +187,10 @@ def test_estimate_against_a_run_without_the_memory_pass_is_refused(tmp_path, cap
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["show", "no-such-run"], "zerobench show: error: RUN: no-such-run: no such folder"),
+    (["show", "no-such-run"], "zerobench show: error: FOLDER: no-such-run: no such folder"),
     (["plot", "README.md"], "zerobench plot: error: FOLDER: README.md: not a folder"),
     (["list", "--results", "README.md"], "zerobench list: error: --results: README.md is not a folder"),
-    (["latest", "--results", "no-such-folder"], "zerobench latest: error: --results: no run folder under no-such-folder/"),
+    (["latest", "--results", "no-such-folder"], "zerobench latest: error: --results: no results folder under no-such-folder/"),
     (["predict", "quickstart", "--gpu", "h1000", "--results", "{tmp}/r"],
      "zerobench predict: error: --gpu: gpu must be one of h100-sxm"),
     (["predict", "quickstart", "--link", "nvlink9", "--results", "{tmp}/r"], "zerobench predict: error: --link: "),

@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zerobench.harness.testing import run_ranks
 from zerobench.instruments import emulation
 from zerobench.instruments.link import Link
-from zerobench.harness.testing import run_ranks
 
 LATENCY_US = 60_000.0  # 60 ms per collective: far above gloo's own time on 2 busy cores
 SLOW = Link(1000.0, LATENCY_US)

@@ -20,16 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.harness import active
-
-from zerobench.harness import launch
-
-from zerobench.harness import preflight
 from zerobench.cli import main
-from zerobench.spec.matrix import Cell
+from zerobench.harness import active, launch, preflight
 from zerobench.harness.reference import ReferenceFailed, reference_losses
-from zerobench.runs.folder import RunFolder
 from zerobench.harness.runner import finished, new_run_dir, run_metadata
+from zerobench.runs.folder import RunFolder
+from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerobench.spec.matrix import Cell, engine_axes, expand
+from zerobench.spec.matrix import engine_axes, expand
 from zerobench.spec.workload import WorkloadError, parse_workload
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from zerobench.instruments.memory import StorageTracker
 from zerobench.spec import data
 from zerobench.spec.checkpointing import parse_mode
 from zerobench.spec.matrix import expand
-from zerobench.instruments.memory import StorageTracker
 from zerobench.spec.models import build_for_cell, construct, loss_fn, sharding_units
 from zerobench.spec.workload import WorkloadError, parse_workload
 

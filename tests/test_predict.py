@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.whatif.cells import configurations
 from zerobench.instruments.link import resolve_link
 from zerobench.spec.matrix import Cell
-from zerobench.whatif.predict.rank import timeline_metrics
 from zerobench.spec.workload import load_workload
+from zerobench.whatif.cells import configurations
+from zerobench.whatif.predict.rank import timeline_metrics
 
 
 def test_exposed_communication_is_what_compute_does_not_cover():
@@ -137,9 +137,9 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     collectives go over two process groups: NVLink within the node, InfiniBand across."""
     import dataclasses
 
+    from zerobench.spec.workload import load_workload
     from zerobench.whatif.cells import configurations
     from zerobench.whatif.predict import predict
-    from zerobench.spec.workload import load_workload
 
     w = load_workload("workloads/quickstart.toml")
     w = dataclasses.replace(w, matrix={**w.matrix, "sharding_strategy": ["HYBRID_SHARD"]})

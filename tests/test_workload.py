@@ -1,7 +1,7 @@
 """Workload files: every kind of bad input is an error naming the field and what it allows."""
 
-from pathlib import Path
 import textwrap
+from pathlib import Path
 
 import pytest
 

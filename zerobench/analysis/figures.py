@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -19,6 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from zerobench.runs.files import write_atomic  # noqa: E402
+
+if TYPE_CHECKING:  # pandas is imported where a figure needs it
+    import pandas as pd
 
 __all__ = ["plt", "save_figure", "Setting", "figure_title", "EngineStyles", "numeric", "flag", "short_label",
            "REFERENCE_ENGINE"]

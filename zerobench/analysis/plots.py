@@ -29,25 +29,29 @@ a ``TypeError`` from ``pd.NA``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, Setting, figure_title, flag, numeric, plt,
-                                        save_figure, short_label)
+from zerobench.analysis.figures import (
+    REFERENCE_ENGINE,
+    EngineStyles,
+    Setting,
+    figure_title,
+    flag,
+    numeric,
+    plt,
+    save_figure,
+    short_label,
+)
 from zerobench.runs.folder import DamagedFile, RunFolder
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 from zerobench.runs.tables import cell_records, load_results, reference_cells
 
 STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
-}
-CATEGORY_COLUMNS = {
-    "params": "peak_mem_params_bytes", "grads": "peak_mem_grads_bytes", "optim": "peak_mem_optim_bytes",
-    "unsharded": "peak_mem_unsharded_bytes", "activations": "peak_mem_activations_bytes",
 }
 
 
@@ -230,7 +234,7 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
             peaks = numeric(ranks["peak_mem_bytes"])
             top = ranks.loc[peaks.idxmax()]
             left = 0.0
-            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in CATEGORY_COLUMNS.items()}
+            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in PEAK_ROLE_COLUMNS.items()}
             other = max(float(peaks.max()) - sum(parts.values()), 0.0)
             segments = [(cat, nbytes, CATEGORY_COLORS[cat], "", cat) for cat, nbytes in parts.items()]
             if split:
@@ -334,9 +338,10 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
 
 
 def _warmup_steps(folder: RunFolder) -> int:
+    """The run's warm-up steps (0 when its workload.json cannot be read)."""
     try:
-        return int(json.loads(folder.workload_path.read_text())["data"]["warmup_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return folder.workload().data.warmup_steps
+    except (OSError, ValueError):  # DamagedFile and WorkloadError are ValueErrors
         return 0
 
 
@@ -559,7 +564,7 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     setting = run_setting(run_dir, results)
-    out = run_dir / "plots"
+    folder = RunFolder(run_dir)
     plots = [
         ("pareto.png", lambda path: plot_pareto_run(results, path, setting)),
         ("step_time.png", lambda path: plot_step_time(results, path, setting)),
@@ -572,7 +577,7 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
         progress.set_total(len(plots))
     drawn = []
     for name, draw in plots:
-        drawn.append(draw(out / name))
+        drawn.append(draw(folder.plot_path(name)))
         if progress is not None:
             progress.advance(name)
     return [p for p in drawn if p is not None]

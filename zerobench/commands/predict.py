@@ -45,8 +45,10 @@ def main(args) -> int:
 
     import pandas as pd
 
+    from zerobench.analysis.render import make_console
     from zerobench.commands.progress import Progress
-    from zerobench.whatif.predict import format_table, parse_world_sizes, predict
+    from zerobench.whatif.predict import parse_world_sizes, predict
+    from zerobench.whatif.predict.report import model_kind, print_predict
 
     started = time.perf_counter()
     with Progress(None, "predict") as progress:
@@ -57,10 +59,8 @@ def main(args) -> int:
                           record_streams=args.nccl_record_streams, progress=progress, log=progress.print,
                           overrides=args.overrides)
     frame = pd.read_csv(out_dir / "predict.csv")
-    print(f"predicted on the virtual GPU ({args.gpu}, {args.host} host, link {args.link}"
-          f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
-    print(format_table(frame))
-    print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")
+    print_predict(frame, make_console(), model_kind(out_dir))
+    print(f"predict: {out_dir / 'predict.csv'} ({len(frame)} cells, {time.perf_counter() - started:.1f} s wall)")
     print(f"traces: {out_dir / 'traces'}")
     for path in sorted((out_dir / "plots").glob("*.png")):
         print(f"plot: {path}")

@@ -8,10 +8,14 @@ files of workloads/). Exit codes: 0 every cell ok or skipped, 1 a cell failed (0
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from zerobench.commands.args import (DEFAULT_RESULTS, ArgumentError, add_overrides, check_results_folder,
-                                     resolve_folder, results_root)
+from zerobench.commands.args import (
+    DEFAULT_RESULTS,
+    ArgumentError,
+    add_overrides,
+    check_results_folder,
+    resolve_folder,
+    results_root,
+)
 
 HELP = "run a workload's matrix (default: the shipped quickstart)"
 DEFAULT_WORKLOAD = "quickstart"
@@ -24,7 +28,7 @@ def arguments(p) -> None:
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
                    help="folder of run folders (default: results)")
     p.add_argument("--resume", metavar="RUN",
-                   help="finish an interrupted run: skip its ok/skipped cells (RUN may be `latest`)")
+                   help="finish an interrupted run: skip its ok/skipped cells (RUN may be `latest:run`)")
     p.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable; see `zerobench cells`)")
     p.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -52,10 +56,11 @@ def main(args) -> int:
     from rich.text import Text
 
     from zerobench.analysis.plots import plot_run
-    from zerobench.analysis.summary import print_summary, wide_console
+    from zerobench.analysis.render import make_console
+    from zerobench.analysis.summary import print_summary
     from zerobench.harness.runner import CannotWrite, Interrupted, cell_counts, run_matrix
 
-    console = wide_console()
+    console = make_console()
     try:
         run_dir = run_matrix(args.workload or DEFAULT_WORKLOAD, results_root=args.results, resume=resume,
                              only=args.cell, profile=args.profile, device=args.device,

@@ -15,21 +15,18 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from rich.text import Text
 
 from zerobench.choices import not_allowed
-from zerobench.harness import active
-from zerobench.instruments import load
-
-from zerobench.rank import devices
-from zerobench.runs.files import new_stamped_dir, write_json_atomic
-from zerobench.harness import preflight
+from zerobench.harness import active, preflight
 from zerobench.harness.launch import code_root, launch_cell
-from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
-from zerobench.runs.tables import write_tables
+from zerobench.instruments import load
+from zerobench.rank import devices
+from zerobench.runs.files import new_stamped_dir
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
+from zerobench.runs.tables import write_tables
+from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.spec.user_check import check_user_model
 from zerobench.spec.workload import Workload, WorkloadError, load_workload
 
@@ -54,9 +51,9 @@ class RunSetupError(ValueError):
 def prepare_run(workload: Workload, run_dir: Path, cells: list[Cell], device: str,
                 meta: dict | None = None) -> None:
     """Write the run folder's workload.json and meta.json (what the ranks read)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "workload.json", workload.to_dict())
-    write_json_atomic(run_dir / "meta.json", meta or run_metadata(workload, cells, device))
+    folder = RunFolder(run_dir)
+    folder.write_workload(workload)
+    folder.write_meta(meta or run_metadata(workload, cells, device))
 
 
 def resumed_metadata(old: dict, workload: Workload, all_cells: list[Cell], cells: list[Cell], device: str) -> dict:
@@ -131,7 +128,8 @@ def _cpu_model() -> str:
 
 
 #: CPU feature flags that change which instructions numeric kernels use (and so how bf16
-#: and sometimes fp32 results round). See [Note: losses across machines] in compare_rules.py.
+#: and sometimes fp32 results round). See [Note: losses across machines] in
+#: zerobench/analysis/compare/rules.py.
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bf16", "asimd", "sve", "neon")
 
 
@@ -162,16 +160,14 @@ def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"
     (for launching each cell under torchrun yourself). ``overrides``: ``--set KEY=VALUE``
     applied to the workload file ([Note: overrides] in zerobench/spec/workload.py).
 
-    Everything that can be refused is checked before anything is written: a command
-    that fails leaves no new folder, and a failed ``--resume`` leaves meta.json as it was."""
+    Everything that can be refused is checked before anything is written ([Note: refuse
+    early] in zerobench/cli.py)."""
     console = console or Console()
     if resume is not None:
         run_dir = resume
-        if not (run_dir / "workload.json").exists():
+        if not RunFolder(run_dir).workload_path.exists():
             raise FileNotFoundError(f"--resume {run_dir}: not a zerobench run folder (no workload.json)")
-        from zerobench.rank.worker import load_run
-
-        workload = load_run(run_dir)
+        workload = RunFolder(run_dir).workload()
         if not os.access(run_dir, os.W_OK):
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
@@ -258,6 +254,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     concurrent = active.others()
     if concurrent:
         console.print(Text(f"warning: {active.describe(concurrent)}"), style="bold yellow")
+    folder = RunFolder(run_dir)
     references: dict[int, list[float]] = {}
     reference_failures: dict[int, str] = {}
     console.print(f"[bold]{escape(workload.name)}[/]: {len(cells)} cells ({len(cells) - len(todo)} already done) "
@@ -286,13 +283,13 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                     if reference_failures[ws] is None:
                         try:
                             references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
-                            write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                            folder.write_references(references)
                         except (ReferenceFailed, WorkloadError) as err:  # the user's loss or batch, say
                             reference_failures[ws] = str(err)
                 if refused is not None:  # never allocate what cannot fit; the matrix goes on
                     record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),
                               "ranks": []}
-                    write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
+                    folder.write_cell(record)
                 else:
                     record = run_one(run_dir, workload, cell, profile, device, references.get(ws),
                                      concurrent=concurrent, reference_error=reference_failures.get(ws),
@@ -303,7 +300,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     except KeyboardInterrupt:
         # launch_cell has killed the ranks of the cell in flight; it left no record, so
         # --resume runs it again. Finished cells are on disk already.
-        if any((run_dir / "cells").glob("*.json")):
+        if folder.has_cells():
             write_tables(run_dir)
             record_machine_load(run_dir, run_started)
         raise Interrupted(run_dir) from None
@@ -321,7 +318,7 @@ def record_machine_load(run_dir: Path, started: load.LoadSample) -> None:
     except DamagedFile:
         return
     per_cell = [r.get("machine_load") for r in folder.cell_records()]
-    write_json_atomic(folder.meta_path, {**meta, "machine_load": load.summarize(per_cell, started, load.sample())})
+    folder.write_meta({**meta, "machine_load": load.summarize(per_cell, started, load.sample())})
 
 
 class Interrupted(Exception):
@@ -347,15 +344,15 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
     """Run one cell (or record it skipped) and write its record; ``started``: the machine
     as the cell began, so that the record says what else it did meanwhile
     ([Note: machine load])."""
-    path = run_dir / "cells" / f"{cell.id}.json"
-    path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
+    folder = RunFolder(run_dir)
+    folder.discard_cell(cell.id)  # a stale record from an earlier attempt must not pass for this one
     if cell.skip_reason is not None:
         record = {"cell_id": cell.id, "status": "skipped", "error": cell.skip_reason, "config": cell.config(),
                   "ranks": []}
     else:
         result = launch_cell(run_dir, cell.id, cell.world_size, workload.run.timeout_s,
                              threads=workload.run.threads_per_rank, profile=profile, device=device)
-        record = RunFolder(run_dir).read_cell(cell.id) if result.ok else None
+        record = folder.read_cell(cell.id) if result.ok else None
         if record is not None:
             record["loss_max_abs_diff_ref"] = loss_deviation(record, reference or [], workload.data.warmup_steps)
             ran = record.get("code_root")
@@ -374,7 +371,7 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             record["machine_load"] = load.between(started, load.sample())
     if cell.note:
         record["note"] = cell.note  # what the engine ignored here (Engine.notes)
-    write_json_atomic(path, record)
+    folder.write_cell(record)
     return record
 
 

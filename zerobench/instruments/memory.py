@@ -99,7 +99,7 @@ import torch
 from impl.streams import accelerator
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import CommCounter, Layer
-from zerobench.instruments.storages import Listener
+from zerobench.instruments.storages import Listener, storages_of
 from zerobench.runs.schema import MEMORY_PASS_ATTEMPTS
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
@@ -147,15 +147,6 @@ def marking_recompute(active: bool = True):
         yield
     finally:
         _recompute.depth -= 1
-
-
-def _storages(tensors):
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            local = getattr(t, "_local_tensor", None)  # DTensor: its local shard holds the bytes
-            t = local if local is not None else t
-            if t.device.type != "meta":
-                yield t.untyped_storage()
 
 
 class StorageTracker(Listener, Layer):
@@ -317,7 +308,7 @@ class StorageTracker(Listener, Layer):
         self.comm.record(call.kind, call.nbytes)
         work = issue()
         if call.kind == "all_gather":
-            for storage in _storages(call.outputs()):
+            for storage in storages_of(call.outputs()):
                 uid = self._track(storage)
                 if uid is not None:
                     self._gathered.add(uid)
@@ -339,7 +330,7 @@ class StorageTracker(Listener, Layer):
 
     def track_tensors(self, tensors) -> None:
         """Register tensors that already exist (allocated before tracking began)."""
-        for storage in _storages(tensors):
+        for storage in storages_of(tensors):
             self._track(storage)
 
     def set_phase(self, phase: str) -> None:
@@ -380,7 +371,7 @@ class StorageTracker(Listener, Layer):
     def classify(self, params=(), grads=(), optim=()) -> None:
         """Decide roles (see [Note: telling storages apart]); call with live tensors."""
         for role, tensors in (("optim", optim), ("grads", grads), ("params", params)):
-            for storage in _storages(tensors):
+            for storage in storages_of(tensors):
                 uid = self._events.sid_of(storage) if self._events is not None else None
                 if uid is not None:
                     self._roles[uid] = role
@@ -388,7 +379,7 @@ class StorageTracker(Listener, Layer):
     def note_roles(self, role: str, tensors) -> None:
         """Record the role of tensors that may be gone by the time ``classify`` runs
         (gradients, read as the optimizer phase starts)."""
-        for storage in _storages(tensors):
+        for storage in storages_of(tensors):
             uid = self._track(storage)
             if uid is not None:
                 self._roles[uid] = role

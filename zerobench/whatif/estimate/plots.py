@@ -27,8 +27,15 @@ def estimate_setting(frame, workload: str):
 
 def plot_estimate(frame, path: Path, setting=None) -> Path | None:
     # matplotlib on first plot: `estimate` is often run without one
-    from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, figure_title, numeric, plt, save_figure,
-                                            short_label)
+    from zerobench.analysis.figures import (
+        REFERENCE_ENGINE,
+        EngineStyles,
+        figure_title,
+        numeric,
+        plt,
+        save_figure,
+        short_label,
+    )
     from zerobench.analysis.pareto import STYLE_OPTIONS
 
     ok = frame[frame["status"] == "ok"].copy()

@@ -73,9 +73,8 @@ def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
     """Predicted peak reserved memory against predicted step time, per world size."""
     import pandas as pd
 
-    from zerobench.analysis.figures import REFERENCE_ENGINE
+    from zerobench.analysis.figures import REFERENCE_ENGINE, short_label
     from zerobench.analysis.pareto import STYLE_OPTIONS, plot_pareto
-    from zerobench.analysis.figures import short_label
 
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
