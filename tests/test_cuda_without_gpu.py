@@ -38,11 +38,10 @@ class _FakeAllocator:
 
 
 def test_allocator_metrics_read_any_device_module():
-    from zerobench.runs.schema import METRIC_BY_NAME
-    from zerobench.rank.session import allocator_metrics
+    from zerobench.runs.schema import METRIC_BY_NAME, allocator_columns
 
     fake = _FakeAllocator()
-    metrics = allocator_metrics(fake.memory_stats(torch.device("cuda", 1)))
+    metrics = allocator_columns(fake.memory_stats(torch.device("cuda", 1)))
     assert fake.asked == [torch.device("cuda", 1)]
     assert metrics == {"peak_allocated_bytes": 3 << 20, "peak_active_bytes": 7 << 20,
                        "peak_reserved_bytes": 8 << 20, "num_alloc_retries": 1, "num_ooms": 0}
@@ -52,6 +51,7 @@ def test_allocator_metrics_read_any_device_module():
 def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeypatch):
     """The worker's timing pass with torch.cuda faked: the three peaks are recorded."""
     from zerobench.rank import worker
+    from zerobench.rank.session import Session
     from zerobench.rank.worlds import World
     from zerobench.spec.matrix import expand
     from zerobench.spec.workload import parse_workload
@@ -71,8 +71,8 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
 
     workload = parse_workload({"data": {"warmup_steps": 1, "steps": 2}, "matrix": {"engine": ["ddp"]}})
     cell = expand(workload)[0]
-    runner = worker.CellRunner(workload, cell, CudaWorld())
-    monkeypatch.setattr(runner.session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+    session = Session(workload, cell, CudaWorld())
+    monkeypatch.setattr(session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
 
     class Engine:
         def train_step(self, inputs, targets, loss):
@@ -81,7 +81,7 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
         def extra_metrics(self):
             return {}
 
-    metrics = runner.timing_pass(Engine())["metrics"]
+    metrics = worker.timing_pass(session, Engine())["metrics"]
     assert metrics["peak_active_bytes"] == 7 << 20
     assert metrics["peak_allocated_bytes"] == 3 << 20
     assert metrics["peak_reserved_bytes"] == 8 << 20
@@ -362,6 +362,7 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
     """[Note: model FLOPs]: a timing pass on an H100 (faked) of a Llama records
     tflops_per_gpu and mfu against the bf16 peak of the closest preset, 989 TFLOP/s."""
     from zerobench.rank import worker
+    from zerobench.rank.session import Session
     from zerobench.rank.worlds import World
     from zerobench.spec.flops import model_flops_per_token
     from zerobench.spec.matrix import expand
@@ -384,8 +385,8 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
                                          "ffn_hidden": 128, "vocab": 100, "seq_len": 32},
                                "data": {"warmup_steps": 0, "steps": 2, "batch_size": 4},
                                "matrix": {"engine": ["ddp"], "dtype": ["bf16"]}})
-    runner = worker.CellRunner(workload, expand(workload)[0], CudaWorld())
-    monkeypatch.setattr(runner.session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+    session = Session(workload, expand(workload)[0], CudaWorld())
+    monkeypatch.setattr(session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
 
     class Engine:
         def train_step(self, inputs, targets, loss):
@@ -394,7 +395,7 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
         def extra_metrics(self):
             return {}
 
-    metrics = runner.timing_pass(Engine())["metrics"]
+    metrics = worker.timing_pass(session, Engine())["metrics"]
     per_gpu = metrics["throughput_tokens_s"]  # one rank
     flops = model_flops_per_token(workload.model)
     assert metrics["tflops_per_gpu"] == pytest.approx(per_gpu * flops / 1e12)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.whatif.cells import configurations
 from zerobench.instruments.link import resolve_link
 from zerobench.spec.matrix import Cell
-from zerobench.whatif.predict.rank import timeline_metrics
 from zerobench.spec.workload import load_workload
+from zerobench.whatif.cells import configurations
+from zerobench.whatif.predict.rank import timeline_metrics
 
 
 def test_exposed_communication_is_what_compute_does_not_cover():
@@ -85,7 +85,7 @@ def test_predict_names_bad_presets_and_configurations(tmp_path):
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
         predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
     # a --config that names no configuration (here a cell id, with its world size)
-    with pytest.raises(ValueError, match=r"--config: 'impl-fsdp-ws2-fp32' is not a configuration .*allowed: ddp-fp32"):
+    with pytest.raises(ValueError, match=r"--config: impl-fsdp-ws2-fp32 is not a configuration .*allowed: ddp-fp32"):
         predict("workloads/quickstart.toml", [8], only=["impl-fsdp-ws2-fp32"], results_root=tmp_path)
     assert not any(tmp_path.iterdir())  # and no empty results folder is left behind
 
@@ -137,9 +137,9 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     collectives go over two process groups: NVLink within the node, InfiniBand across."""
     import dataclasses
 
+    from zerobench.spec.workload import load_workload
     from zerobench.whatif.cells import configurations
     from zerobench.whatif.predict import predict
-    from zerobench.spec.workload import load_workload
 
     w = load_workload("workloads/quickstart.toml")
     w = dataclasses.replace(w, matrix={**w.matrix, "sharding_strategy": ["HYBRID_SHARD"]})

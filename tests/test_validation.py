@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from zerobench.spec.workload import load_workload
 from zerobench.whatif.cells import config_id, configurations
 from zerobench.whatif.predict.validation import PUBLISHED, to_markdown, validate
-from zerobench.spec.workload import load_workload
 
 
 @pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p.name)

@@ -1,11 +1,10 @@
-"""The virtual GPU (zerobench/vgpu): timelines worked out by hand, the caching-allocator
+"""The virtual GPU (zerobench/instruments/vgpu): timelines worked out by hand, the caching-allocator
 model, the cost model, collectives on a fake process group, and impl's CUDA code path
 running on it (the same code a GPU runs, through impl.streams' device module)."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ import torch.nn as nn
 from impl.streams import Streams, accelerator
 from zerobench.instruments import storages
 from zerobench.instruments.link import Link
-from zerobench.instruments.vgpu import GpuPreset, HostPreset, VirtualGpu
-from zerobench.instruments.vgpu import costs
+from zerobench.instruments.vgpu import GpuPreset, HostPreset, VirtualGpu, costs
 
 MS = 1e-3
 US = 1e-6
@@ -504,8 +502,8 @@ def test_the_memory_pass_counts_freed_blocks_still_in_use_as_the_allocator_does(
     host runs ahead and every freed unsharded buffer stays in use until compute passes
     it; the tracker once dropped each at its Python free, and so read the *allocated*
     peak (one unit), which hides what limit_all_gathers is for."""
-    from zerobench.validation.gpu_check import Target, _Model, _wrap, cycles_per_ms, notice_completed_frees
     from zerobench.instruments.memory import StorageTracker
+    from zerobench.validation.gpu_check import Target, _Model, _wrap, cycles_per_ms, notice_completed_frees
 
     units, width = 8, 512
     target = Target(virtual=True)

@@ -485,14 +485,15 @@ def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
 
 def cells_check(runs_root: str) -> dict:
     """The status of every cell of the one run folder under ``runs_root``."""
-    runs = sorted(p for p in Path(runs_root).iterdir() if (p / "workload.json").exists())
+    from zerobench.runs.folder import RunFolder
+
+    runs = sorted(p for p in Path(runs_root).iterdir() if RunFolder(p).workload_path.exists())
     if len(runs) != 1:
         return {"pass": False, "error": f"expected one run folder under {runs_root}, found {len(runs)}"}
     cells = {}
-    for f in sorted((runs[0] / "cells").glob("*.json")):
-        rec = json.loads(f.read_text())
-        cells[rec.get("cell_id", f.stem)] = {"status": rec.get("status"), "error": (rec.get("error") or "")[:300],
-                                              "backend": rec.get("backend"), "device": rec.get("device")}
+    for rec in RunFolder(runs[0]).cell_records():  # a damaged record reads as a failed cell naming it
+        cells[rec["cell_id"]] = {"status": rec.get("status"), "error": (rec.get("error") or "")[:300],
+                                 "backend": rec.get("backend"), "device": rec.get("device")}
     statuses = [c["status"] for c in cells.values()]
     return {"run": str(runs[0]), "cells": cells, "ok": statuses.count("ok"),
             "skipped": statuses.count("skipped"), "failed": len(statuses) - statuses.count("ok") - statuses.count("skipped"),

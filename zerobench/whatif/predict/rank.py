@@ -53,10 +53,6 @@ from zerobench.instruments.vgpu.presets import gpu_preset
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
-#: engine options that would install the harness's own link emulation: the virtual GPU
-#: times collectives itself.
-EMULATION_OPTIONS = ("emulate_link", "emulate_gbps", "emulate_latency_us")
-
 
 def timeline_metrics(spans, start: float, end: float) -> dict:
     """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
@@ -73,8 +69,15 @@ def timeline_metrics(spans, start: float, end: float) -> dict:
 
 #: How close to the capacity a reserved peak may come before the cell is reported capped.
 CAPPED_MARGIN = 20 * 2**20
-#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
-current_gpu: list = []
+
+
+def virtual_gpu(gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
+                alloc_conf: str | None = None, record_streams: bool = False):
+    """The virtual GPU a cell is predicted on (zerobench/instruments/vgpu)."""
+    from zerobench.instruments.vgpu import VirtualGpu
+
+    return VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
+                      alloc_conf=alloc_conf, record_streams=record_streams)
 
 
 def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | None, node_size: int,
@@ -82,15 +85,18 @@ def predict_one(w, cell: Cell, gpu, host: str, link: Link, inter_link: Link | No
                 record_streams: bool = False) -> dict:
     """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
     tensors, a fake process group: warm-up, then one measured step read off the device."""
-    from zerobench.instruments.vgpu import VirtualGpu
+    vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams)
+    return predict_on(w, cell, vgpu, trace_path)
+
+
+def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
+    """:func:`predict_one` on a virtual GPU made by the caller, who can read its
+    allocator when the step runs out of its memory (:func:`run_job`)."""
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
     from zerobench.spec.models import samples_to_tokens
 
     started = time.perf_counter()
-    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
-                      alloc_conf=alloc_conf, record_streams=record_streams)
-    current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
         session = Session(w, cell, world)
         engine = session.build()
@@ -148,12 +154,13 @@ def run_job(w, job, gpu, host: str, link: Link, inter_link: Link | None, node_si
     cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings."""
     cell = job.cell()
     trace = traces / f"{cell.id}.trace.json.gz" if traces else None
-    current_gpu.clear()
+    vgpu = None
     try:
-        return predict_one(w, cell, gpu, host, link, inter_link, node_size, trace, alloc_conf, record_streams)
+        vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams)
+        return predict_on(w, cell, vgpu, trace)
     except torch.OutOfMemoryError as err:
         traceback.print_exc()
-        allocator = current_gpu[-1].allocator if current_gpu else None
+        allocator = vgpu.allocator if vgpu is not None else None
         first = str(err).strip().splitlines()[0]
         return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
                 "oom_needed_bytes": allocator.needed_bytes if allocator else None,
