@@ -15,8 +15,14 @@ import pytest
 import torch
 
 from zerobench.instruments.vgpu.calibration import preset_from_measurements
-from zerobench.instruments.vgpu.presets import (FIGURES, GPU_DIR, GPU_PRESETS, gpu_preset, load_preset_file,
-                                                read_preset_file)
+from zerobench.instruments.vgpu.presets import (
+    FIGURES,
+    GPU_DIR,
+    GPU_PRESETS,
+    gpu_preset,
+    load_preset_file,
+    read_preset_file,
+)
 
 H200_SESSION = Path("results/gpu/h200-20261126")
 
@@ -68,7 +74,7 @@ def test_a_bad_preset_file_is_refused_naming_the_figure(figures, message, tmp_pa
 
 
 def test_an_unknown_gpu_names_the_presets_and_the_file_form():
-    with pytest.raises(ValueError, match=r"gpu must be one of a100-40gb, .*h200.*or a preset file"):
+    with pytest.raises(ValueError, match=r"gpu: .* is neither a shipped preset nor a preset file .*\(allowed: a100-40gb, .*h200"):
         gpu_preset("h300")
     with pytest.raises(ValueError, match="gpu preset file nowhere.json does not exist"):
         gpu_preset("nowhere.json")
@@ -111,6 +117,7 @@ def test_the_kernel_table_holds_every_class_within_ten_percent_of_the_h200(h200_
 # -- calibrate ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # every section on tiny shapes: about a minute of CPU
 def test_calibrate_runs_its_code_path_on_a_cpu_and_the_preset_it_writes_loads(tmp_path):
     """Every section on tiny shapes (host included; collectives skipped with a note at one
     rank), then the preset built over the H200's data sheet, written and read back."""

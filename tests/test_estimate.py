@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.whatif.cells import parse_world_sizes
 from zerobench.engines.stages import FIGURE1_PAPER_GB, figure1, model_state_bytes
+from zerobench.whatif.cells import parse_world_sizes
 
 
 def test_figure1_within_1_percent():
@@ -44,7 +44,7 @@ def test_bad_precision_names_allowed_values():
     (["--rank", "5", "--world-sizes", "2"], r"--rank: 5 is not allowed at world size 2 \(allowed: 0..1\)"),
     (["--rank", "-1", "--world-sizes", "2"], r"--rank: -1 is not allowed"),
     (["--hybrid-shard-size", "0", "--world-sizes", "2"], r"--hybrid-shard-size: 0 is not allowed \(allowed: int >= 1\)"),
-    (["--gpu", "h300", "--world-sizes", "2"], r"--gpu: gpu must be one of a100-40gb, .* or a preset file"),
+    (["--gpu", "h300", "--world-sizes", "2"], r"--gpu: gpu: h300 is neither a shipped preset nor a preset file .*\(allowed: a100-40gb, "),
 ])
 def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, args, message):
     from zerobench.cli import main
@@ -68,8 +68,8 @@ def test_estimate_on_a_gpu_gives_what_its_allocator_may_reserve():
 
 
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.whatif.cells import why_not
     from zerobench.spec.matrix import Cell
+    from zerobench.whatif.cells import why_not
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
     assert "not a multiple of the shard group size 3" in why_not(cell, 8, 3)
@@ -212,3 +212,18 @@ def test_gloo_backend_estimate_matches_the_gloo_memory_pass(tmp_path):
         diffs[backend] = against_run(frame, baseline).set_index("config")["diff_pct"]
     assert (diffs["gloo"].abs() < 1).all(), diffs["gloo"].to_string()
     assert (diffs["nccl"] < -5).all(), diffs["nccl"].to_string()
+
+
+def test_estimate_prints_its_tables_in_mib_and_one_wall_time(tmp_path, capsys, monkeypatch):
+    """Once: 'N cells in X s', 'elapsed Y s' and '(Z s)' -- three wall times -- and the
+    model states in GB beside peaks in MiB."""
+    from zerobench.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["estimate", "quickstart", "--world-sizes", "8,64", "--config", "ddp-fp32", "--config",
+                 "torch-fsdp1-fp32-sharding_strategy=SHARD_GRAD_OP", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"\d s wall|\d s\)|cells in|elapsed", out)) == 1, out
+    assert re.search(r"estimate: .*estimate\.csv \(4 cells, [\d.]+ s wall\)", out)
+    assert "per-rank peak MiB" in out and "model states per rank, MiB" in out and "GB" not in out
+    assert all(len(line) <= 80 for line in out.splitlines() if not line.startswith(("[", "estimate: ", "plot: ")))

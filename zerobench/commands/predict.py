@@ -7,7 +7,7 @@ trace per cell and plots. Nothing is measured: these are a model's predictions.
 
 from __future__ import annotations
 
-from zerobench.commands.args import DEFAULT_RESULTS, results_root
+from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, results_root
 
 HELP = "step time, overlap and allocator peaks of each engine on a virtual GPU"
 
@@ -16,6 +16,7 @@ def arguments(p) -> None:
     from zerobench.instruments.link import PRESETS
 
     p.add_argument("workload", help="workload TOML file or shipped workload name")
+    add_overrides(p)
     p.add_argument("--world-sizes", default="8,64", help="comma-separated (default 8,64)")
     p.add_argument("--gpu", default="h100-sxm",
                    help="GPU preset: a shipped name (default h100-sxm; docs/vgpu.md lists them, and so does a wrong "
@@ -44,12 +45,16 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    check_results_folder(args.results)
+
     import time
 
     import pandas as pd
 
+    from zerobench.analysis.render import make_console
     from zerobench.commands.progress import Progress
-    from zerobench.whatif.predict import format_table, parse_world_sizes, predict
+    from zerobench.whatif.predict import parse_world_sizes, predict
+    from zerobench.whatif.predict.report import model_kind, print_predict
 
     started = time.perf_counter()
     with Progress(None, "predict") as progress:
@@ -58,14 +63,11 @@ def main(args) -> int:
                           results_root=args.results, matrix=args.matrix, only=args.config,
                           alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
                           record_streams=args.nccl_record_streams, sdpa_backend=args.sdpa_backend,
-                          progress=progress, log=progress.print)
+                          progress=progress, log=progress.print,
+                          overrides=args.overrides)
     frame = pd.read_csv(out_dir / "predict.csv")
-    host = frame["host"].iloc[0] if "host" in frame.columns and len(frame) else args.host
-    print(f"predicted on the virtual GPU ({frame['gpu'].iloc[0] if len(frame) else args.gpu}, {host} host, "
-          f"link {args.link}"
-          f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
-    print(format_table(frame))
-    print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")
+    print_predict(frame, make_console(), model_kind(out_dir))
+    print(f"predict: {out_dir / 'predict.csv'} ({len(frame)} cells, {time.perf_counter() - started:.1f} s wall)")
     print(f"traces: {out_dir / 'traces'}")
     for path in sorted((out_dir / "plots").glob("*.png")):
         print(f"plot: {path}")

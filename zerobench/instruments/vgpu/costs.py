@@ -82,6 +82,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from zerobench.instruments.storages import local_tensor, tensors_in
 from zerobench.instruments.vgpu import gemm
 from zerobench.instruments.vgpu.presets import GpuPreset
 
@@ -157,21 +158,6 @@ def kernel_class(func) -> str:
     return cls
 
 
-def tensors_in(obj):
-    """The tensors in an operator's arguments or outputs (tensors, lists and tuples of
-    them, dicts of kwargs): a cheaper walk than pytree's on the hot path."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            if isinstance(item, (torch.Tensor, list, tuple)):
-                yield from tensors_in(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            if isinstance(item, (torch.Tensor, list, tuple)):
-                yield from tensors_in(item)
-
-
 def _tensors(obj) -> list:
     return list(tensors_in(obj))
 
@@ -186,24 +172,16 @@ def _distinct(tensors) -> list:
     return out
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's tensor: a DTensor's local shard, not its global size. (The dispatch
-    mode sees a DTensor operator, e.g. fully_shard's optimizer step on sharded
-    parameters, before DTensor maps it onto the local shard.)"""
-    local = getattr(t, "_local_tensor", None)
-    return local if local is not None else t
-
-
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes of the elements this rank's tensor spans (a DTensor by its local shard)."""
-    t = _local(t)
+    t = local_tensor(t)
     return t.numel() * t.element_size()
 
 
 def accessed_bytes(t: torch.Tensor) -> int:
     """Bytes a kernel reads or writes for ``t``: an expanded (stride-0) dimension counts
     once, as ``torch.utils._runtime_estimation.get_num_bytes`` counts it."""
-    t = _local(t)
+    t = local_tensor(t)
     elements = 1
     for size, stride in zip(t.shape, t.stride()):
         if stride != 0:
@@ -389,7 +367,7 @@ def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str 
         n_flops = flops(func, args, kwargs, out)
         compute_s = n_flops / gpu.flops_per_s(dtype) if n_flops else 0.0
         floor = gpu.kernel_floor_s
-        shape = gemm.dims(func._overloadpacket.__name__, [tuple(_local(t).shape) for t in inputs])
+        shape = gemm.dims(func._overloadpacket.__name__, [tuple(local_tensor(t).shape) for t in inputs])
         if shape is not None:
             compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
             floor = gpu.gemm_floor_s

@@ -91,8 +91,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Collective, Layer
-from zerobench.instruments.storages import Listener, makes_no_storage
 from zerobench.instruments.link import Link
+from zerobench.instruments.storages import Listener, makes_no_storage, storages_of
 from zerobench.instruments.vgpu import comm, costs, sdpa
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
@@ -487,12 +487,11 @@ class VirtualGpu(Layer, Listener):
 
     def record_storage_use(self, tensor: torch.Tensor, stream: VStream) -> None:
         """The allocator's side of ``record_stream`` (no host time: C++ does it inside a call)."""
-        local = getattr(tensor, "_local_tensor", None)
-        storage = (local if local is not None else tensor).untyped_storage()
-        sid = self._events.sid_of(storage) if self._events is not None else None
-        block = self._blocks.get(sid) if sid is not None else None
-        if block is not None:
-            self.allocator.record_stream(block, stream)
+        for storage in storages_of(tensor):
+            sid = self._events.sid_of(storage) if self._events is not None else None
+            block = self._blocks.get(sid) if sid is not None else None
+            if block is not None:
+                self.allocator.record_stream(block, stream)
 
     # -- installing ------------------------------------------------------------------
 
@@ -565,7 +564,7 @@ class VirtualGpu(Layer, Listener):
         # Count what the outputs hold by role: gathered parameters, reduced gradients.
         role = {"all_gather": "unsharded", "reduce_scatter": "reduced"}.get(call.kind)
         if role is not None:
-            for storage in _storages(call.outputs()):
+            for storage in storages_of(call.outputs()):
                 self.relabel(storage, role)
         start, end = self.run_kernel(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB", "collective", call.nbytes,
                                      stream)
@@ -619,13 +618,6 @@ def _patched(owner, name: str, value):
             setattr(owner, name, original)
 
 
-def _storages(obj):
-    for t in costs.tensors_in(obj):
-        if t.device.type == "cpu":
-            local = getattr(t, "_local_tensor", None)
-            yield (local if local is not None else t).untyped_storage()
-
-
 class _FusedKernel:
     """The bytes each kernel of a fused operator reads and writes (VirtualGpu.fused)."""
 
@@ -657,20 +649,20 @@ class _Mode(TorchDispatchMode):
         if gpu._deferring and makes_no_storage(func):  # [Note: views while building]
             return func(*args, **kwargs)
         if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
-            for storage in _storages((args, kwargs)):
+            for storage in storages_of((args, kwargs)):
                 gpu.track(storage)
             gpu._in_op += 1
             try:
                 out = func(*args, **kwargs)
             finally:
                 gpu._in_op -= 1
-            for storage in _storages(out):
+            for storage in storages_of(out):
                 gpu.track(storage)
             return out
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:  # a host buffer: this CPU-only build cannot pin, and it is not device memory
             kwargs = {**kwargs, "pin_memory": False}
-        inputs = list(_storages((args, kwargs)))
+        inputs = list(storages_of((args, kwargs)))
         if func is aten.lift_fresh.default:
             for storage in inputs:
                 gpu._host_storages[storage] = True
@@ -694,14 +686,14 @@ class _Mode(TorchDispatchMode):
         finally:
             gpu._in_op -= 1
         if on_host:
-            for storage in _storages(out):
+            for storage in storages_of(out):
                 gpu._host_storages[storage] = True
             if kernel:  # the CPU runs it
                 gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
             host_side = (func in (aten.copy_.default, aten._to_copy.default)
                          and len(args) > (func is aten.copy_.default)
-                         and any(s in gpu._host_storages for s in _storages((args, out))))
+                         and any(s in gpu._host_storages for s in storages_of((args, out))))
             if host_side:  # across PCIe
                 source = args[1] if func is aten.copy_.default else args[0]
                 nbytes = costs.tensor_bytes(source)  # the destination has the source's shape
@@ -720,7 +712,7 @@ class _Mode(TorchDispatchMode):
             lead = gpu.default.tail - gpu.host.now
             if lead > gpu.host_lead_max_s:
                 gpu.host_lead_max_s = lead
-        for storage in _storages(out):
+        for storage in storages_of(out):
             gpu.track(storage)
         gpu.trace.span("host", func.__name__, start - gpu.host_preset.dispatch_s, gpu.host.now)
         return out

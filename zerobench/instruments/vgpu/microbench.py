@@ -1,7 +1,7 @@
 """The kernels the cost model is calibrated on, as code: ``zerobench calibrate`` times them
 on a GPU, the preset builder counts what the cost model makes of them
 (calibration.py), and the kernel table prices them on the virtual GPU
-(zerobench/whatif/predict/kernels.py). One definition, so that what was measured and
+(zerobench/validation/kernels.py). One definition, so that what was measured and
 what is predicted are the same operators on the same shapes.
 
 A measured row names its kernel and its parameters:

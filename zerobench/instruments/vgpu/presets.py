@@ -2,7 +2,7 @@
 sheet, and a host's costs.
 
 [Note: virtual GPU presets]
-A GPU preset is a JSON file, one per part (``zerobench/instruments/vgpu/gpus/NAME.json``
+A GPU preset is a JSON file, one per part (``zerobench/instruments/vgpu/gpus/<name>.json``
 for the shipped ones; any path for a user's, as ``zerobench calibrate`` writes it). Each
 figure is ``{"value": ..., "source": "..."}``: the measurement it was derived from (a file
 and what was measured) or the data sheet it was copied from, so a preset says where every
@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from zerobench.choices import not_allowed
 
 _MiB = 2**20
 
@@ -371,7 +373,7 @@ def _lookup(kind: str, presets: dict, value):
     if not isinstance(value, str):
         return value
     if value not in presets:
-        raise ValueError(f"{kind} must be one of {', '.join(presets)}, got {value!r}")
+        raise ValueError(not_allowed(kind, value, presets, show=str))
     return presets[value]
 
 
@@ -406,8 +408,9 @@ def gpu_preset(value: str | Path | GpuPreset) -> GpuPreset:
             raise ValueError(f"gpu preset file {text} does not exist (allowed: a preset file, or one of "
                              f"{', '.join(GPU_PRESETS)})")
         return load_preset_file(path)
-    raise ValueError(f"gpu must be one of {', '.join(GPU_PRESETS)}, or a preset file (zerobench calibrate "
-                     f"writes one), got {text!r}")
+    raise ValueError(not_allowed("gpu", text, GPU_PRESETS, show=str,
+                                 what="is neither a shipped preset nor a preset file (zerobench calibrate writes "
+                                      "one)"))
 
 
 def host_preset(name: str | HostPreset) -> HostPreset:

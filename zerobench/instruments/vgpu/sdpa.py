@@ -81,7 +81,9 @@ def eligible(backend: str, dtype: torch.dtype, head_dim: int, sm_major: int, tor
 def check(requested: str) -> str:
     """``requested`` if ``--sdpa-backend`` allows it; ValueError naming the allowed ones otherwise."""
     if requested not in CHOICES:
-        raise ValueError(f"--sdpa-backend: {requested!r} is not allowed (allowed: {', '.join(CHOICES)})")
+        from zerobench.choices import not_allowed
+
+        raise ValueError(not_allowed("--sdpa-backend", requested, CHOICES))
     return requested
 
 

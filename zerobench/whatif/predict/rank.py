@@ -53,10 +53,6 @@ from zerobench.instruments.vgpu.presets import HostPreset, load_preset_file
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
-#: engine options that would install the harness's own link emulation: the virtual GPU
-#: times collectives itself.
-EMULATION_OPTIONS = ("emulate_link", "emulate_gbps", "emulate_latency_us")
-
 
 def timeline_metrics(spans, start: float, end: float) -> dict:
     """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
@@ -73,8 +69,15 @@ def timeline_metrics(spans, start: float, end: float) -> dict:
 
 #: How close to the capacity a reserved peak may come before the cell is reported capped.
 CAPPED_MARGIN = 20 * 2**20
-#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
-current_gpu: list = []
+
+
+def virtual_gpu(gpu, host, link: Link, inter_link: Link | None, node_size: int,
+                alloc_conf: str | None = None, record_streams: bool = False, sdpa_backend: str = "auto"):
+    """The virtual GPU a cell is predicted on (zerobench/instruments/vgpu)."""
+    from zerobench.instruments.vgpu import VirtualGpu
+
+    return VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
+                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend)
 
 
 def predict_one(w, cell: Cell, gpu, host, link: Link, inter_link: Link | None, node_size: int,
@@ -82,15 +85,18 @@ def predict_one(w, cell: Cell, gpu, host, link: Link, inter_link: Link | None, n
                 record_streams: bool = False, sdpa_backend: str = "auto") -> dict:
     """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
     tensors, a fake process group: warm-up, then one measured step read off the device."""
-    from zerobench.instruments.vgpu import VirtualGpu
+    vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
+    return predict_on(w, cell, vgpu, trace_path)
+
+
+def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
+    """:func:`predict_one` on a virtual GPU made by the caller, who can read its
+    allocator when the step runs out of its memory (:func:`run_job`)."""
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
     from zerobench.spec.models import samples_to_tokens
 
     started = time.perf_counter()
-    vgpu = VirtualGpu(gpu=gpu, host=host, link=link, inter_link=inter_link, node_size=node_size,
-                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend)
-    current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
         session = Session(w, cell, world)
         engine = session.build()
@@ -150,13 +156,13 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
     ``host``: a host preset (or its name)."""
     cell = job.cell()
     trace = traces / f"{cell.id}.trace.json.gz" if traces else None
-    current_gpu.clear()
+    vgpu = None
     try:
-        return predict_one(w, cell, gpu, host, link, inter_link, node_size, trace, alloc_conf, record_streams,
-                           sdpa_backend)
+        vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
+        return predict_on(w, cell, vgpu, trace)
     except torch.OutOfMemoryError as err:
         traceback.print_exc()
-        allocator = current_gpu[-1].allocator if current_gpu else None
+        allocator = vgpu.allocator if vgpu is not None else None
         first = str(err).strip().splitlines()[0]
         return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
                 "oom_needed_bytes": allocator.needed_bytes if allocator else None,
