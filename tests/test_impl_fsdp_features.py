@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 from tests.helpers.fsdp import (
     DEFAULTS_1_13,
     MLP,
@@ -29,12 +31,8 @@ from tests.helpers.fsdp import (
     warm_up_imports,
 )
 from zerobench.harness.testing import run_ranks
-
-from impl import comm
 from zerobench.instruments import emulation
 from zerobench.instruments.link import Link
-from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy
-from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 

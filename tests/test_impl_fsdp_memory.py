@@ -22,15 +22,13 @@ unit unsharded from forward to backward.
 
 from __future__ import annotations
 
-
 import torch
-
-from tests.helpers.fsdp import DEFAULTS_1_13, MLP, unit_policy, warm_up_imports
-from zerobench.instruments.memory import StorageTracker
-from zerobench.harness.testing import run_ranks
 
 from impl.fsdp import BackwardPrefetch, ShardingStrategy
 from impl.fsdp import FullyShardedDataParallel as FSDP
+from tests.helpers.fsdp import DEFAULTS_1_13, MLP, unit_policy, warm_up_imports
+from zerobench.harness.testing import run_ranks
+from zerobench.instruments.memory import StorageTracker
 
 warm_up_imports()
 

@@ -81,7 +81,6 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from impl.fsdp.api import BackwardPrefetch, ShardingStrategy, TrainingState
 from impl.fsdp.state import FSDPState, RootState
 
-
 # -- helpers -------------------------------------------------------------------------
 
 
