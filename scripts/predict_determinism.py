@@ -82,12 +82,12 @@ def _in_process_prediction(results: Path, threads: int) -> Path:
     """Every configuration in this process as the child runs it, torch at ``threads``."""
     import torch
 
-    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.instruments.vgpu.presets import load_preset_file
     from zerobench.whatif.predict.rank import run_job
 
-    def here(w, jobs, gpu, host, links, node_size, traces, memory, log):
-        return [run_job(w, job, gpu_preset(gpu), host, links["link"], links["inter_link"], node_size, None,
-                        memory["alloc_conf"], memory["record_streams"]) for job in jobs]
+    def here(w, jobs, gpu_file, host, links, node_size, traces, memory, log):
+        return [run_job(w, job, load_preset_file(gpu_file), host, links["link"], links["inter_link"], node_size,
+                        None, memory["alloc_conf"], memory["record_streams"], memory["sdpa_backend"]) for job in jobs]
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -56,9 +56,7 @@ reaching into them test torch, not the public behaviour.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import enum
-import importlib.util
 import json
 import os
 import re

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import pytest
 
 from zerobench import commands
 from zerobench.cli import build_parser, main
-from zerobench.commands.args import ArgumentError, newest_folder, resolve_folder
+from zerobench.commands.args import ALL_KINDS, ArgumentError, newest_folder, resolve_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "pandas", "matplotlib", "numpy", "rich")
@@ -64,26 +65,45 @@ def _folder(root: Path, name: str, marker: str) -> Path:
     return path
 
 
-def test_latest_names_the_newest_folder_of_the_kind_asked(tmp_path):
+def test_latest_means_the_newest_folder_of_any_kind_and_latest_kind_of_one(tmp_path):
+    """[Note: latest]: one meaning in every command; a command that reads one kind refuses
+    a `latest` of another, naming the `latest:KIND` that would do."""
     old = _folder(tmp_path, "20261120-101010-quickstart", "meta.json")
     new = _folder(tmp_path, "20261121-090000-gpt-small", "meta.json")
     estimate = _folder(tmp_path, "20261122-090000-gpt-small-estimate", "estimate.csv")
     (tmp_path / "notes").mkdir()  # not a results folder
     (tmp_path / "zzz.txt").write_text("")
     assert newest_folder(tmp_path, ("run",)) == new
-    assert resolve_folder("latest", "RUN", results=tmp_path) == new
-    assert resolve_folder(str(tmp_path / "latest"), "RUN") == new  # DIR/latest
-    assert resolve_folder("latest", "FOLDER", kinds=("run", "estimate"), results=tmp_path) == estimate
+    assert newest_folder(tmp_path) == estimate
+    assert resolve_folder("latest", "FOLDER", kinds=ALL_KINDS, results=tmp_path) == estimate  # any kind
+    assert resolve_folder(str(tmp_path / "latest"), "FOLDER", kinds=ALL_KINDS) == estimate  # DIR/latest
+    assert resolve_folder("latest:run", "RUN", results=tmp_path) == new
+    assert resolve_folder(str(tmp_path / "latest:run"), "RUN") == new
+    assert resolve_folder("latest:estimate", "FOLDER", kinds=ALL_KINDS, results=tmp_path) == estimate
     assert resolve_folder(str(old), "RUN") == old  # a path is a path
-    with pytest.raises(ArgumentError, match=r"RUN: no run folder under .*empty/ to be the latest"):
+    with pytest.raises(ArgumentError, match=r"RUN: latest names .*-estimate, an estimate folder \(allowed: a run "
+                                            r"folder; latest:run names the newest one\)"):
+        resolve_folder("latest", "RUN", results=tmp_path)
+    with pytest.raises(ArgumentError, match=r"RUN: .*-estimate is an estimate folder \(allowed: a run folder, or "
+                                            r"latest:run\)"):
+        resolve_folder(str(estimate), "RUN")
+    with pytest.raises(ArgumentError, match=r"RUN: latest:runs: 'runs' is not a kind of results folder \(allowed: "
+                                            r"latest, latest:run, latest:estimate, latest:predict\)"):
+        resolve_folder("latest:runs", "RUN", results=tmp_path)
+    with pytest.raises(ArgumentError, match=r"RUN: no predict folder under .*/ to be the latest:predict"):
+        resolve_folder("latest:predict", "RUN", kinds=("predict",), results=tmp_path)
+    with pytest.raises(ArgumentError, match=r"RUN: no results folder under .*empty/ to be the latest"):
         resolve_folder("latest", "RUN", results=tmp_path / "empty")
 
 
-def test_latest_subcommand_prints_the_folder(tmp_path, capsys):
+def test_latest_subcommand_prints_what_latest_names(tmp_path, capsys):
     _folder(tmp_path, "20261120-101010-quickstart", "cells")
-    newest = _folder(tmp_path, "20261121-101010-quickstart", "cells")
+    run = _folder(tmp_path, "20261121-101010-quickstart", "cells")
+    prediction = _folder(tmp_path, "20261122-101010-quickstart-predict", "predict.csv")
     assert main(["latest", "--results", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip() == str(newest)
+    assert capsys.readouterr().out.strip() == str(prediction)  # as `latest`: any kind
+    assert main(["latest", "--results", str(tmp_path), "--kind", "run"]) == 0
+    assert capsys.readouterr().out.strip() == str(run)  # as `latest:run`
 
 
 def test_a_shipped_workload_is_found_by_name(tmp_path, monkeypatch, capsys):
@@ -93,7 +113,8 @@ def test_a_shipped_workload_is_found_by_name(tmp_path, monkeypatch, capsys):
     assert main(["cells", "fsdp-knobs.toml"]) == 0
     assert main(["cells", "quickstar"]) == 2
     err = capsys.readouterr().err
-    assert "quickstar: no such workload file (allowed: a TOML file, or a shipped workload:" in err
+    assert "quickstar: no such workload file; did you mean quickstart? (allowed: a path to a TOML file, or the " \
+           "name of one in ./workloads/ or " in err
     assert "quickstart" in err and "gpt-small" in err
 
 
@@ -160,8 +181,10 @@ def test_progress_shows_an_eta_on_a_terminal_only_after_a_while():
     assert fast.getvalue() == ""  # done before a bar was worth showing
 
 
-def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(tmp_path, capsys):
+def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(tmp_path, capsys, monkeypatch):
     import shutil
+
+    monkeypatch.setenv("COLUMNS", "160")  # every folder name whole in its column
 
     shutil.copytree(ROOT / "results" / "baselines" / "cpu-quickstart", tmp_path / "baselines" / "cpu-quickstart")
     estimate = _folder(tmp_path, "20261124-101010-w-estimate", "workload.json")
@@ -170,10 +193,57 @@ def test_list_shows_runs_baselines_estimates_and_predictions_with_their_status(t
     predict = _folder(tmp_path, "20261124-111111-w-predict", "workload.json")
     (predict / "predict.csv").write_text("config,world_size,status\na,8,ok\nb,8,failed\n")
     assert main(["list", "--results", str(tmp_path)]) == 0
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
-            for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():  # the renderer's columns: two spaces or more apart
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) > 3 and cells[1] in ("run", "estimate", "predict"):
+            rows[cells[0]] = cells[1:]
     assert rows["baselines/cpu-quickstart"][:1] + rows["baselines/cpu-quickstart"][3:7] == ["run", "20", "20", "0", "0"]
     assert rows["20261124-101010-w-estimate"][:2] + rows["20261124-101010-w-estimate"][3:7] == \
         ["estimate", "w", "3", "2", "0", "1"]
     assert rows["20261124-111111-w-predict"][:1] + rows["20261124-111111-w-predict"][3:7] == \
         ["predict", "2", "1", "1", "0"]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _help_texts() -> list[tuple[str, str]]:
+    """(where, text) of everything `zerobench --help` and `zerobench NAME --help` print."""
+    parser = build_parser()
+    texts = [("zerobench", parser.description or "")]
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        texts.append((name, p.description or ""))
+        texts += [(f"{name} {'/'.join(a.option_strings) or a.dest}", a.help or "") for a in p._actions]
+    texts += [(f"{a.dest} (in zerobench --help)", a.help or "") for a in sub._choices_actions]
+    return texts
+
+
+def test_help_points_only_to_documents_and_sections_that_exist():
+    """[Note: pointers in help]: a file named in a help text exists, and so does the section
+    its #anchor names; a note a help text cites is defined in the code."""
+    from tests.test_docs_references import notes
+
+    checked = 0
+    defined = {name for path in ROOT.glob("zerobench/**/*.py") for name in notes(path.read_text())[0]}
+    for where, text in _help_texts():
+        for path, anchor in re.findall(r"((?:README|docs/[\w-]+)\.md)(#[\w-]+)?", text):
+            assert (ROOT / path).is_file(), f"{where}: {path} does not exist"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), flags=re.M)
+                assert anchor[1:] in {_anchor(h) for h in headings}, f"{where}: {path} has no section {anchor}"
+            checked += 1
+        for note in notes(text)[1]:
+            assert note in defined, f"{where}: the note {note!r} is defined nowhere"
+    assert checked >= 5  # the check saw the pointers it is about
+
+
+def test_the_help_pointer_check_catches_a_missing_section():
+    assert _anchor("Depth extrapolation in `zerobench estimate`") == "depth-extrapolation-in-zerobench-estimate"
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(), flags=re.M)
+    assert "quick-start" in {_anchor(h) for h in headings}
+    assert "the-first-hour" not in {_anchor(h) for h in headings}  # what --help once pointed to

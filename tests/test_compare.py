@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.compare_runs import MiB, cli, make_run, run_folder, write_run
-from zerobench.analysis.compare.gate import (Rule, compare_runs, config_mismatches, exit_code, load_run)
+from zerobench.analysis.compare.gate import Rule, compare_runs, config_mismatches, exit_code, load_run
 from zerobench.runs.schema import METRICS
 
 # --------------------------------------------------------------------------- rules

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.cli import main as cli_main
 from zerobench.analysis.compare.gate import compare_runs, config_mismatches, exit_code, load_run
+from zerobench.cli import main as cli_main
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """``zerobench compare`` on predict and estimate folders ([Note: comparing what-if folders]).
 
-On small synthetic predict.csv / estimate.csv tables; tests/test_predict_gate.py runs the
-real thing.
+On small synthetic predict.csv / estimate.csv tables; the predict gate of .ci/gate runs
+the real thing (docs/ci.md).
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def test_a_prediction_is_not_compared_with_a_run(tmp_path, capsys):
     run = run_folder(tmp_path, "run")
     capsys.readouterr()
     assert cli(base, run) == 2
-    assert "predict folder" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "is a run folder (allowed: a predict folder, or latest:predict)" in err
 
 
 def test_estimate_folders_compare_the_same_way(tmp_path):

@@ -37,15 +37,20 @@ def _check(name: str, tmp_path: Path) -> dict:
 
 
 def test_prefetch_hides_delayed_all_gathers(tmp_path):
+    """[Note: GPU checks]: prefetch hides the delayed gathers and no prefetch does not."""
     result = _check("overlap", tmp_path)
-    assert result["hidden_fraction"] >= 0.9
+    assert result["hidden_fraction"] >= result["hidden_min"]
+    assert result["exposed_fraction_without_prefetch"] >= result["exposed_min"]
 
 
 def test_limiter_bounds_peak_memory(tmp_path):
+    """[Note: GPU checks]: the unit buffers a forward holds, above a baseline with no
+    freed block pending, stay within depth + 1 units with the limiter and not without."""
     result = _check("limiter", tmp_path)
     on, off = result["with_limiter"], result["without_limiter"]
+    assert on["pending_at_base_units"] == off["pending_at_base_units"] == 0
     assert on["peak_active_above_base_units"] <= result["bound_units"] + 0.25
-    assert off["peak_active_above_base_units"] > on["peak_active_above_base_units"]
+    assert off["peak_active_above_base_units"] > result["bound_units"] + 0.25
     assert on["limiter_stalls"] > 0
 
 

@@ -38,11 +38,10 @@ class _FakeAllocator:
 
 
 def test_allocator_metrics_read_any_device_module():
-    from zerobench.runs.schema import METRIC_BY_NAME
-    from zerobench.rank.session import allocator_metrics
+    from zerobench.runs.schema import METRIC_BY_NAME, allocator_columns
 
     fake = _FakeAllocator()
-    metrics = allocator_metrics(fake.memory_stats(torch.device("cuda", 1)))
+    metrics = allocator_columns(fake.memory_stats(torch.device("cuda", 1)))
     assert fake.asked == [torch.device("cuda", 1)]
     assert metrics == {"peak_allocated_bytes": 3 << 20, "peak_active_bytes": 7 << 20,
                        "peak_reserved_bytes": 8 << 20, "num_alloc_retries": 1, "num_ooms": 0}
@@ -52,6 +51,7 @@ def test_allocator_metrics_read_any_device_module():
 def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeypatch):
     """The worker's timing pass with torch.cuda faked: the three peaks are recorded."""
     from zerobench.rank import worker
+    from zerobench.rank.session import Session
     from zerobench.rank.worlds import World
     from zerobench.spec.matrix import expand
     from zerobench.spec.workload import parse_workload
@@ -71,8 +71,8 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
 
     workload = parse_workload({"data": {"warmup_steps": 1, "steps": 2}, "matrix": {"engine": ["ddp"]}})
     cell = expand(workload)[0]
-    runner = worker.CellRunner(workload, cell, CudaWorld())
-    monkeypatch.setattr(runner.session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+    session = Session(workload, cell, CudaWorld())
+    monkeypatch.setattr(session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
 
     class Engine:
         def train_step(self, inputs, targets, loss):
@@ -81,7 +81,7 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
         def extra_metrics(self):
             return {}
 
-    metrics = runner.timing_pass(Engine())["metrics"]
+    metrics = worker.timing_pass(session, Engine())["metrics"]
     assert metrics["peak_active_bytes"] == 7 << 20
     assert metrics["peak_allocated_bytes"] == 3 << 20
     assert metrics["peak_reserved_bytes"] == 8 << 20
@@ -212,10 +212,14 @@ def _bin_with(tmp_path, pythons):
 def test_gpu_check_rejects_an_unknown_option_without_making_a_folder(tmp_path):
     proc = _gpu_check(["--bogus", "out"], os.environ["PATH"], tmp_path, env_python=sys.executable)
     assert proc.returncode == 2
-    assert "unknown option --bogus" in proc.stderr and "usage: scripts/gpu-check [--virtual] [OUT_DIR]" in proc.stderr
+    assert "unknown option --bogus" in proc.stderr and "usage: scripts/gpu-check [--quick] [--virtual] [--within SECONDS] [OUT_DIR]" in proc.stderr
     assert not (tmp_path / "--bogus").exists() and not (ROOT / "--bogus").exists()
     proc = _gpu_check(["a", "b"], os.environ["PATH"], tmp_path, env_python=sys.executable)
     assert proc.returncode == 2 and "one OUT_DIR at most" in proc.stderr
+    for bad in (["--within"], ["--within", "0"], ["--within", "soon", "out"]):
+        proc = _gpu_check(bad, os.environ["PATH"], tmp_path, env_python=sys.executable)
+        assert proc.returncode == 2 and "--within needs a whole number of seconds >= 1" in proc.stderr, bad
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
@@ -255,6 +259,94 @@ exec "{sys.executable}" "$@"
     assert json.loads((out / "environment.json").read_text())["device_type"] == "cpu"
 
 
+def _fake_gpu_python(tmp_path, slow: str = ""):
+    """An interpreter for scripts/gpu-check on a machine without a GPU: it answers the
+    script's environment probe as a GPU machine would, logs every ``-m`` step it is asked
+    to run (sleeping 30 s in the one naming ``slow``) and runs everything else (the
+    summary) with this interpreter."""
+    calls = tmp_path / "calls.log"
+    python = tmp_path / "python-gpu"
+    python.write_text(f"""#!/bin/sh
+if [ "$1" = - ] && [ "$3" = gpu ]; then cat > /dev/null; echo '{{"device_type": "cuda"}}' > "$2"; exit 0; fi
+if [ "$1" = -m ]; then
+    echo "$*" >> "{calls}"
+    case "$*" in *"{slow or '@none@'}"*) sleep 30 ;; esac
+    exit 0
+fi
+exec "{sys.executable}" "$@"
+""")
+    python.chmod(0o755)
+    return python, calls
+
+
+def _steps(out: Path) -> list[dict]:
+    summary = json.loads((out / "summary.json").read_text())
+    return [{"name": name, **step} for name, step in summary["steps"].items()]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_runs_the_required_steps_first_within_six_minutes_and_the_gloo_steps_last(tmp_path):
+    """Issue 33 item 3: required steps first, each with a budget it is cut at (printed),
+    their budgets within the 6 minutes; the world-size-1 run profiled; the shared-GPU
+    (gloo) steps last and optional; pytest without the two tests that are steps already."""
+    python, calls = _fake_gpu_python(tmp_path)
+    out = tmp_path / "out"
+    proc = _gpu_check([str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = _steps(out)
+    names = [s["name"] for s in steps]
+    assert names == ["overlap", "limiter", "pytest", "world1-run", "world1", "predict", "predicted-vs-measured",
+                     "gloo-probe", "shared-run", "shared"]
+    summary = (out / "summary.md").read_text()
+    required = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in summary.splitlines()
+                if line.startswith("| ") and "---" not in line and "required" not in line}
+    assert [n for n in names if required[n] == "yes"] == names[:5]  # required first
+    assert all(required[n] == "no" for n in ("gloo-probe", "shared-run", "shared"))
+    assert sum(s["budget_s"] for s in steps if required[s["name"]] == "yes") <= 360 - 10
+    assert json.loads((out / "summary.json").read_text())["deadline_s"] == 360
+    for s in steps:  # each step's budget is printed as it starts
+        assert f"gpu-check: {s['name']} (budget {s['budget_s']} s" in proc.stdout
+    logged = calls.read_text().splitlines()
+    run = next(c for c in logged if "zerobench.cli run workloads/gpu-check.toml" in c)
+    assert "--profile" in run.split() and "--device cuda" in run
+    pytest_call = next(c for c in logged if c.startswith("-m pytest"))
+    assert "--deselect tests/test_cuda.py::test_prefetch_hides_delayed_all_gathers" in pytest_call
+    assert "--deselect tests/test_cuda.py::test_limiter_bounds_peak_memory" in pytest_call
+    assert "gpu-check-shared.toml" in logged[-2] and "probe-gloo" in logged[-3]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_quick_runs_only_the_required_steps_with_two_engines(tmp_path):
+    from zerobench.spec.matrix import expand
+    from zerobench.spec.workload import load_workload
+
+    python, calls = _fake_gpu_python(tmp_path)
+    out = tmp_path / "out"
+    proc = _gpu_check(["--quick", str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [s["name"] for s in _steps(out)] == ["overlap", "limiter", "world1-run", "world1"]
+    assert json.loads((out / "summary.json").read_text())["deadline_s"] == 180
+    run = next(c for c in calls.read_text().splitlines() if "zerobench.cli run" in c).split()
+    assert run.count("--cell") == 2 and "--profile" in run
+    ids = {c.id for c in expand(load_workload(ROOT / "workloads" / "gpu-check.toml"))}
+    assert {run[i + 1] for i, arg in enumerate(run) if arg == "--cell"} <= ids  # cells the workload has
+    assert "- command: scripts/gpu-check --quick " in (out / "summary.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_cuts_a_step_at_the_deadline_and_skips_what_no_longer_fits(tmp_path):
+    python, _ = _fake_gpu_python(tmp_path, slow="overlap")
+    out = tmp_path / "out"
+    begin = time.monotonic()
+    proc = _gpu_check(["--within", "14", str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert time.monotonic() - begin < 25  # the 30 s step was cut
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    results = {s["name"]: s["result"] for s in _steps(out)}
+    assert results["overlap"] == "FAIL (cut at its budget)"
+    assert all(r == "skipped (no time left)" for name, r in results.items() if name != "overlap"), results
+    assert "RESULT: FAIL" in (out / "summary.md").read_text()
+
+
 # -- docs ---------------------------------------------------------------------------------
 
 
@@ -270,6 +362,7 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
     """[Note: model FLOPs]: a timing pass on an H100 (faked) of a Llama records
     tflops_per_gpu and mfu against the bf16 peak of the closest preset, 989 TFLOP/s."""
     from zerobench.rank import worker
+    from zerobench.rank.session import Session
     from zerobench.rank.worlds import World
     from zerobench.spec.flops import model_flops_per_token
     from zerobench.spec.matrix import expand
@@ -292,8 +385,8 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
                                          "ffn_hidden": 128, "vocab": 100, "seq_len": 32},
                                "data": {"warmup_steps": 0, "steps": 2, "batch_size": 4},
                                "matrix": {"engine": ["ddp"], "dtype": ["bf16"]}})
-    runner = worker.CellRunner(workload, expand(workload)[0], CudaWorld())
-    monkeypatch.setattr(runner.session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
+    session = Session(workload, expand(workload)[0], CudaWorld())
+    monkeypatch.setattr(session, "batch", lambda step: (torch.zeros(1), torch.zeros(1)))
 
     class Engine:
         def train_step(self, inputs, targets, loss):
@@ -302,7 +395,7 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
         def extra_metrics(self):
             return {}
 
-    metrics = runner.timing_pass(Engine())["metrics"]
+    metrics = worker.timing_pass(session, Engine())["metrics"]
     per_gpu = metrics["throughput_tokens_s"]  # one rank
     flops = model_flops_per_token(workload.model)
     assert metrics["tflops_per_gpu"] == pytest.approx(per_gpu * flops / 1e12)

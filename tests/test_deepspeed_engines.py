@@ -12,12 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerobench.engines import OptimizerSpec, RankContext, get_engine
 from zerobench.engines.deepspeed import deepspeed_unavailable
 from zerobench.harness.testing import run_ranks
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from zerobench.instruments.memory import StorageTracker
 
 if deepspeed_unavailable():

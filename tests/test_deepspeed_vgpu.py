@@ -83,14 +83,17 @@ def test_overlap_comm_double_buffers_zero2s_bucket_on_the_virtual_gpu(quickstart
 ])
 def test_estimate_and_predict_agree_on_memory(quickstart, name, world_size, options):
     """The estimator runs DeepSpeed's CPU path (a synchronous device) and the prediction its
-    CUDA path (side streams, recorded streams): the allocator model's allocated peak is the
-    tracker's tensor-byte peak within 3 %, and never below it."""
+    CUDA path (side streams, recorded streams): the allocator model's allocated peak, less
+    cuBLAS's two workspaces (the forward's and the backward thread's: [Note: cuBLAS
+    workspaces]), is the tracker's tensor-byte peak within 3 %, and never below it."""
+    from zerobench.instruments.vgpu.device import cublas_workspace_bytes
     from zerobench.whatif.estimate.rank import estimate_one
 
     cell = _cell(name, world_size, **options)
     estimated = estimate_one(quickstart, cell, 0, True)
     predicted = _predict(quickstart, cell)
-    ratio = predicted["peak_allocated_bytes"] / estimated["peak_mem_bytes"]
+    workspaces = 2 * cublas_workspace_bytes("9.0")
+    ratio = (predicted["peak_allocated_bytes"] - workspaces) / estimated["peak_mem_bytes"]
     assert 1.0 <= ratio < 1.03, (predicted["peak_allocated_bytes"], estimated["peak_mem_bytes"])
     assert predicted["peak_reserved_bytes"] >= predicted["peak_active_bytes"] >= predicted["peak_allocated_bytes"]
     assert predicted["step_time_s"] >= predicted["compute_s"] > 0

@@ -8,7 +8,7 @@ parser, with placeholders (``RUN``, ``$RUN``, ``results/<run-id>``, ``WORKLOAD``
 for real folders, and the workload it names must exist; the cheap read-only ones (``cells``,
 ``engines``, ``list``, ``latest``, ``show``, ``plot``, ``--help``) are run for real, in a
 scratch folder holding the shipped workloads, the ``toml`` blocks of the same page (a block
-with ``name = "X"`` is saved as ``workloads/X.toml``) and a copy of a curated run. ``pip``
+with ``name = "X"`` is saved as ``workloads/<name>.toml``) and a copy of a curated run. ``pip``
 lines must name extras that pyproject.toml has and the torch that .ci/run installs;
 ``pytest`` lines, paths and markers that exist; ``torchrun ... -m zerobench.worker``, options
 the worker takes; a script, one that exists; ``python`` a module or script that exists
@@ -151,7 +151,7 @@ def check_torchrun(argv: list[str]) -> None:
 
 
 def check_python(argv: list[str]) -> None:
-    """``python -m package.module ...`` or ``python scripts/x.py ...``: the module or script
+    """``python -m package.module ...`` or ``python scripts/<script>.py ...``: the module or script
     exists and answers ``--help``."""
     if argv[1] == "-m":
         target = [sys.executable, "-m", argv[2]]

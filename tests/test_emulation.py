@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zerobench.harness.testing import run_ranks
 from zerobench.instruments import emulation
 from zerobench.instruments.link import Link
-from zerobench.harness.testing import run_ranks
 
 LATENCY_US = 60_000.0  # 60 ms per collective: far above gloo's own time on 2 busy cores
 SLOW = Link(1000.0, LATENCY_US)
@@ -163,7 +163,7 @@ def test_cells_name_a_preset_or_explicit_numbers():
     link = emulation.cell_link(cells({"engine": ["ddp"], "emulate_link": ["pcie4"], "emulate_gbps": [1.0]})[0].opts)
     assert (link.bandwidth_gbps, link.latency_us) == (1.0, PRESETS["pcie4"].latency_us)
     assert emulation.cell_link(cells({"engine": ["ddp"]})[0].opts) is None
-    with pytest.raises(WorkloadError, match=r"emulate_link: 'ib-800g' is not allowed \(allowed: .*'ib-400g'"):
+    with pytest.raises(WorkloadError, match=r"emulate_link: 'ib-800g' is not allowed; did you mean 'ib-[24]00g'\? \(allowed: .*'ib-400g'"):
         cells({"engine": ["ddp"], "emulate_link": ["ib-800g"]})
     with pytest.raises(WorkloadError, match=r"emulate_gbps: -1.0 is not allowed"):
         cells({"engine": ["ddp"], "emulate_gbps": [-1.0]})

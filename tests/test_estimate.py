@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.whatif.cells import parse_world_sizes
 from zerobench.engines.stages import FIGURE1_PAPER_GB, figure1, model_state_bytes
+from zerobench.whatif.cells import parse_world_sizes
 
 
 def test_figure1_within_1_percent():
@@ -44,6 +44,7 @@ def test_bad_precision_names_allowed_values():
     (["--rank", "5", "--world-sizes", "2"], r"--rank: 5 is not allowed at world size 2 \(allowed: 0..1\)"),
     (["--rank", "-1", "--world-sizes", "2"], r"--rank: -1 is not allowed"),
     (["--hybrid-shard-size", "0", "--world-sizes", "2"], r"--hybrid-shard-size: 0 is not allowed \(allowed: int >= 1\)"),
+    (["--gpu", "h300", "--world-sizes", "2"], r"--gpu: gpu: h300 is neither a shipped preset nor a preset file .*\(allowed: a100-40gb, "),
 ])
 def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, args, message):
     from zerobench.cli import main
@@ -54,9 +55,21 @@ def test_bad_estimate_arguments_are_errors_before_any_work(tmp_path, capsys, arg
     assert list(tmp_path.iterdir()) == []  # no result folder for a refused command
 
 
+def test_estimate_on_a_gpu_gives_what_its_allocator_may_reserve():
+    """The card less the CUDA context, and one NCCL communicator where there are other ranks
+    ([Note: capacity a process sees])."""
+    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.whatif.estimate import _capacity
+
+    a100 = gpu_preset("a100-40gb")
+    assert _capacity(a100, 1) == {"gpu": "a100-40gb", "capacity_bytes": (40960 - 512) * 2**20}
+    assert _capacity(a100, 8)["capacity_bytes"] == (40960 - 512 - 688) * 2**20
+    assert _capacity(None, 8) == {}
+
+
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.whatif.cells import why_not
     from zerobench.spec.matrix import Cell
+    from zerobench.whatif.cells import why_not
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
     assert "not a multiple of the shard group size 3" in why_not(cell, 8, 3)
@@ -72,9 +85,10 @@ def test_estimate_matches_curated_memory_pass(tmp_path):
     from zerobench.whatif.estimate import against_run, estimate
 
     out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path, log=lambda *_: None,
-                   only=["ddp-fp32", "impl-fsdp-fp32"])
+                   only=["ddp-fp32", "impl-fsdp-fp32"], gpu="a100-40gb")
     frame = pd.read_csv(out / "estimate.csv")
     assert (frame["status"] == "ok").all(), frame["reason"].tolist()
+    assert (frame["gpu"] == "a100-40gb").all() and (frame["capacity_bytes"] == (40960 - 512 - 688) * 2**20).all()
     both = against_run(frame, pd.read_csv("results/baselines/cpu-quickstart/results.csv"))
     assert len(both) == 2
     assert (both["diff_pct"].abs() < 3).all(), both.to_string()
@@ -198,3 +212,18 @@ def test_gloo_backend_estimate_matches_the_gloo_memory_pass(tmp_path):
         diffs[backend] = against_run(frame, baseline).set_index("config")["diff_pct"]
     assert (diffs["gloo"].abs() < 1).all(), diffs["gloo"].to_string()
     assert (diffs["nccl"] < -5).all(), diffs["nccl"].to_string()
+
+
+def test_estimate_prints_its_tables_in_mib_and_one_wall_time(tmp_path, capsys, monkeypatch):
+    """Once: 'N cells in X s', 'elapsed Y s' and '(Z s)' -- three wall times -- and the
+    model states in GB beside peaks in MiB."""
+    from zerobench.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["estimate", "quickstart", "--world-sizes", "8,64", "--config", "ddp-fp32", "--config",
+                 "torch-fsdp1-fp32-sharding_strategy=SHARD_GRAD_OP", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"\d s wall|\d s\)|cells in|elapsed", out)) == 1, out
+    assert re.search(r"estimate: .*estimate\.csv \(4 cells, [\d.]+ s wall\)", out)
+    assert "per-rank peak MiB" in out and "model states per rank, MiB" in out and "GB" not in out
+    assert all(len(line) <= 80 for line in out.splitlines() if not line.startswith(("[", "estimate: ", "plot: ")))

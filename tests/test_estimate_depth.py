@@ -4,10 +4,10 @@ full-depth partition's."""
 
 import pytest
 
-from zerobench.whatif.estimate import depth
-from zerobench.whatif.estimate.rank import estimate_one
 from zerobench.spec.matrix import expand
 from zerobench.spec.workload import parse_workload
+from zerobench.whatif.estimate import depth
+from zerobench.whatif.estimate.rank import estimate_one
 
 LAYERS = 5
 WORKLOAD = parse_workload({

@@ -8,6 +8,7 @@ one-cell world-size-1 run, so that each test takes seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,16 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.harness import active
-
-from zerobench.harness import launch
-
-from zerobench.harness import preflight
 from zerobench.cli import main
-from zerobench.spec.matrix import Cell
+from zerobench.harness import active, launch, preflight
 from zerobench.harness.reference import ReferenceFailed, reference_losses
-from zerobench.runs.folder import RunFolder
 from zerobench.harness.runner import finished, new_run_dir, run_metadata
+from zerobench.runs.folder import RunFolder
+from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,8 +226,11 @@ def test_world_size_the_machine_cannot_hold_is_refused_naming_both_numbers(monke
         "any model): 195.3 GiB, more than this machine's 8.0 GiB; not started")
     monkeypatch.setattr(preflight, "host_memory_bytes", lambda: 1e15)
     monkeypatch.setattr(preflight, "process_limit", lambda: 512.0)
-    assert "needs at least 4,000 processes and threads (4 per rank), more than this user's limit of 512" in \
-        preflight.refusal(workload, cell, "cpu")
+    assert "needs at least 4,000 processes and threads (4 per rank, run.threads_per_rank = 1), more than this " \
+           "user's limit of 512" in preflight.refusal(workload, cell, "cpu")
+    many = dataclasses.replace(workload, run=dataclasses.replace(workload.run, threads_per_rank=8))
+    assert "needs at least 11,000 processes and threads (11 per rank, run.threads_per_rank = 8)" in \
+        preflight.refusal(many, cell, "cpu")  # each rank's compute threads count too
 
 
 def test_the_reference_is_bounded_by_the_cell_timeout():
@@ -301,7 +301,7 @@ def test_bad_folders_for_run_are_errors_not_tracebacks(tmp_path, capsys):
     (tmp_path / "t.toml").write_text(TINY)
     (tmp_path / "file").write_text("")
     assert main(["run", str(tmp_path / "t.toml"), "--results", str(tmp_path / "file" / "r")]) == 2
-    assert f"--results {tmp_path / 'file' / 'r'}: cannot create a run folder there: Not a directory" in \
+    assert f"--results: {tmp_path / 'file'} is not a folder, so {tmp_path / 'file' / 'r'} cannot be made" in \
         capsys.readouterr().err
     assert main(["run", str(tmp_path / "t.toml"), "--results", str(tmp_path / "r"), "--device", "cuda"]) == 2
     assert not (tmp_path / "r").exists()  # refused before anything was written

@@ -9,15 +9,13 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from impl.fsdp import FullyShardedDataParallel as FSDP
+from impl.fsdp import ShardingStrategy, TrainingState, traversal
+from impl.fsdp.state import FSDPState
 from tests.helpers.fsdp import make_model, train, unit_policy, warm_up_imports
 from zerobench.harness.testing import run_ranks
-
-from impl.fsdp import ShardingStrategy, TrainingState, traversal
-from impl.fsdp import FullyShardedDataParallel as FSDP
-from impl.fsdp.state import FSDPState
 
 warm_up_imports()
 

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 from tests.helpers.fsdp import (
     DEFAULTS_1_13,
     MLP,
@@ -29,12 +31,8 @@ from tests.helpers.fsdp import (
     warm_up_imports,
 )
 from zerobench.harness.testing import run_ranks
-
-from impl import comm
 from zerobench.instruments import emulation
 from zerobench.instruments.link import Link
-from impl.fsdp import BackwardPrefetch, ShardedState, ShardingStrategy
-from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 
@@ -84,6 +82,15 @@ def limiter_body(rank, world_size):
         after_forward = states(model)
         loss.backward()
         out[strategy.name] = (after_forward, states(model), model.limiter_metrics()["all_gathers"])
+    # NO_SHARD under mixed precision: the bf16 copies are freed after forward and after backward.
+    from impl.fsdp import MixedPrecision
+
+    model = wrapped_mlp(sharding_strategy=NO_SHARD, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+    loss = loss_fn("mlp", model(rank_slice(x, rank, world_size)), rank_slice(y, rank, world_size))
+    held = lambda: [inst._unit.handle.unsharded_allocated for inst in model.fsdp_instances()]  # noqa: E731
+    after_forward = (states(model), held())
+    loss.backward()
+    out["NO_SHARD_bf16"] = (after_forward, (states(model), held()), model.limiter_metrics()["all_gathers"])
     return out
 
 
@@ -118,6 +125,10 @@ def test_limiter_bounds_units_in_flight_and_strategies_keep_what_they_should(wor
     # NO_SHARD never shards and never all-gathers.
     after_forward, after_backward, gathers = out["NO_SHARD"]
     assert after_forward == after_backward == [unsharded] * 5 and gathers == 0
+    # Under mixed precision it frees each unit's low-precision copy after forward, the
+    # root's too, and after backward, as FSDP1 does ([Note: NO_SHARD's low-precision copy]).
+    after_forward, after_backward, gathers = out["NO_SHARD_bf16"]
+    assert after_forward == after_backward == ([sharded] * 5, [False] * 5) and gathers == 0
 
 
 # -- the first-iteration order check ------------------------------------------------------

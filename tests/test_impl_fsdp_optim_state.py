@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from impl.fsdp import FullyShardedDataParallel as FSDP
+from impl.fsdp import OptimStateKeyType, ShardingStrategy
 from tests.helpers.fsdp import (
     TOL,
     batches,
@@ -23,9 +25,6 @@ from tests.helpers.fsdp import (
     warm_up_imports,
 )
 from zerobench.harness.testing import run_ranks
-
-from impl.fsdp import OptimStateKeyType, ShardingStrategy
-from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 

@@ -16,14 +16,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.helpers.fsdp import DEFAULTS_1_13, warm_up_imports
-from zerobench.harness.testing import run_ranks
-
-from impl import comm
-from zerobench.instruments import emulation
-from zerobench.instruments.link import Link
 from impl.fsdp import BackwardPrefetch
 from impl.fsdp import FullyShardedDataParallel as FSDP
+from tests.helpers.fsdp import DEFAULTS_1_13, warm_up_imports
+from zerobench.harness.testing import run_ranks
+from zerobench.instruments import emulation
+from zerobench.instruments.link import Link
 
 warm_up_imports()
 

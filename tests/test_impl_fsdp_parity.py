@@ -17,6 +17,8 @@ import itertools
 import pytest
 import torch
 
+from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+from impl.fsdp import FullyShardedDataParallel as FSDP
 from tests.helpers.fsdp import (
     LR,
     MOMENTUM,
@@ -30,9 +32,6 @@ from tests.helpers.fsdp import (
     warm_up_imports,
 )
 from zerobench.harness.testing import run_ranks
-
-from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
-from impl.fsdp import FullyShardedDataParallel as FSDP
 
 warm_up_imports()
 

@@ -10,6 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from impl.fsdp import (
+    FullStateDictConfig,
+    LocalStateDictConfig,
+    ShardingStrategy,
+    StateDictType,
+)
+from impl.fsdp import FullyShardedDataParallel as FSDP
+from impl.fsdp.state_dict import full_tensor
 from tests.helpers.fsdp import (
     TOL,
     batches,
@@ -22,15 +30,6 @@ from tests.helpers.fsdp import (
     warm_up_imports,
 )
 from zerobench.harness.testing import run_ranks
-
-from impl.fsdp import (
-    FullStateDictConfig,
-    LocalStateDictConfig,
-    ShardingStrategy,
-    StateDictType,
-)
-from impl.fsdp import FullyShardedDataParallel as FSDP
-from impl.fsdp.state_dict import full_tensor
 
 warm_up_imports()
 

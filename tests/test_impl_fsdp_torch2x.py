@@ -21,10 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import impl.fsdp as ifsdp
 from tests.helpers.fsdp import warm_up_imports
 from zerobench.harness.testing import run_ranks
-
-import impl.fsdp as ifsdp
 
 warm_up_imports()
 

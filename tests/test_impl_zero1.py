@@ -22,6 +22,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from torch.distributed.optim.utils import functional_optim_map  # noqa: F401
 
+from impl.zero import ZeroRedundancyOptimizer
 from tests.helpers.zero import (
     OPTIMIZERS,
     average_grads,
@@ -35,8 +36,6 @@ from tests.helpers.zero import (
     reference_train,
     state_max_abs_diff,
 )
-
-from impl.zero import ZeroRedundancyOptimizer
 from zerobench.harness.testing import run_ranks
 
 TOL = 1e-5

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import profile
 
+from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer
 from tests.helpers.zero import (
     OPTIMIZERS,
     batches,
@@ -20,12 +20,9 @@ from tests.helpers.zero import (
     reference_train,
     state_max_abs_diff,
 )
-
-from impl import comm
+from zerobench.harness.testing import run_ranks
 from zerobench.instruments import emulation
 from zerobench.instruments.link import Link
-from impl.zero import ReduceScatterBucketer, ZeroStage2Optimizer
-from zerobench.harness.testing import run_ranks
 
 TOL = 1e-5
 

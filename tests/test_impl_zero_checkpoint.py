@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 
+from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
 from tests.helpers.zero import (
     OPTIMIZERS,
     average_grads,
@@ -20,8 +20,6 @@ from tests.helpers.zero import (
     params_of,
     rank_slice,
 )
-
-from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
 from zerobench.harness.testing import run_ranks
 
 TOL = 1e-5

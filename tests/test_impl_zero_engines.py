@@ -3,7 +3,6 @@ parity with single-process training, and what the memory pass will see."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
@@ -15,7 +14,6 @@ from tests.helpers.zero import (
     params_of,
     rank_slice,
 )
-
 from zerobench.engines.base import OptimizerSpec, RankContext
 from zerobench.engines.impl_zero import Zero1Engine, Zero2Engine
 from zerobench.harness.testing import run_ranks

@@ -15,7 +15,6 @@ from impl.zero.partition import (
     sorted_greedy_partition,
 )
 
-
 # -- partition (no communication) ------------------------------------------------------------
 
 

@@ -87,7 +87,8 @@ def test_fsdp_hooks_and_utilities_do_not_need_the_module_class(graph, module):
 
 #: What each folder of zerobench/ may import (besides itself, impl and LEAVES). The order
 #: is how a cell's data flows, bottom up: the instruments a rank is measured with, the
-#: engines, the spec of a cell, run folders, the rank, the harness; analysis reads run
+#: engines, the spec of a cell, run folders (which read their workload.json with spec's
+#: parser: RunFolder.workload), the rank, the harness; analysis reads run
 #: folders and never runs a cell (so never the rank or the harness: readers run no code,
 #: [Note: readers have no side effects]); the what-if tools use everything. cli.py,
 #: __main__.py and worker.py sit on top.
@@ -95,7 +96,7 @@ FLOORS = {
     "instruments": set(),
     "engines": {"instruments"},
     "spec": {"engines", "instruments"},
-    "runs": {"instruments"},
+    "runs": {"spec", "engines", "instruments"},
     "rank": {"runs", "spec", "engines", "instruments"},
     "harness": {"rank", "runs", "spec", "engines", "instruments"},
     "analysis": {"runs", "spec", "engines", "instruments"},
@@ -105,8 +106,9 @@ FLOORS = {
     # the command line: one module per subcommand, each calling whichever floor it needs
     "commands": {"validation", "whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
 }
-#: Modules anyone may import: the column vocabulary and atomic writes (no imports of their own).
-LEAVES = {"zerobench.runs.schema", "zerobench.runs.files"}
+#: Modules anyone may import: the column vocabulary, atomic writes and the one "did you mean"
+#: message (no imports of their own).
+LEAVES = {"zerobench.runs.schema", "zerobench.runs.files", "zerobench.choices"}
 #: Modules that build models from a workload, importing whatever factory it names.
 USER_CODE = {"zerobench.spec.models", "zerobench.spec.user_models", "zerobench.spec.data"}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerobench.spec.matrix import Cell, engine_axes, expand
+from zerobench.spec.matrix import engine_axes, expand
 from zerobench.spec.workload import WorkloadError, parse_workload
 
 
@@ -57,7 +57,8 @@ def test_value_one_engine_allows_and_another_does_not_is_a_skipped_cell(monkeypa
 
 
 def test_value_no_engine_allows_is_an_error():
-    with pytest.raises(WorkloadError, match=r"sharding_strategy: 'FULL' is not allowed \(allowed: 'FULL_SHARD'"):
+    with pytest.raises(WorkloadError, match=r"sharding_strategy: 'FULL' is not allowed; did you mean 'FULL_SHARD'\? "
+                                            r"\(allowed: 'FULL_SHARD'"):
         cells({"engine": ["torch-fsdp1"], "sharding_strategy": ["FULL"]})
 
 
@@ -68,8 +69,9 @@ def test_a_float_axis_must_be_finite(value):
 
 
 def test_axis_of_no_engine_is_an_error():
-    with pytest.raises(WorkloadError, match=r"matrix.sharding_stratgy: no engine has this axis \(allowed: engine, "
-                                            r"world_size, dtype, .*sharding_strategy"):
+    with pytest.raises(WorkloadError, match=r"unknown key matrix.sharding_stratgy; did you mean "
+                                            r"matrix.sharding_strategy\? \(allowed in matrix: .*dtype, .*engine, .*"
+                                            r"sharding_strategy, .*world_size; `zerobench engines` lists"):
         cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"], "sharding_stratgy": ["FULL_SHARD"]})
 
 
@@ -87,7 +89,8 @@ def test_narrowing_the_engines_drops_their_axes_with_a_note():
 
 
 def test_unknown_engine_is_an_error():
-    with pytest.raises(WorkloadError, match=r"matrix.engine: 'deepspeed' is not allowed \(allowed: 'ddp'"):
+    with pytest.raises(WorkloadError, match=r"matrix.engine: 'deepspeed' is not allowed; did you mean "
+                                            r"'deepspeed-zero\d'\? \(allowed: 'ddp'"):
         cells({"engine": ["deepspeed"]})
 
 

@@ -168,3 +168,26 @@ def test_measure_exact_step_gives_up_after_its_attempts():
     with tracker:
         _, steps = measure_exact_step(tracker, step, attempts=3)
     assert steps == 4 and not tracker.peak_exact
+
+
+def test_phases_are_timed_from_the_measured_steps_start_and_other_is_split_by_when_it_was_allocated():
+    """[Note: what other holds]: a buffer kept from before the step, one allocated in
+    backward and one in the optimizer step, none of them parameters, gradients or state."""
+    tracker = StorageTracker("cpu")
+    with tracker:
+        kept = torch.empty(100)                          # 400 B, live as the step begins
+        tracker.set_phase("after")  # an earlier step's phases are forgotten at reset_peak
+        tracker.reset_peak()
+        tracker.set_phase("forward")
+        act = torch.empty(10)                            # 40 B, "activations"
+        tracker.set_phase("backward")
+        bucket = torch.empty(50)                         # 200 B
+        tracker.set_phase("optimizer")
+        tmp = torch.empty(25)                            # 100 B
+        tracker.set_phase("after")
+    assert [name for _, name in tracker.phases()] == ["forward", "backward", "optimizer", "after"]
+    times = [t for t, _ in tracker.phases()]
+    assert times == sorted(times) and times[0] >= 0
+    assert tracker.peak_breakdown()["other"] == 700
+    assert tracker.peak_other_breakdown() == {"kept": 400, "backward": 200, "optimizer": 100}
+    del kept, act, bucket, tmp

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from zerobench.instruments.memory import StorageTracker
 from zerobench.spec import data
 from zerobench.spec.checkpointing import parse_mode
 from zerobench.spec.matrix import expand
-from zerobench.instruments.memory import StorageTracker
 from zerobench.spec.models import build_for_cell, construct, loss_fn, sharding_units
 from zerobench.spec.workload import WorkloadError, parse_workload
 
@@ -174,7 +174,8 @@ def test_checkpointing_is_an_axis_of_every_engine():
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"preset": "llama4"}, r"model.preset: 'llama4' is not allowed \(allowed: 'llama2-7b', 'llama2-13b', 'llama3-8b', 'llama3-70b'\)"),
+    ({"preset": "llama4"}, r"model.preset: 'llama4' is not allowed; did you mean 'llama3-8b'\? "
+                            r"\(allowed: 'llama2-7b', 'llama2-13b', 'llama3-8b', 'llama3-70b'\)"),
     ({"kv_heads": 3}, r"model.kv_heads: 3 does not divide model.heads=4"),
     ({"heads": 5}, r"model.heads: 5 does not divide model.d_model=32"),
     ({"ffn_hidden": 0}, r"model.ffn_hidden: 0 is not allowed \(allowed: int from 1 to 2\*\*63 - 1\)"),
@@ -221,7 +222,7 @@ def test_factory_model_builds_with_its_units_batches_and_loss(user_module):
     ({"factory": "toy_factory:not_a_module", "wrap": ["X"], "vocab": 8, "seq_len": 4},
      r"model.factory: toy_factory:not_a_module returned dict, not a torch.nn.Module"),
     ({"factory": "toy_factory:build", "wrap": ["Block"], "vocab": 8, "seq_len": 4},
-     r"model.wrap: no module of class 'Block' in the model \(its module classes: .*ToyBlock"),
+     r"model.wrap: 'Block' is the class of no module of the model; did you mean 'ToyBlock'\? \(allowed: .*ToyBlock"),
 ])
 def test_factory_errors_name_the_key(user_module, model, match):
     cfg = parse_workload({"model": model}).model

@@ -32,12 +32,74 @@ def _pngs(paths) -> dict[str, bytes]:
     return out
 
 
+@pytest.fixture()
+def figures(monkeypatch) -> dict:
+    """The figures the plots draw, by file name, kept open past save_figure."""
+    import matplotlib.pyplot as plt
+
+    from zerobench.analysis import figures as module
+
+    kept = {}
+    real_save = module.save_figure
+
+    def keep(fig, path, *args, **kwargs):
+        kept[Path(path).name] = fig
+        real_close, plt.close = plt.close, lambda *a: None  # read after the plot returns
+        try:
+            return real_save(fig, path, *args, **kwargs)
+        finally:
+            plt.close = real_close
+
+    for name in ("zerobench.analysis.plots", "zerobench.analysis.pareto"):
+        monkeypatch.setattr(f"{name}.save_figure", keep)
+    monkeypatch.setattr(module, "save_figure", keep)
+    yield kept
+    for fig in kept.values():
+        plt.close(fig)
+
+
+def _rgb(color) -> tuple:
+    from matplotlib.colors import to_rgb
+
+    return tuple(round(c, 3) for c in to_rgb(color))
+
+
+def _unexplained(fig) -> list[str]:
+    """Markers and colours the figure draws as data that none of its legends shows
+    ([Note: one look per configuration])."""
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    handles = [h for legend in legends for h in legend.legend_handles]
+    markers, colors = set(), set()
+    for h in handles:
+        if hasattr(h, "get_marker"):
+            markers.add(h.get_marker())
+            colors |= {_rgb(h.get_color()), _rgb(h.get_markerfacecolor()), _rgb(h.get_markeredgecolor())}
+        elif hasattr(h, "get_facecolor"):
+            colors.add(_rgb(h.get_facecolor()))
+    missing = []
+    for ax in fig.axes:
+        for line in ax.lines:
+            marker = line.get_marker()
+            if marker not in (None, "None", "", " ") and marker not in markers:
+                missing.append(f"marker {marker!r} ({line.get_gid() or line.get_label()})")
+            if _rgb(line.get_color()) not in colors:
+                missing.append(f"colour {line.get_color()} ({line.get_gid() or line.get_label()})")
+        for patch in ax.patches:
+            if _rgb(patch.get_facecolor()) not in colors:
+                missing.append(f"colour {patch.get_facecolor()} of a bar or span")
+    return missing
+
+
 @pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
-def test_every_curated_folder_replots(folder, tmp_path):
-    """`zerobench plot` on a copy of each curated run, estimate and baseline."""
+def test_every_curated_folder_replots(folder, tmp_path, figures):
+    """`zerobench plot` on a copy of each curated run, estimate and baseline; every marker
+    and colour it draws is in a legend."""
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("plots", "simulate", "schedules", "analysis"))
     drawn = _pngs(plot_folder(copy))
+    assert set(figures) == set(drawn)
+    for name, fig in figures.items():
+        assert not _unexplained(fig), (name, _unexplained(fig))
     if (copy / "estimate.csv").exists() and not (copy / "meta.json").exists():
         assert set(drawn) == {"estimate_peak.png"}
         return
@@ -180,7 +242,30 @@ def test_values_as_plots_read_them():
     assert short_label("torch-fsdp2-fp32-reshard_after_forward=off") == "torch-fsdp2 reshard off"  # estimate ids
     styles = EngineStyles()
     assert styles.color("ddp") == "black" and styles.color("impl-fsdp") != styles.color("torch-fsdp2")
-    assert styles.line("impl-fsdp", "a")["linestyle"] != styles.line("impl-fsdp", "b")["linestyle"]
+    colors = [styles.color(e) for e in EngineStyles.ENGINE_ORDER]
+    assert len(set(map(str, colors))) == len(colors)  # ten engines, ten colours
+    full = styles.line("impl-fsdp", {"sharding_strategy": "FULL_SHARD"})
+    grad_op = styles.line("impl-fsdp", {"sharding_strategy": "SHARD_GRAD_OP"})
+    assert full["linestyle"] != grad_op["linestyle"] and full["marker"] != grad_op["marker"]
+    # [Note: one look per configuration]: one strategy, one marker, whichever engine
+    assert styles.point("torch-fsdp2", {"reshard_after_forward": "False"})["marker"] == grad_op["marker"]
+    assert styles.point("torch-fsdp2", {"reshard_after_forward": True})["marker"] == full["marker"] == \
+        styles.point("deepspeed-zero3")["marker"] == styles.point("torch-fsdp1", {"sharding_strategy": None})["marker"]
+    assert styles.point("impl-zero2")["marker"] == styles.point("deepspeed-zero2")["marker"] != grad_op["marker"]
+    assert styles.point("ddp")["marker"] == styles.point("torch-fsdp1", {"sharding_strategy": "NO_SHARD"})["marker"]
+    assert styles.point("ddp", {"activation_checkpointing": "full"})["fillstyle"] == "none"
+    assert styles.point("ddp", {"activation_checkpointing": "every:2"})["fillstyle"] == "left"
+
+
+def test_the_plots_stages_are_the_engines():
+    """figures.ENGINE_STAGES (plots run without torch) agrees with zerobench/engines/stages.py."""
+    pytest.importorskip("torch")
+    from zerobench.analysis.figures import ENGINE_STAGES
+    from zerobench.engines import ENGINES
+    from zerobench.engines.stages import engine_stage
+
+    for engine in ENGINES:
+        assert ENGINE_STAGES.get(engine, 3) == engine_stage(engine, {}, 4)[0], engine
 
 
 def _estimate_frame() -> pd.DataFrame:
@@ -225,3 +310,70 @@ def test_predict_folder_plots_pareto_and_bars(tmp_path):
 
     assert predict_setting(pd.DataFrame(rows), "w").line() == \
         "w · virtual h100-sxm, fast host · nvlink4-8gpu · world sizes 8, 64"
+
+
+def _points(fig) -> dict[str, list]:
+    """label -> the Line2D of its point, in every panel of a Pareto figure (gid = label)."""
+    out = {}
+    for ax in fig.axes:
+        for line in ax.lines:
+            if line.get_gid():
+                out.setdefault(line.get_gid(), []).append(line)
+    return out
+
+
+def _labels_sit_beside_their_own_points(fig) -> None:
+    """Every label of the figure has a leader line to its point, and its text covers no
+    point: a reader never takes it for another configuration's."""
+    from matplotlib.text import Annotation
+
+    renderer = fig.canvas.get_renderer()
+    points = _points(fig)
+    notes = [t for ax in fig.axes for t in ax.texts if isinstance(t, Annotation)]
+    assert notes
+    for note in notes:
+        name = note.get_text().removesuffix(" (reference)")
+        assert note.arrow_patch is not None, name
+        own = [line for line in points[name] if line.axes is note.axes]
+        assert any(tuple(line.get_xydata()[0]) == tuple(note.xy) for line in own), name
+        box = note.get_window_extent(renderer)
+        for line in note.axes.lines:
+            for x, y in line.axes.transData.transform(line.get_xydata()):
+                if line.get_marker() not in (None, "None", "", " "):
+                    assert not box.contains(x, y), (name, line.get_gid())
+
+
+def test_pareto_plots_one_marker_per_strategy_and_labels_beside_their_points(tmp_path, figures):
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "curated" / "20261121-165230-quickstart", run,
+                    ignore=shutil.ignore_patterns("plots"))
+    plot_folder(run)
+    fig = figures["pareto.png"]
+    points = _points(fig)
+    marker = {label: {line.get_marker() for line in lines} for label, lines in points.items()}
+    color = {label: {str(line.get_color()) for line in lines} for label, lines in points.items()}
+    full = [label for label in points if label.split()[0] in ("torch-fsdp1", "torch-fsdp2", "impl-fsdp")
+            and "SHARD_GRAD_OP" not in label and "reshard off" not in label]
+    kept = [label for label in points if "SHARD_GRAD_OP" in label or "reshard off" in label]
+    assert len(full) == 3 and len(kept) == 3
+    assert len(set.union(*(marker[label] for label in full))) == 1  # FULL_SHARD and reshard on: one marker
+    assert len(set.union(*(marker[label] for label in kept))) == 1  # SHARD_GRAD_OP and reshard off: another
+    assert marker[full[0]] != marker[kept[0]]
+    assert marker["torch-zero1"] == marker["impl-zero1"] != marker["impl-zero2"]
+    for a, b in zip(sorted(full), sorted(kept)):  # the same engine keeps its colour
+        assert color[a] == color[b] and a.split()[0] == b.split()[0]
+    assert len({next(iter(color[label])) for label in full}) == 3  # three engines, three colours
+    _labels_sit_beside_their_own_points(fig)
+    assert not _unexplained(fig)
+
+
+def test_predict_pareto_labels_sit_beside_their_own_points(tmp_path, figures):
+    folder = tmp_path / "predict"
+    shutil.copytree(ROOT / "results" / "curated" / "20261124-085132-llama3-8b-zero-predict", folder,
+                    ignore=shutil.ignore_patterns("plots"))
+    plot_folder(folder)
+    fig = figures["pareto.png"]
+    _labels_sit_beside_their_own_points(fig)
+    hollow = [label for label, lines in _points(fig).items() if "ckpt full" in label]
+    assert hollow and all(line.get_fillstyle() == "none" for label in hollow for line in _points(fig)[label])
+    assert not _unexplained(fig)

@@ -154,8 +154,12 @@ def test_against_puts_each_class_beside_its_prediction(tmp_path):
     assert rows.loc["step (timed)", "predicted_s"] == pytest.approx(0.0002)
     assert rows.loc["step (timed)", "error"] == pytest.approx(0.0002 / 0.004 - 1)
     assert pd.isna(rows.loc["attention", "error"])  # nothing measured: no error
-    table = against.format_against(frame)
+    from zerobench.analysis.render import markdown, text
+
+    table = markdown(against.against_table(frame))
     assert "| ddp-ws2-fp32 | gemm |" in table and "device idle (waiting on the host)" in table
+    narrow = text(against.against_table(frame), 80)
+    assert "ddp-ws2-fp32" in narrow and all(len(line) <= 80 for line in narrow.splitlines())
     written = against.write(frame, predicted)
     assert all(p.exists() for p in written) and (predicted / "plots" / "against.png").exists()
     assert pd.read_csv(predicted / "against.csv")["quantity"].tolist() == frame["quantity"].tolist()

@@ -256,9 +256,9 @@ def emulated_events():
 
 
 def test_serial_modelled_intervals_and_best_achievable_exposed():
-    from zerobench.instruments.link import Link
     from zerobench.analysis.profiling.best import best_exposed_by_step, best_exposed_summary, link_from_config
     from zerobench.analysis.profiling.overlap import modelled_intervals
+    from zerobench.instruments.link import Link
 
     t = trace(emulated_events())
     link = Link(1e9, 100.0)

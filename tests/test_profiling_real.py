@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from zerobench.analysis import profiling as zp
-from zerobench.cli import main as cli_main
 from zerobench.analysis.profiling.analyze import analyze_run, analyze_trace
+from zerobench.cli import main as cli_main
 
 DATA = Path(__file__).parent / "data"
 STEPS, BLOCKS, DIM, PREFETCH, IMPL_LAYERS, IMPL_DIM = 2, 3, 64, 2, 4, 192

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from zerobench.harness.launch import describe_failure
 from zerobench.analysis.summary import print_summary
-from zerobench.runs.tables import write_tables
+from zerobench.harness.launch import describe_failure
 from zerobench.harness.runner import _one_line
+from zerobench.runs.folder import RunFolder
+from zerobench.runs.tables import write_tables
 
 GLOO_ERROR = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
               "Connection closed by peer [127.0.0.1]:29500 [bold] [/] [/red]")
@@ -65,14 +66,16 @@ def test_errors_with_brackets_print_as_plain_text(tmp_path):
 
 
 def test_blame_goes_to_the_first_rank_to_die(tmp_path):
-    (tmp_path / "c.rank0.log").write_text("step 3\n")
-    (tmp_path / "c.rank1.log").write_text(f"Traceback ...\n{GLOO_ERROR}\n")
+    folder = RunFolder(tmp_path)
+    folder.logs_dir.mkdir()
+    folder.log_path("c", 0).write_text("step 3\n")
+    folder.log_path("c", 1).write_text(f"Traceback ...\n{GLOO_ERROR}\n")
     # rank 0 was SIGKILLed first; rank 1 then failed in a collective
-    text = describe_failure(tmp_path, "c", [-9, 1], deaths=[0, 1])
+    text = describe_failure(folder, "c", [-9, 1], deaths=[0, 1])
     assert text.startswith("rank 0 was killed by signal 9 (SIGKILL) first:")
     assert "then rank 1 exited with code 1: " + GLOO_ERROR in text
     # no order seen: a rank that raised goes before one killed by a signal (ours, after the grace)
-    assert describe_failure(tmp_path, "c", [-9, 1]).startswith("rank 1 exited with code 1 first:")
+    assert describe_failure(folder, "c", [-9, 1]).startswith("rank 1 exited with code 1 first:")
 
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:

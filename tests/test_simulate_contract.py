@@ -52,11 +52,13 @@ class ProgramOrder(collectives.Layer, storages.Listener):
             self.events.append(("free", sid))
 
 
-def observed_order(opts: dict) -> tuple[list[tuple[str, int]], int]:
-    """impl-fsdp's program order in one measured step (units numbered by their first
-    all-gather: the root first, then the blocks), and the number of units."""
-    w = parse_workload(WORKLOAD)
-    cell = Cell("impl-fsdp", 4, "fp32", tuple(sorted(opts.items())))
+def observed_order(opts: dict, engine: str = "impl-fsdp") -> tuple[list[tuple[str, int]], int]:
+    """An engine's program order in one measured step (units numbered by their first
+    all-gather: the root first, then the blocks; an engine that gathers into a new
+    buffer each time, as fully_shard does, numbers each all-gather anew), and the number
+    of units so numbered."""
+    w = parse_workload({**WORKLOAD, "matrix": {"engine": [engine]}})
+    cell = Cell(engine, 4, "fp32", tuple(sorted(opts.items())))
     order = ProgramOrder()
     from zerobench.instruments.vgpu import VirtualGpu
 
@@ -134,3 +136,18 @@ def test_the_contract_sees_a_changed_order():
     opts = FAST[0]
     observed, units = observed_order(opts)
     assert simulated_order({**opts, "backward_prefetch": "none"}, units) != observed
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_simulate_gathers_as_often_as_fully_shard(reshard):
+    """fully_shard as the torch-fsdp2 engine runs it (reshard_after_forward passed
+    explicitly) reshards its root after forward too and gathers it again in backward:
+    [Note: fully_shard's root] (zerobench/whatif/simulate/model.py). The simulator once
+    kept the root, one all-gather a step short of the engine's own."""
+    observed, _ = observed_order({"forward_prefetch": False, "reshard_after_forward": reshard}, "torch-fsdp2")
+    gathers = sum(kind == "all_gather" for kind, _ in observed)
+    units = LAYERS + 1
+    assert gathers == (2 * units if reshard else units)
+    schedule = Schedule("torch-fsdp2", 4, [Unit(f"u{i}", 1 << 20, 1e-3, 2e-3) for i in range(units)],
+                        knobs=Knobs(reshard_after_forward=reshard))
+    assert sum(kind == "all_gather" for kind, _ in simulate(schedule, _link()).order) == gathers

@@ -11,11 +11,10 @@ import sys
 import pytest
 import torch
 
-from tests.helpers.fsdp import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports
-from zerobench.harness.testing import run_ranks
-
 from impl.fsdp.rate_limiter import FreeEventQueue, RateLimiter
 from impl.streams import Streams
+from tests.helpers.fsdp import batches, loss_fn, make_model, rank_slice, unit_policy, warm_up_imports
+from zerobench.harness.testing import run_ranks
 from zerobench.rank import devices
 
 warm_up_imports()
@@ -249,12 +248,17 @@ def test_gpu_check_cells_summary(tmp_path):
     run = tmp_path / "runs" / "r1"
     (run / "cells").mkdir(parents=True)
     (run / "workload.json").write_text("{}")
+    config = {"engine": "ddp", "world_size": 1, "dtype": "fp32"}
     for cid, status in (("a", "ok"), ("b", "skipped")):
-        (run / "cells" / f"{cid}.json").write_text(json.dumps({"cell_id": cid, "status": status}))
+        (run / "cells" / f"{cid}.json").write_text(json.dumps({"cell_id": cid, "status": status, "config": config}))
     assert cells_check(str(tmp_path / "runs"))["pass"]
-    (run / "cells" / "c.json").write_text(json.dumps({"cell_id": "c", "status": "failed", "error": "boom"}))
+    (run / "cells" / "c.json").write_text(json.dumps({"cell_id": "c", "status": "failed", "error": "boom",
+                                                      "config": config}))
     result = cells_check(str(tmp_path / "runs"))
     assert not result["pass"] and result["failed"] == 1 and result["cells"]["c"]["error"] == "boom"
+    (run / "cells" / "d.json").write_text("{not json")  # a damaged record is a failed cell naming it
+    result = cells_check(str(tmp_path / "runs"))
+    assert result["failed"] == 2 and "damaged cell record" in result["cells"]["d"]["error"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")

@@ -5,6 +5,11 @@ Parsing imports each subcommand's module, which holds nothing heavier than argpa
 the harness, torch, pandas and matplotlib are imported by the command that runs, after
 its arguments parsed. ``zerobench --help`` and ``zerobench NAME --help`` therefore
 answer without importing torch (tests/test_cli.py).
+
+[Note: pointers in help]
+A help text that sends the reader to a document names the file, and a section of it as
+GitHub's anchor of its heading: ``docs/models.md#depth-extrapolation-in-zerobench-estimate``.
+tests/test_cli.py checks that every file and section a help text names exists.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from zerobench import commands
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zerobench", description="Profiling-first benchmarks of ZeRO / FSDP engines. "
-                                       "Start with `zerobench run` (README.md: the first hour).")
+                                       "Start with `zerobench run` (README.md#quick-start).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in commands.COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -36,6 +41,15 @@ def error_message(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename is not None and err.strerror:
         return f"{err.filename}: {err.strerror}"
     return str(err)
+
+
+# [Note: refuse early]
+# Bad input is refused before anything is written or run: each command checks every
+# option, workload field and folder it is given, naming it and what is allowed, and runs
+# the user's model code once (zerobench/spec/user_check.py), before it makes a results
+# folder or starts a rank. The error reaches main() below, which prints one line and
+# returns 2: a command that fails leaves no new folder, a failed ``--resume`` leaves the
+# run's files as they were.
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -370,11 +370,17 @@ class FlatParamHandle:
     def has_unsharded_grads(self) -> bool:
         return any(p.grad is not None for p in self.unsharded_params)
 
-    def take_unsharded_grad(self) -> torch.Tensor:
-        """The unsharded gradients as one padded flat tensor (the reduce-scatter input);
-        parameters without a gradient contribute zeros. Clears the per-parameter .grad."""
+    def take_unsharded_grad(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The unsharded gradients as one padded flat tensor in ``dtype`` (the reduce
+        dtype; default: the gradients' own), the reduce-scatter input; parameters without
+        a gradient contribute zeros. Clears each per-parameter .grad as it is copied.
+
+        Cast while copied, so that no flat copy in the gradients' own dtype exists beside
+        the reduce-scatter input (FSDP2 copies into its reduce-scatter input the same
+        way): under bf16 mixed precision with fp32 reduction that copy was half a unit's
+        fp32 gradient, kept alive until the reduce-scatter completed."""
         grads = [p.grad for p in self.unsharded_params]
-        dtype = next(g.dtype for g in grads if g is not None)
+        dtype = dtype or next(g.dtype for g in grads if g is not None)
         flat = torch.empty(self.padded_numel, dtype=dtype, device=self.device)
         for grad, info, param in zip(grads, self.infos, self.unsharded_params):
             piece = flat[info.offset : info.offset + info.numel]

@@ -552,17 +552,8 @@ class FullyShardedDataParallel(nn.Module):
     # PyTorch 2.x's pair, FULL or SHARDED as state_dict_type says.
     optim_state_dict = staticmethod(optim_state.optim_state_dict)
     optim_state_dict_to_load = staticmethod(optim_state.optim_state_dict_to_load)
-
-    @staticmethod
-    def summon_full_params(
-        module: nn.Module,
-        recurse: bool = True,
-        writeback: bool = True,
-        rank0_only: bool = False,
-        offload_to_cpu: bool = False,
-        with_grads: bool = False,
-    ):
-        return utils.summon_full_params(module, recurse, writeback, rank0_only, offload_to_cpu, with_grads)
+    # The full parameters of every FSDP instance under a module, as a context (utils.py).
+    summon_full_params = staticmethod(utils.summon_full_params)
 
 
 # -- construction helpers ----------------------------------------------------------------

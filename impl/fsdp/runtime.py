@@ -51,6 +51,21 @@ wait for any of it: the copies queue behind the reduce-scatters, one unit behind
 FSDP1's post-backward hook queues its offload copy behind each reduce-scatter. At most
 two reduced shards are then on the device at a time. The end of backward finishes the
 last one and synchronises the post-backward stream once before the gradients are read.
+
+[Note: NO_SHARD's low-precision copy]
+Under NO_SHARD (also what FULL_SHARD becomes on a shard group of one rank, world size
+1 included) nothing is gathered, but mixed precision still computes with a copy of
+each unit's parameters cast to ``param_dtype``. PyTorch's FSDP1 frees that copy at
+every reshard, after forward (the root's too) and after backward, and casts again at
+the next unshard (its ``post_reshard`` frees the low-precision shard; ``pre_unshard``
+makes it again). impl does the same: the unit's post-forward frees it. Keeping it
+from forward to backward instead held a cast copy of the whole model through the
+step's peak, which fully_shard never holds: on a Llama 3 8B shape of four layers at
+world size 1 under bf16, 3.85 GB, all of what the virtual GPU finds impl holding
+beyond fully_shard there, and the size of the excess an H200 measured (docs/fsdp.md,
+"Memory against fully_shard"). The cost is one cast per unit in backward, a copy at
+memory bandwidth. Without a cast the unsharded parameters are the shard itself and
+nothing is freed.
 """
 
 from __future__ import annotations
@@ -66,7 +81,6 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from impl.fsdp.api import BackwardPrefetch, ShardingStrategy, TrainingState
 from impl.fsdp.state import FSDPState, RootState
 
-
 # -- helpers -------------------------------------------------------------------------
 
 
@@ -80,16 +94,18 @@ def check_state(state: FSDPState, *allowed: TrainingState) -> None:
 def frees_after_forward(state: FSDPState) -> bool:
     """FULL_SHARD (and HYBRID_SHARD) free after forward, except the root, whose
     parameters backward needs first (PyTorch 1.13). SHARD_GRAD_OP and
-    _HYBRID_SHARD_ZERO2 keep them until backward."""
-    return state.unit.strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and (
-        not state.is_root
-    )
+    _HYBRID_SHARD_ZERO2 keep them until backward. NO_SHARD frees its mixed-precision
+    copy, the root's too: See [Note: NO_SHARD's low-precision copy]."""
+    strategy = state.unit.strategy
+    if strategy is ShardingStrategy.NO_SHARD:
+        return True
+    return strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and not state.is_root
 
 
 def frees_after_backward(state: FSDPState, sync: bool) -> bool:
     strategy = state.unit.strategy
     if strategy is ShardingStrategy.NO_SHARD:
-        return True  # only a mixed-precision copy, if any, is freed
+        return True  # See [Note: NO_SHARD's low-precision copy]
     return sync or strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
@@ -296,7 +312,7 @@ def post_backward(state: FSDPState) -> None:
             _prefetch_backward(shared, state)
         if not shared.sync_gradients:
             return  # no_sync: the unsharded gradients keep accumulating in each .grad
-        grad = handle.take_unsharded_grad()
+        grad = handle.take_unsharded_grad(unit.reduce_dtype)
         for older_unit, older in shared.pending_reductions:  # See [Note: reductions in flight]
             older_unit.advance_reduction(older)
         _offload_older_reductions(shared)

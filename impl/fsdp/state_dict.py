@@ -44,12 +44,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from impl import comm
 from impl.fsdp.api import (  # the policies are defined in api.py, re-exported here
     STATE_DICT_CONFIGS,
-    FullStateDictConfig,
-    LocalStateDictConfig,
-    ShardedStateDictConfig,
     StateDictSettings,
     StateDictType,
 )
+from impl.fsdp.api import FullStateDictConfig as FullStateDictConfig
+from impl.fsdp.api import LocalStateDictConfig as LocalStateDictConfig
+from impl.fsdp.api import ShardedStateDictConfig as ShardedStateDictConfig
 from impl.fsdp.traversal import fsdp_states, named_fsdp_states, state_of
 from impl.fsdp.utils import FLAT_PARAM, summon_full_params  # FLAT_PARAM: LOCAL's key
 

@@ -216,9 +216,15 @@ class FlatParamUnit:
                 shard_group=self.shard_group,
                 shard_size=self.group_size,
                 replicate_group=self.replicate_group,
-                reduce_dtype=self.handle.dtype if self.full_precision else self._reduce_dtype,
+                reduce_dtype=self.reduce_dtype,
                 world_size=self.world_size,
             )
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        """The dtype gradients are averaged in this iteration (full precision under
+        [Note: full precision in evaluation])."""
+        return self.handle.dtype if self.full_precision else self._reduce_dtype
 
     @property
     def offloads_grads(self) -> bool:

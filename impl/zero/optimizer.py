@@ -27,6 +27,7 @@ from torch.optim import Optimizer
 
 from impl import comm
 from impl.zero import param_buckets
+from impl.zero.overlap import BucketAssignment, OverlapInfo, OverlapStatus, assign_buckets, build_assignment_tensors
 from impl.zero.partition import manual_partition, rank_numels, sorted_greedy_partition
 from impl.zero.state_dict import (
     check_param_groups_match,
@@ -36,7 +37,6 @@ from impl.zero.state_dict import (
     sync_hyperparams,
 )
 from impl.zero.transport import broadcast_object, copy_to_device
-from impl.zero.overlap import BucketAssignment, OverlapInfo, OverlapStatus, assign_buckets, build_assignment_tensors
 from impl.zero.validation import (
     check_same_dense_type,
     materialize_params,

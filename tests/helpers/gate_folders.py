@@ -5,7 +5,7 @@
 
 * :func:`run_folder`: every cell of a workload on real gloo ranks forked from this
   process (tests' ``run_ranks``), each rank running the worker's own timing and memory
-  passes (zerobench/rank/worker.py ``CellRunner``), rank 0 writing the cell record the
+  passes (zerobench/rank/worker.py: ``timing_pass``, ``memory_pass``), rank 0 writing the cell record the
   worker writes; ``zerobench compare`` reads the folder as any run's.
 * :func:`predict_folder`: ``zerobench.whatif.predict.predict`` itself, with its child
   process replaced by the same ``run_job`` for each job here.
@@ -23,24 +23,25 @@ import pytest
 
 from zerobench.harness.runner import prepare_run
 from zerobench.harness.testing import run_ranks
-from zerobench.runs.files import write_json_atomic
+from zerobench.runs.folder import RunFolder
 from zerobench.spec.matrix import expand
 from zerobench.spec.workload import load_workload
 
 
 def _cell_records(rank: int, world_size: int, workload, cell_ids: list[str]) -> dict | None:
-    from zerobench.rank.worker import CellRunner
+    from zerobench.rank.session import Session
+    from zerobench.rank.worker import memory_pass, timing_pass
     from zerobench.rank.worlds import JoinedWorld
 
     records = {}
     world = JoinedWorld()
     for cell in (c for c in expand(workload) if c.id in cell_ids):
-        runner = CellRunner(workload, cell, world)
-        engine = runner.build()
-        record = runner.timing_pass(engine)
+        session = Session(workload, cell, world)
+        engine = session.build()
+        record = timing_pass(session, engine)
         del engine
         gc.collect()
-        record["metrics"].update(runner.memory_pass()["metrics"])
+        record["metrics"].update(memory_pass(session)["metrics"])
         record["rank"] = rank
         gathered = world.gather_object(record)
         if rank == 0:
@@ -59,20 +60,20 @@ def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str
     for size in sorted({c.world_size for c in cells}):
         ids = [c.id for c in cells if c.world_size == size]
         records = run_ranks(_cell_records, size, args=(w, ids), timeout=600)[0]
-        for cell_id, record in records.items():
-            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
+        for record in records.values():
+            RunFolder(run_dir).write_cell(record)
     return run_dir
 
 
-def _predict_here(w, jobs, gpu, host, links, node_size, traces, memory, log) -> list[dict]:
+def _predict_here(w, jobs, gpu_file, host, links, node_size, traces, memory, log, progress) -> list[dict]:
     """``zerobench.whatif.predict._run_jobs`` in this process: each job as the predicting
     child runs it (zerobench.whatif.predict.rank.run_job)."""
-    from zerobench.instruments.vgpu.presets import gpu_preset
+    from zerobench.instruments.vgpu.presets import load_preset_file
     from zerobench.whatif.predict.rank import run_job
 
-    preset = gpu_preset(gpu)
+    preset = load_preset_file(gpu_file)
     return [run_job(w, job, preset, host, links["link"], links["inter_link"], node_size, None,
-                    memory["alloc_conf"], memory["record_streams"]) for job in jobs]
+                    memory["alloc_conf"], memory["record_streams"], memory["sdpa_backend"]) for job in jobs]
 
 
 def predict_folder(root: Path, workload_path: str | Path, world_sizes: list[int], link: str,

@@ -1,2 +1,3 @@
-"""Analysis of run folders: summary.py (the summary table), plots.py, figures.py,
-profiling/ (traces) and compare/ (the CI gate)."""
+"""Analysis of run folders: render.py (the one table renderer, [Note: tables at any
+width]), summary.py (the summary table), plots.py, figures.py, profiling/ (traces) and
+compare/ (the CI gate)."""

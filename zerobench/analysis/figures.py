@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -19,6 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from zerobench.runs.files import write_atomic  # noqa: E402
+
+if TYPE_CHECKING:  # pandas is imported where a figure needs it
+    import pandas as pd
 
 __all__ = ["plt", "save_figure", "Setting", "figure_title", "EngineStyles", "numeric", "flag", "short_label",
            "REFERENCE_ENGINE"]
@@ -121,16 +125,78 @@ def short_label(cell_id: str) -> str:
     return engine + (" " + ", ".join(options) if options else "")
 
 
-_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# [Note: one look per configuration]
+# Every plot draws a configuration the same way, so that a shape means one thing in every
+# figure: its colour names the engine (DDP black), its marker -- and in a line plot its line
+# style -- what the engine shards (SHARDINGS: FULL_SHARD of torch-fsdp1 and impl-fsdp and
+# fully_shard's reshard_after_forward=True are one strategy, one marker), and a hollow or
+# half-filled marker its activation checkpointing (FILLS). Each figure's legend lists the
+# colours, markers and fills it drew (EngineStyles.legend_handles): none goes unexplained.
+
+#: What a configuration shards: (key, marker, line style, what the legend says), in legend order.
+SHARDINGS = (
+    ("replicated", "o", "-.", "nothing sharded (DDP, NO_SHARD)"),
+    ("zero1", "v", (0, (3, 1, 1, 1, 1, 1)), "optimizer state sharded (ZeRO-1)"),
+    ("zero2", "^", (0, (1, 1)), "optimizer state and gradients sharded (ZeRO-2)"),
+    ("grad_op", "s", "--", "all sharded, parameters kept from forward to backward (SHARD_GRAD_OP, "
+                           "reshard_after_forward off)"),
+    ("full", "D", "-", "all sharded, parameters resharded after forward (FULL_SHARD, reshard_after_forward on, "
+                       "ZeRO-3)"),
+    ("hybrid", "h", ":", "sharded within a node, replicated across nodes (HYBRID_SHARD)"),
+)
+#: Activation checkpointing (zerobench/spec/checkpointing.py): its mode -> (fillstyle, legend).
+FILLS = {"none": ("full", "no activation checkpointing (filled)"), "full": ("none", "checkpointing every block (hollow)"),
+         "every": ("left", "checkpointing every K-th block (half filled)"),
+         "ops": ("bottom", "selective checkpointing of ops (lower half filled)")}
+
+
+#: ZeRO stage of the engines that have no sharding axis; an FSDP is stage 3 unless its
+#: sharding_strategy says otherwise. The same as engine_stage in zerobench/engines/stages.py
+#: (tests/test_plots.py holds them together), written here because plots run without torch.
+ENGINE_STAGES = {"ddp": 0, "torch-zero1": 1, "impl-zero1": 1, "impl-zero2": 2, "deepspeed-zero1": 1,
+                 "deepspeed-zero2": 2, "deepspeed-zero3": 3}
+
+
+def sharding_of(engine: str, options: dict) -> str:
+    """The SHARDINGS key of a configuration: its ZeRO stage, and for a fully sharded one
+    whether parameters stay unsharded from forward to backward."""
+    strategy = options.get("sharding_strategy")
+    strategy = strategy if isinstance(strategy, str) and strategy else None
+    reshard = options.get("reshard_after_forward")
+    stage = ENGINE_STAGES.get(engine, 0 if strategy == "NO_SHARD" else 3)
+    if stage < 3:
+        return ("replicated", "zero1", "zero2")[stage]
+    if strategy and "HYBRID" in strategy:
+        return "hybrid"
+    if strategy == "SHARD_GRAD_OP" or (_present(reshard) and not flag(reshard)):
+        return "grad_op"
+    return "full"
+
+
+def checkpointing_of(options: dict) -> str:
+    """The FILLS key of a configuration's activation checkpointing ("none" when absent)."""
+    mode = options.get("activation_checkpointing")
+    mode = mode if isinstance(mode, str) and mode else "none"
+    return "every" if mode.startswith("every") else (mode if mode in FILLS else "none")
+
+
+def _present(value) -> bool:
+    import pandas as pd
+
+    try:
+        return value is not None and not pd.isna(value)
+    except (TypeError, ValueError):
+        return True
 
 
 class EngineStyles:
-    """One colour per engine, the same in every plot of zerobench, and within an engine
-    a line style and marker per configuration, so twenty configurations need seven
-    colours, not twenty. The reference engine is black."""
+    """The look of each configuration in every plot ([Note: one look per configuration]):
+    one colour per engine, the same in every plot of zerobench (the reference engine
+    black), one marker and line style per sharding, one fill per activation checkpointing.
+    It remembers what it handed out, for the figure's legend."""
 
-    ENGINE_ORDER = ("ddp", "torch-zero1", "impl-zero1", "impl-zero2", "torch-fsdp1", "torch-fsdp2", "impl-fsdp")
+    ENGINE_ORDER = ("ddp", "torch-zero1", "impl-zero1", "impl-zero2", "torch-fsdp1", "torch-fsdp2", "impl-fsdp",
+                    "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
 
     def __init__(self):
         palette = plt.get_cmap("tab10").colors
@@ -138,27 +204,56 @@ class EngineStyles:
         self._colors = {REFERENCE_ENGINE: "black"}
         for i, engine in enumerate(e for e in self.ENGINE_ORDER if e != REFERENCE_ENGINE):
             self._colors[engine] = others[i % len(others)]
-        self._variants: dict[str, list[str]] = {}
+        self.used: dict[str, set] = {"engines": set(), "shardings": set(), "fills": set()}
 
     def color(self, engine: str):
         if engine not in self._colors:
-            palette = plt.get_cmap("tab10").colors
-            self._colors[engine] = palette[(len(self._colors) + 1) % len(palette)]
+            extra = plt.get_cmap("tab20b").colors
+            self._colors[engine] = extra[(len(self._colors) * 3) % len(extra)]
+        self.used["engines"].add(engine)
         return self._colors[engine]
 
-    def _index(self, engine: str, key: str) -> int:
-        seen = self._variants.setdefault(engine, [])
-        if key not in seen:
-            seen.append(key)
-        return seen.index(key)
+    def point(self, engine: str, options: dict | None = None) -> dict:
+        """matplotlib keywords of ``Axes.plot`` for one configuration's point."""
+        options = options or {}
+        sharding, fill = sharding_of(engine, options), checkpointing_of(options)
+        self.used["shardings"].add(sharding)
+        self.used["fills"].add(fill)
+        color = self.color(engine)
+        return {"color": color, "marker": _MARKER[sharding], "fillstyle": FILLS[fill][0], "markeredgecolor": color,
+                "linestyle": "none"}
 
-    def line(self, engine: str, key: str) -> dict:
-        """matplotlib keywords for configuration ``key`` of ``engine`` (a line)."""
-        i = self._index(engine, key)
-        return {"color": self.color(engine), "linestyle": _LINESTYLES[i % len(_LINESTYLES)],
-                "marker": _MARKERS[i % len(_MARKERS)]}
+    def line(self, engine: str, options: dict | None = None) -> dict:
+        """matplotlib keywords of ``Axes.plot`` for one configuration's line (with markers)."""
+        style = self.point(engine, options)
+        return {**style, "linestyle": _LINESTYLE[sharding_of(engine, options or {})]}
 
-    def point(self, engine: str, key: str) -> dict:
-        """matplotlib keywords for configuration ``key`` of ``engine`` (a scatter point)."""
-        i = self._index(engine, key)
-        return {"color": self.color(engine), "marker": _MARKERS[i % len(_MARKERS)]}
+    def legend_handles(self, markers: bool = True, lines: bool = False) -> tuple[list, list]:
+        """(handles, labels) for what this object handed out: a swatch per engine, a grey
+        marker (and line style) per sharding, a fill per checkpointing mode when any is
+        not "none". Engines first, in ENGINE_ORDER."""
+        from matplotlib.lines import Line2D
+
+        order = {e: i for i, e in enumerate(self.ENGINE_ORDER)}
+        handles, labels = [], []
+        for engine in sorted(self.used["engines"], key=lambda e: (order.get(e, len(order)), e)):
+            handles.append(Line2D([], [], color=self._colors[engine], marker="s", linestyle="-" if lines else "none",
+                                  markersize=8))
+            labels.append(engine)
+        if markers or lines:
+            for key, marker, linestyle, text in SHARDINGS:
+                if key in self.used["shardings"]:
+                    handles.append(Line2D([], [], color="0.35", marker=marker if markers else None,
+                                          linestyle=linestyle if lines else "none", markersize=7))
+                    labels.append(text)
+        if markers and self.used["fills"] - {"none"}:
+            for key, (fillstyle, text) in FILLS.items():
+                if key in self.used["fills"]:
+                    handles.append(Line2D([], [], color="0.35", marker="o", fillstyle=fillstyle, linestyle="none",
+                                          markersize=7))
+                    labels.append(text)
+        return handles, labels
+
+
+_MARKER = {key: marker for key, marker, _, _ in SHARDINGS}
+_LINESTYLE = {key: linestyle for key, _, linestyle, _ in SHARDINGS}

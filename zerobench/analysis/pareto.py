@@ -33,30 +33,39 @@ def pareto_front(frame: pd.DataFrame, x: str, y: str) -> pd.Series:
     return pd.Series(on, index=frame.index, dtype=bool)
 
 
+#: Option columns a point's look is read from ([Note: one look per configuration]).
+STYLE_OPTIONS = ("sharding_strategy", "reshard_after_forward", "activation_checkpointing")
+
+
 def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: str, y_label: str,
                 setting: Setting | None, what: str = "peak memory against step time, one point per configuration",
                 group: str = "group") -> Path | None:
     """One panel per value of ``group``: a point per row of ``points`` (columns ``label``,
-    ``engine``, ``x``, ``y``, ``group``), coloured by engine, the reference engine's
-    point as a black star with dashed cross-hairs, the front joined by a line and its
-    points labelled. Returns None when no row has both values."""
+    ``engine``, ``x``, ``y``, ``group`` and any of STYLE_OPTIONS), its colour the engine, its
+    marker the sharding and its fill the activation checkpointing ([Note: one look per
+    configuration]); the reference engine's point a black star with dashed cross-hairs; the
+    front ringed and joined by a line, each of its points labelled beside it with a leader
+    line to it (:func:`place_labels`). Returns None when no row has both values."""
     points = points.assign(_x=numeric(points[x]).to_numpy(), _y=numeric(points[y]).to_numpy())
     points = points.dropna(subset=["_x", "_y"])
     if points.empty:
         return None
     groups = list(dict.fromkeys(points[group]))
     styles = EngineStyles()
-    fig, axes = plt.subplots(1, len(groups), figsize=(max(7.5 * len(groups), 9.5), 6.2), squeeze=False)
-    handles, labels = {}, []
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(7.5 * len(groups), 9.5), 6.8), squeeze=False)
+    labels, drew_reference = [], False
     for ax, name in zip(axes[0], groups):
         frame = points[points[group] == name]
         front = pareto_front(frame, "_x", "_y")
-        for (_, row), on in sorted(zip(frame.iterrows(), front), key=lambda item: item[0][1]["_x"]):
+        for (_, row), on in zip(frame.iterrows(), front):
             ref = row["engine"] == REFERENCE_ENGINE and bool(row.get("reference", True))
-            style = {"color": "black", "marker": "*"} if ref else styles.point(row["engine"], row["label"])
-            h = ax.scatter(row["_x"], row["_y"], s=(190 if ref else 60), zorder=4, edgecolors="black" if on else "none",
-                           linewidths=1.2, **style)
-            handles.setdefault(row["engine"], h)
+            options = {k: row.get(k) for k in STYLE_OPTIONS if k in row}
+            style = {"color": "black", "marker": "*", "linestyle": "none"} if ref else styles.point(row["engine"], options)
+            drew_reference |= ref
+            ax.plot([row["_x"]], [row["_y"]], markersize=15 if ref else 8, zorder=4, gid=row["label"], **style)
+            if on:  # the front: ringed
+                ax.plot([row["_x"]], [row["_y"]], marker="o", markersize=19 if ref else 15, fillstyle="none",
+                        color="black", linestyle="none", lw=1, zorder=3)
             if ref:
                 ax.axvline(row["_x"], ls="--", lw=0.8, color="black", alpha=0.6)
                 ax.axhline(row["_y"], ls="--", lw=0.8, color="black", alpha=0.6)
@@ -68,37 +77,71 @@ def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: st
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)
         ax.grid(alpha=0.3)
-        ax.margins(0.15)
-    order = {e: i for i, e in enumerate(EngineStyles.ENGINE_ORDER)}
-    names = sorted(handles, key=lambda e: order.get(e, len(order)))
-    legend = [handles[e] for e in names] + [plt.Line2D([], [], color="black", alpha=0.5, lw=1)]
-    fig.legend(legend, names + ["Pareto front (points outlined)"], loc="lower center", ncol=min(len(legend), 8),
-               fontsize=8, frameon=False)
+        ax.margins(0.2)
+    from matplotlib.lines import Line2D
+
+    handles, names = styles.legend_handles()
+    if drew_reference:
+        handles.append(Line2D([], [], color="black", marker="*", linestyle="none", markersize=11))
+        names.append(f"{REFERENCE_ENGINE}'s default configuration (the reference)")
+    handles.append(Line2D([], [], color="black", alpha=0.5, lw=1, marker="o", fillstyle="none", markersize=11))
+    names.append("Pareto front (ringed, joined)")
+    ncol = 3
+    legend_rows = -(-len(handles) // ncol)
+    fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False)
     top = figure_title(fig, what + "; lower left is better, DDP the reference", setting)
-    fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, top))
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.2) / fig.get_figheight(), 1, top))
     place_labels(fig, labels)
     return save_figure(fig, path, tight=False)
 
 
-#: Offsets (points) tried in turn for a label, until one overlaps no label placed before.
-_OFFSETS = ((7, 6), (7, -13), (7, 18), (7, -25), (-7, 6), (-7, -13), (7, 30), (7, -37))
+#: Where a label may sit, in points from its point (dx, dy), tried in turn: near first, then
+#: farther; a leader line joins the label to its point.
+_OFFSETS = tuple((round(r * dx), round(r * dy)) for r in (22, 40, 62, 90)
+                 for dx, dy in ((1, 0.6), (1, -0.6), (-1, 0.6), (-1, -0.6), (0.3, 1), (0.3, -1), (1, 0), (-1, 0),
+                                (0.6, 1.4), (0.6, -1.4)))
 
 
 def place_labels(fig, labels) -> None:
-    """Annotate each (ax, text, x, y) beside its point, at the first offset of
-    :data:`_OFFSETS` whose box overlaps no label placed before (the last one tried
-    otherwise): neighbours on a front stay readable."""
+    """Annotate each (ax, text, x, y) with a leader line to its point, the text at the first
+    offset of :data:`_OFFSETS` where it overlaps no label placed before and no point drawn
+    on the axes, and stays inside them (the least crowded place otherwise): a label never
+    sits on another configuration's point, and its line says whose it is."""
     renderer = fig.canvas.get_renderer()
     placed = []
+    markers = {}
+    for ax in {id(a): a for a, *_ in labels}.values():
+        boxes = []
+        for artist in ax.lines:
+            if artist.get_marker() in (None, "None", "", " "):
+                continue
+            half = artist.get_markersize() * fig.dpi / 72 / 2
+            for px, py in ax.transData.transform(artist.get_xydata()):
+                boxes.append((px - half, py - half, px + half, py + half))
+        markers[id(ax)] = boxes
     for ax, text, x, y in sorted(labels, key=lambda item: (id(item[0]), item[2])):
+        frame = ax.get_window_extent(renderer)
+        best, best_cost = None, None
         for dx, dy in _OFFSETS:
             note = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
-                               ha="left" if dx > 0 else "right")
+                               ha="left" if dx >= 0 else "right", va="center", zorder=6,
+                               arrowprops=dict(arrowstyle="-", color="0.35", lw=0.6, shrinkA=1, shrinkB=5),
+                               bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
             box = note.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in placed):
+            cost = (3 * sum(box.overlaps(other) for other in placed)  # a label on a label: unreadable
+                    + 2 * sum(_overlaps(box, m) for m in markers[id(ax)])  # on a point: whose is it?
+                    + (0 if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1) else 2))
+            if best is None or cost < best_cost:
+                if best is not None:
+                    best.remove()
+                best, best_cost = note, cost
+            else:
+                note.remove()
+            if cost == 0:
                 break
-            note.remove()
-        else:
-            note = ax.annotate(text, (x, y), xytext=_OFFSETS[0], textcoords="offset points", fontsize=7)
-            box = note.get_window_extent(renderer)
-        placed.append(box)
+        placed.append(best.get_window_extent(renderer))
+
+
+def _overlaps(box, marker) -> bool:
+    x0, y0, x1, y1 = marker
+    return box.x0 < x1 and x0 < box.x1 and box.y0 < y1 and y0 < box.y1

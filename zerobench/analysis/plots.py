@@ -7,15 +7,19 @@ and a title saying what was measured where ([Note: plot titles] in figures.py).
 * ``step_time.png``: median step time per cell, each rank's median as a dot with its
   p10-p90 range, one panel per (world size, dtype), the reference as a dashed line;
 * ``peak_memory.png``: the peak's composition (parameters, gradients, optimizer state,
-  unsharded parameters, activations, other) on the rank with the highest peak, every
-  rank's peak as a dot, the reference as a dashed line;
+  unsharded parameters, activations, other -- split by when it was allocated, and explained
+  under the plot: [Note: what other holds]) on the rank with the highest peak, every rank's
+  peak as a tick, the reference as a dashed line;
 * ``losses.png``: the single-process reference loss per step, and each cell's distance
   from it (the curves themselves lie on top of each other);
 * ``memory_timeline.png``: live tensor bytes on rank 0 over the measured step of the
-  memory pass, every cell of a (world size, dtype) in one panel, time as a fraction of
-  the step;
+  memory pass, one panel per engine and (world size, dtype), DDP in grey behind, the
+  forward, backward and optimizer phases shaded, time as a fraction of the step;
 * ``knobs.png`` (when the run varies them): step time, peak memory and all-gathers in
   flight against backward/forward prefetch and the rate limiter.
+
+Every plot draws a configuration with one look ([Note: one look per configuration] in
+figures.py) and a legend of every colour, marker and fill it used.
 
 Every function reads the results table through :func:`~zerobench.analysis.figures.numeric`
 and :func:`~zerobench.analysis.figures.flag`, so a missing value (a failed cell, an
@@ -25,25 +29,29 @@ a ``TypeError`` from ``pd.NA``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, Setting, figure_title, flag, numeric, plt,
-                                        save_figure, short_label)
+from zerobench.analysis.figures import (
+    REFERENCE_ENGINE,
+    EngineStyles,
+    Setting,
+    figure_title,
+    flag,
+    numeric,
+    plt,
+    save_figure,
+    short_label,
+)
 from zerobench.runs.folder import DamagedFile, RunFolder
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 from zerobench.runs.tables import cell_records, load_results, reference_cells
 
 STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868",
     "unsharded": "#8172b3", "activations": "#c44e52", "other": "#937860",
-}
-CATEGORY_COLUMNS = {
-    "params": "peak_mem_params_bytes", "grads": "peak_mem_grads_bytes", "optim": "peak_mem_optim_bytes",
-    "unsharded": "peak_mem_unsharded_bytes", "activations": "peak_mem_activations_bytes",
 }
 
 
@@ -119,14 +127,22 @@ def _panels(ok: pd.DataFrame):
                  for ax, (title, frame) in zip(axes[:, 0], groups)]
 
 
-def _finish_panel(ax, title: str, cells: list[str], xlabel: str) -> None:
+def _finish_panel(ax, title: str, cells: list[str], xlabel: str, styles: EngineStyles | None = None,
+                  extra: tuple[list, list] = ([], [])) -> None:
+    """Ticks, labels and the legend of one panel: what it drew with a label, and with
+    ``styles`` a swatch of every engine colour it used ([Note: one look per configuration])."""
     ax.set_yticks(range(len(cells)), [short_label(c) for c in cells], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # a run without the reference engine may have none
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    handles, labels = ax.get_legend_handles_labels()
+    handles, labels = handles + list(extra[0]), labels + list(extra[1])
+    if styles is not None:
+        swatches, names = styles.legend_handles(markers=False)
+        handles, labels = handles + swatches, labels + names
+    if handles:  # a run without the reference engine may have none
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
 
 
 def _save(fig, path: Path, what: str, setting: Setting | None, dpi: int = 110) -> Path:
@@ -145,13 +161,16 @@ def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None =
     ok = _ok(_ok(results, STEP_TIME), "peak_mem_bytes")
     if ok.empty:
         return None
+    from zerobench.analysis.pareto import STYLE_OPTIONS
+
     rows = []
     for (ws, dtype), frame in ok.groupby(["world_size", "dtype"], sort=True):
         for cell, ranks in frame.groupby("cell_id", sort=False):
             rows.append({"group": f"world size {ws}, {dtype}", "label": short_label(cell), "engine": ranks["engine"].iloc[0],
                          "reference": bool(reference_cells(pd.Series([cell])).fillna(False).iloc[0]),
                          "step_ms": numeric(ranks[STEP_TIME]).median() * 1e3,
-                         "peak_mib": numeric(ranks["peak_mem_bytes"]).max() / 2**20})
+                         "peak_mib": numeric(ranks["peak_mem_bytes"]).max() / 2**20,
+                         **{k: ranks[k].iloc[0] for k in STYLE_OPTIONS if k in ranks}})
     return plot_pareto(pd.DataFrame(rows), path, x="step_ms", y="peak_mib", setting=setting,
                        x_label="median step time (ms, median over ranks)",
                        y_label="peak live tensor memory (MiB, highest rank)")
@@ -161,9 +180,9 @@ def plot_step_time(results: pd.DataFrame, path: Path, setting: Setting | None = 
     ok = _ok(results, STEP_TIME)
     if ok.empty:
         return None
-    styles = EngineStyles()
     fig, panels = _panels(ok)
     for ax, title, frame, cells in panels:
+        styles = EngineStyles()
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
             ms = numeric(ranks[STEP_TIME]) * 1e3
@@ -177,15 +196,37 @@ def plot_step_time(results: pd.DataFrame, path: Path, setting: Setting | None = 
         ref = _reference_value(frame, STEP_TIME, "median")
         if ref is not None:
             ax.axvline(ref * 1e3, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
+        from matplotlib.lines import Line2D
+
         _finish_panel(ax, title, cells,
-                      "step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90")
+                      "step time (ms): bar = median over ranks, dots = each rank's median, whiskers = p10-p90", styles,
+                      ([Line2D([], [], color="0.35", marker="o", linestyle="none", markersize=4),
+                        Line2D([], [], color="0.35", marker="|", linestyle="-", lw=1, markersize=6)],
+                       ["each rank's median step time", "its p10-p90 (whisker and caps)"]))
     return _save(fig, path, "median step time per cell", setting)
 
 
+#: The parts of "other" by when they were allocated, each its hatch over other's colour
+#: ([Note: what other holds] in zerobench/instruments/memory.py).
+OTHER_PARTS = {
+    "kept": ("peak_mem_other_kept_bytes", "", "other, kept from earlier steps (buckets, copies)"),
+    "backward": ("peak_mem_other_backward_bytes", "//", "other, allocated in backward"),
+    "optimizer": ("peak_mem_other_optimizer_bytes", "..", "other, allocated in the optimizer step"),
+}
+OTHER_EXPLAINED = ("other: live storages that are no parameters, gradients, optimizer state, unsharded parameters or "
+                   "activations: gradient buckets and copies kept across steps, reduce-scatter inputs and gradient "
+                   "temporaries of backward, the optimizer step's temporaries. On a small model it is often the largest "
+                   "part besides the model states: those buffers are sized like the parameters, activations like the "
+                   "batch ([Note: what other holds] in zerobench/instruments/memory.py).")
+
+
 def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
+    """The peak's composition per cell, on its highest rank; "other" split by when it was
+    allocated where the run recorded it, and explained under the plot either way."""
     ok = _ok(results, "peak_mem_bytes")
     if ok.empty:
         return None
+    split = all(column in ok for column, _, _ in OTHER_PARTS.values())
     fig, panels = _panels(ok)
     for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
@@ -193,11 +234,18 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
             peaks = numeric(ranks["peak_mem_bytes"])
             top = ranks.loc[peaks.idxmax()]
             left = 0.0
-            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in CATEGORY_COLUMNS.items()}
-            parts["other"] = max(float(peaks.max()) - sum(parts.values()), 0.0)
-            for cat, nbytes in parts.items():
+            parts = {k: numeric([top.get(c)]).fillna(0).iloc[0] for k, c in PEAK_ROLE_COLUMNS.items()}
+            other = max(float(peaks.max()) - sum(parts.values()), 0.0)
+            segments = [(cat, nbytes, CATEGORY_COLORS[cat], "", cat) for cat, nbytes in parts.items()]
+            if split:
+                segments += [(f"other_{part}", numeric([top.get(column)]).fillna(0).iloc[0], CATEGORY_COLORS["other"],
+                              hatch, label) for part, (column, hatch, label) in OTHER_PARTS.items()]
+            else:
+                segments.append(("other", other, CATEGORY_COLORS["other"], "", "other (see below)"))
+            for _, nbytes, color, hatch, label in segments:
                 mib = nbytes / 2**20
-                ax.barh(y, mib, left=left, color=CATEGORY_COLORS[cat], height=0.7, label=cat if y == 0 else None)
+                ax.barh(y, mib, left=left, color=color, height=0.7, hatch=hatch, edgecolor="white" if hatch else None,
+                        linewidth=0, label=label if y == 0 else None)
                 left += mib
             ax.plot(peaks / 2**20, [y] * len(ranks), "k|", ms=14, mew=1.5,
                     label="each rank's peak" if y == 0 else None)
@@ -205,7 +253,13 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
         if ref is not None:
             ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells, "peak live tensor memory (MiB), composition on the rank with the highest peak")
-    return _save(fig, path, "peak memory per cell and what it is made of", setting)
+    import textwrap
+
+    note = textwrap.fill(OTHER_EXPLAINED, int(fig.get_figwidth() * 15))
+    fig.text(0.01, 0.005, note, fontsize=7.5, va="bottom", ha="left", color="0.25")
+    bottom = (0.16 * (note.count("\n") + 1) + 0.1) / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, figure_title(fig, "peak memory per cell and what it is made of", setting)))
+    return save_figure(fig, path, dpi=110, tight=False)
 
 
 def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
@@ -231,11 +285,11 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
     cells_of = {g: [c for c in dict.fromkeys(mean["cell_id"])
                     if (int(config.loc[c, "world_size"]), str(config.loc[c, "dtype"])) == g] for g in groups}
     n = max(len(c) for c in cells_of.values())
-    styles = EngineStyles()
     fig, axes = plt.subplots(2, len(groups), figsize=(6.8 * len(groups), 3.2 + 0.3 * n), squeeze=False,
                              gridspec_kw={"height_ratios": [2.2, 0.3 * n + 0.8]})
     for col, group in enumerate(groups):
         ws, dtype = group
+        styles = EngineStyles()
         top, bottom = axes[0, col], axes[1, col]
         cells = cells_of[group]
         ref = reference.get(str(ws))
@@ -278,46 +332,127 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
         bottom.invert_yaxis()
         bottom.set_xlabel("largest |mean loss over ranks - reference| over the measured steps", fontsize=8)
         bottom.grid(axis="x", alpha=0.3)
+        bottom.legend(*styles.legend_handles(markers=False), fontsize=6, loc="lower right", title="engine",
+                      title_fontsize=6)
     return _save(fig, path, "losses: the reference (top) and how far each cell strays from it (bottom)", setting)
 
 
 def _warmup_steps(folder: RunFolder) -> int:
+    """The run's warm-up steps (0 when its workload.json cannot be read)."""
     try:
-        return int(json.loads(folder.workload_path.read_text())["data"]["warmup_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return folder.workload().data.warmup_steps
+    except (OSError, ValueError):  # DamagedFile and WorkloadError are ValueErrors
         return 0
 
 
+#: The phases of a step as memory_timeline.png shades them (the tracker's phase names).
+PHASES = {"forward": "#dbe9f6", "backward": "#fde2cf", "optimizer": "#dcefd8"}
+
+
 def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = None) -> Path | None:
-    """Live tensor bytes (rank 0, memory pass) over the measured step, one line per cell,
-    one panel per (world size, dtype); time as a fraction of the step, since the
-    tracker's overhead makes absolute times differ between engines."""
+    """Live tensor bytes (rank 0, memory pass) over the measured step: one panel per engine
+    (rows) and (world size, dtype) (columns), each configuration a line in the engine's
+    colour and its sharding's line style ([Note: one look per configuration]), DDP as a thin
+    grey line in every panel; the phases of the step (forward, backward, optimizer) shaded as
+    the panel's first configuration ran them, the others' phase starts as ticks on their
+    lines. Time is a fraction of the step, since the tracker's overhead makes absolute times
+    differ between engines."""
     records = [r for r in cell_records(run_dir) if r["status"] == "ok" and r.get("ranks")
                and r["ranks"][0].get("timeline")]
     if not records:
         return None
-    groups: dict[tuple, list[dict]] = {}
-    for rec in records:
-        groups.setdefault((rec["config"].get("world_size"), rec["config"].get("dtype")), []).append(rec)
+    groups = sorted({(r["config"].get("world_size"), r["config"].get("dtype")) for r in records}, key=str)
+    order = {e: i for i, e in enumerate(EngineStyles.ENGINE_ORDER)}
+    engines = sorted({r["config"].get("engine", "") for r in records}, key=lambda e: (order.get(e, len(order)), e))
     styles = EngineStyles()
-    fig, axes = plt.subplots(len(groups), 1, figsize=(13, 4.2 * len(groups)), squeeze=False)
-    for ax, ((ws, dtype), recs) in zip(axes[:, 0], sorted(groups.items(), key=lambda kv: str(kv[0]))):
-        for rec in recs:
-            tl = pd.DataFrame(rec["ranks"][0]["timeline"])
-            cats = [c for c in CATEGORY_COLORS if c in tl.columns]
-            t = numeric(tl["t_s"])
-            span = (t.max() - t.min()) or 1.0
-            total = sum(numeric(tl[c]).fillna(0) for c in cats) / 2**20
-            engine = rec["config"].get("engine", "")
-            ax.step((t - t.min()) / span, total, where="post", lw=1.4 if engine == REFERENCE_ENGINE else 1,
-                    label=short_label(rec["cell_id"]), **{**styles.line(engine, short_label(rec["cell_id"])), "marker": None})
-        ax.set_title(f"world size {ws}, {dtype}", fontsize=10)
-        ax.set_xlabel("fraction of the measured step (memory pass)")
-        ax.set_ylabel("live tensor memory (MiB, rank 0)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-    return _save(fig, path, "live tensor memory over one step (peak_memory.png: what it is made of at the peak)",
-                 setting, dpi=100)
+    fig, axes = plt.subplots(len(engines), len(groups), figsize=(7 * len(groups) + 4, 1.9 * len(engines) + 1.6),
+                             squeeze=False, sharex=True)
+    any_phases = False
+    for col, group in enumerate(groups):
+        in_group = [r for r in records if (r["config"].get("world_size"), r["config"].get("dtype")) == group]
+        reference = next((r for r in in_group if r["config"].get("engine") == REFERENCE_ENGINE
+                          and reference_cells(pd.Series([r["cell_id"]])).fillna(False).iloc[0]), None)
+        for row, engine in enumerate(engines):
+            ax = axes[row, col]
+            mine = [r for r in in_group if r["config"].get("engine") == engine]
+            if reference is not None and engine != REFERENCE_ENGINE:
+                t, mib = _timeline(reference)
+                ax.step(t, mib, where="post", color="0.6", lw=0.8, label=f"{REFERENCE_ENGINE} (reference)")
+            for i, rec in enumerate(mine):
+                t, mib = _timeline(rec)
+                style = styles.line(engine, rec["config"])
+                (line,) = ax.step(t, mib, where="post", lw=1.3, color=style["color"], linestyle=style["linestyle"],
+                                  label=short_label(rec["cell_id"]), gid=rec["cell_id"])
+                marks = _phase_marks(rec)
+                any_phases |= bool(marks)
+                if i == 0:
+                    _shade_phases(ax, marks)
+                else:
+                    for name, x in marks:
+                        if name in PHASES:
+                            ax.axvline(x, color=style["color"], linestyle=style["linestyle"], lw=0.7, alpha=0.7)
+            if not mine:
+                ax.text(0.5, 0.5, f"no {engine} cell at world size {group[0]}, {group[1]}", transform=ax.transAxes,
+                        ha="center", va="center", fontsize=8, color="gray")
+            if row == 0:
+                ax.set_title(f"world size {group[0]}, {group[1]}", fontsize=10)
+            if col == 0:
+                ax.set_ylabel(f"{engine}\nMiB, rank 0", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.set_xlim(0, 1)
+            if mine:
+                ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5)
+    for ax in axes[-1]:
+        ax.set_xlabel("fraction of the measured step (memory pass); shaded: the phases of the panel's first line, "
+                      "thin vertical lines: where the others' phases start", fontsize=8)
+    from matplotlib.patches import Patch
+
+    handles, names = styles.legend_handles(markers=False, lines=True)
+    if any_phases:
+        handles += [Patch(color=color) for color in PHASES.values()]
+        names += [f"{phase} phase" for phase in PHASES]
+    else:
+        names.append("phases not recorded (a run made before the memory pass kept them)")
+        handles.append(Patch(color="white"))
+    ncol = 2
+    fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False)
+    bottom = (0.2 * -(-len(handles) // ncol) + 0.25) / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, figure_title(
+        fig, "live tensor memory over one step, per engine (peak_memory.png: what it is made of at the peak)", setting)))
+    return save_figure(fig, path, dpi=100, tight=False)
+
+
+def _timeline(record: dict) -> tuple[pd.Series, pd.Series]:
+    """(time as a fraction of the step, live MiB) of a cell's rank 0."""
+    tl = pd.DataFrame(record["ranks"][0]["timeline"])
+    cats = [c for c in CATEGORY_COLORS if c in tl.columns]
+    t = numeric(tl["t_s"])
+    span = _span(record, t)
+    return (t - t.min()) / span, sum(numeric(tl[c]).fillna(0) for c in cats) / 2**20
+
+
+def _span(record: dict, t: pd.Series) -> float:
+    ends = [x for x, name in (record["ranks"][0].get("phases") or []) if name == "after"]
+    return (max([t.max(), *ends]) - t.min()) or 1.0
+
+
+def _phase_marks(record: dict) -> list[tuple[str, float]]:
+    """(phase, its start as a fraction of the step) of a cell's rank 0 ([] when not recorded)."""
+    phases = record["ranks"][0].get("phases") or []
+    if not phases:
+        return []
+    t = numeric(pd.DataFrame(record["ranks"][0]["timeline"])["t_s"])
+    span, start = _span(record, t), t.min()
+    return [(name, (x - start) / span) for x, name in phases]
+
+
+def _shade_phases(ax, marks: list[tuple[str, float]]) -> None:
+    """Shade each phase from its start to the next mark, named at the panel's top."""
+    for (name, x0), (_, x1) in zip(marks, [*marks[1:], ("end", 1.0)]):
+        if name in PHASES and x1 > x0:
+            ax.axvspan(x0, x1, color=PHASES[name], zorder=0, gid=f"phase:{name}")
+            ax.text((x0 + x1) / 2, 0.98, name, transform=ax.get_xaxis_transform(), ha="center", va="top",
+                    fontsize=6.5, color="0.3")
 
 
 KNOB_AXES = ("backward_prefetch", "forward_prefetch", "limit_all_gathers", "limiter_depth")
@@ -429,7 +564,7 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     setting = run_setting(run_dir, results)
-    out = run_dir / "plots"
+    folder = RunFolder(run_dir)
     plots = [
         ("pareto.png", lambda path: plot_pareto_run(results, path, setting)),
         ("step_time.png", lambda path: plot_step_time(results, path, setting)),
@@ -442,7 +577,7 @@ def plot_run(run_dir: Path, progress=None) -> list[Path]:
         progress.set_total(len(plots))
     drawn = []
     for name, draw in plots:
-        drawn.append(draw(out / name))
+        drawn.append(draw(folder.plot_path(name)))
         if progress is not None:
             progress.advance(name)
     return [p for p in drawn if p is not None]

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "zerobench.commands.estimate",
     "simulate": "zerobench.commands.simulate",
     "predict": "zerobench.commands.predict",
+    "calibrate": "zerobench.commands.calibrate",
     "engines": "zerobench.commands.engines",
     "cells": "zerobench.commands.cells",
 }

@@ -20,7 +20,7 @@ def arguments(p) -> None:
 
     p.add_argument("baseline", help="baseline folder: a run (e.g. results/baselines/cpu-quickstart), a predict or "
                                     "an estimate folder")
-    p.add_argument("run", help="new folder of the same kind, or `latest`")
+    p.add_argument("run", help="new folder of the same kind, or `latest` / `latest:KIND` (KIND: run, predict, estimate)")
     p.add_argument("--fail-on", action="append", default=[], metavar="RULE",
                    help="gate METRIC with a tolerance: NAME:+TOL[%%][,k=K], e.g. peak_mem:+2%%, "
                         "comm_total_bytes:+0, step_time:+15%%,k=3 (repeatable; always gates)")
@@ -60,13 +60,24 @@ def main(args) -> int:
         raise
 
     from zerobench.analysis.compare import ci_report, report
-    from zerobench.analysis.compare.gate import (METRICS, RunLoadError, compare_runs, config_mismatches, exit_code,
-                                                 hardware_differences, load_run, parse_rules, resolve_metric,
-                                                 same_tool, select_cells)
+    from zerobench.analysis.compare.gate import (
+        RunLoadError,
+        compare_runs,
+        config_mismatches,
+        exit_code,
+        hardware_differences,
+        load_run,
+        parse_rules,
+        same_tool,
+        select_cells,
+    )
+    from zerobench.analysis.compare.rules import resolve_metric
+    from zerobench.analysis.render import make_console
     from zerobench.commands.progress import Progress
     from zerobench.runs.files import write_csv_atomic
+    from zerobench.runs.schema import METRICS
 
-    console = report.make_console()
+    console = make_console()
     with Progress(2 + sum(p is not None for p in outputs.values()), "compare") as progress:
         try:
             baseline = load_run(baseline_dir)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from zerobench.commands.args import DEFAULT_RESULTS, resolve_folder, results_root
+from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, resolve_folder, results_root
 
 HELP = "per-rank peak memory of each engine at any world size, on a fake process group"
 
 
 def arguments(p) -> None:
     p.add_argument("workload", help="workload TOML file or shipped workload name")
+    add_overrides(p)
     p.add_argument("--world-sizes", default="8,64,1024", help="comma-separated world sizes (default: 8,64,1024)")
     p.add_argument("--rank", type=int, default=0, help="the rank to run (default 0)")
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS, help="folder of result folders")
@@ -27,42 +28,43 @@ def arguments(p) -> None:
                         "gloo also its reduce-scatter's full-input-size buffer, as the CPU memory pass sees it")
     p.add_argument("--full-depth", action="store_true",
                    help="run every block of a deep llama/gpt on fake tensors instead of extrapolating from 3 and 4 "
-                        "blocks (slower; docs/models.md, depth extrapolation)")
+                        "blocks (slower; docs/models.md#depth-extrapolation-in-zerobench-estimate)")
     p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
+    p.add_argument("--gpu", metavar="NAME_OR_FILE",
+                   help="a GPU preset (a shipped name or a file `zerobench calibrate` wrote): each row then says what "
+                        "the caching allocator may reserve on it (capacity_bytes) and whether the peak fits")
     p.add_argument("--against", metavar="RUN",
-                   help="a run folder (with the memory pass), or `latest`, to compare the estimates with, per rank")
+                   help="a run folder (with the memory pass), or `latest:run`, to compare the estimates with, per rank")
 
 
 def main(args) -> int:
+    check_results_folder(args.results)
     against = resolve_folder(args.against, "--against") if args.against else None
 
     import time
 
     import pandas as pd
 
+    from zerobench.analysis.render import make_console, print_table
     from zerobench.commands.progress import Progress
     from zerobench.whatif.cells import parse_world_sizes
-    from zerobench.whatif.estimate import against_run, check_against, estimate, format_model_states, format_table
+    from zerobench.whatif.estimate import against_run, check_against, estimate
+    from zerobench.whatif.estimate.report import against_table, print_estimate
 
     started = time.perf_counter()
-    real = check_against(against) if against is not None else None  # before any work ([Note: refuse early])
+    real = check_against(against) if against is not None else None  # before any work: [Note: refuse early] in zerobench/cli.py
     with Progress(None, "estimate") as progress:
         out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank,
                            results_root=args.results, fake_tensors=args.fake_tensors,
                            hybrid_shard_size=args.hybrid_shard_size, only=args.config, backend=args.backend,
-                           full_depth=args.full_depth, progress=progress, log=progress.print)
+                           full_depth=args.full_depth, progress=progress, log=progress.print, overrides=args.overrides,
+                           gpu=args.gpu)
     frame = pd.read_csv(out_dir / "estimate.csv")
-    print("per-rank peak MiB (estimated on a fake process group):")
-    print(format_table(frame))
-    if (frame["status"] == "ok").any():
-        print("model states per rank, GB, in the ZeRO paper's mixed-precision convention "
-              "(2 + 2 + K bytes per element):")
-        print(format_model_states(frame))
-    print(f"estimate: {out_dir / 'estimate.csv'} ({time.perf_counter() - started:.1f} s)")
+    console = make_console()
+    print_estimate(frame, console)
+    if real is not None:
+        print_table(against_table(against_run(frame, real), str(against)), console)
+    print(f"estimate: {out_dir / 'estimate.csv'} ({len(frame)} cells, {time.perf_counter() - started:.1f} s wall)")
     for path in sorted((out_dir / "plots").glob("*.png")):
         print(f"plot: {path}")
-    if real is not None:
-        print(f"estimated vs real peak ({against}):")
-        print(against_run(frame, real).to_string(index=False))
     return 0
-

@@ -2,7 +2,8 @@
 memory, the memory/time Pareto front, losses, memory timeline, knobs), an estimate's
 (peak per rank against world size) or a prediction's.
 
-FOLDER is a run, estimate or predict folder, or `latest` (the newest under results/).
+FOLDER is a run, estimate or predict folder, or `latest` (the newest of any kind under
+results/) or `latest:KIND`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ HELP = "redraw the plots of a run, estimate or predict folder (or `latest`)"
 
 
 def arguments(p) -> None:
-    p.add_argument("run", metavar="FOLDER", help="run, estimate or predict folder, or `latest`")
+    p.add_argument("run", metavar="FOLDER", help="run, estimate or predict folder, `latest` or `latest:KIND`")
 
 
 def main(args) -> int:

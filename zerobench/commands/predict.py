@@ -7,7 +7,7 @@ trace per cell and plots. Nothing is measured: these are a model's predictions.
 
 from __future__ import annotations
 
-from zerobench.commands.args import DEFAULT_RESULTS, results_root
+from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, resolve_folder, results_root
 
 HELP = "step time, overlap and allocator peaks of each engine on a virtual GPU"
 
@@ -16,13 +16,15 @@ def arguments(p) -> None:
     from zerobench.instruments.link import PRESETS
 
     p.add_argument("workload", help="workload TOML file or shipped workload name")
+    add_overrides(p)
     p.add_argument("--world-sizes", default=None,
                    help="comma-separated (default 8,64; with --against, the run's)")
     p.add_argument("--gpu", default="h100-sxm",
-                   help="GPU preset (default h100-sxm; docs/vgpu.md lists them, and so does a wrong name)")
+                   help="GPU preset: a shipped name (default h100-sxm; docs/vgpu.md lists them, and so does a wrong "
+                        "name) or a preset file, as `zerobench calibrate` writes one")
     p.add_argument("--host", default=None,
-                   help="host preset: h200-host (measured), fast or slow (default: the GPU preset's own host, "
-                        "else h200-host; docs/vgpu.md)")
+                   help="host preset: h200-host (measured), fast or slow (default: the GPU preset's own measured "
+                        "host, else h200-host; docs/vgpu.md)")
     p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
     p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
     p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
@@ -35,23 +37,32 @@ def arguments(p) -> None:
                    help="device memory of the CUDA context, outside the allocator (default: the preset's, 512)")
     p.add_argument("--nccl-mib", type=int, default=None,
                    help="device memory of each NCCL communicator, outside the allocator (default: the preset's, 688)")
+    p.add_argument("--sdpa-backend", default="auto",
+                   help="attention backend: auto (torch's choice for the GPU, dtype and head size; docs/vgpu.md), "
+                        "cudnn, flash, efficient or math")
     p.add_argument("--nccl-record-streams", action="store_true",
                    help="ProcessGroupNCCL record-streams collective tensors onto its stream, as PyTorch did before "
                         "TORCH_NCCL_AVOID_RECORD_STREAMS became the default (docs/vgpu.md)")
     p.add_argument("--against", default=None, metavar="RUN",
-                   help="a `zerobench run --profile` folder: predict its traced cells and put each beside its "
-                        "measurement, kernel class by kernel class (against.csv, against.md, plots/against.png; "
-                        "docs/vgpu.md)")
+                   help="a `zerobench run --profile` folder (or latest:run): predict its traced cells and put each "
+                        "beside its measurement, kernel class by kernel class (against.csv, against.md, "
+                        "plots/against.png; docs/vgpu.md)")
 
 
 def main(args) -> int:
+    check_results_folder(args.results)
+    if args.against is not None:
+        args.against = resolve_folder(args.against, "--against")
+
     import time
     from pathlib import Path
 
     import pandas as pd
 
+    from zerobench.analysis.render import make_console
     from zerobench.commands.progress import Progress
-    from zerobench.whatif.predict import format_table, parse_world_sizes, predict
+    from zerobench.whatif.predict import parse_world_sizes, predict
+    from zerobench.whatif.predict.report import model_kind, print_predict
 
     started = time.perf_counter()
     world_sizes, only = args.world_sizes or "8,64", args.config
@@ -66,21 +77,21 @@ def main(args) -> int:
                           link=args.link, inter_link=args.inter_link, node_size=args.node_size,
                           results_root=args.results, matrix=args.matrix, only=only,
                           alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
-                          record_streams=args.nccl_record_streams, progress=progress, log=progress.print)
+                          record_streams=args.nccl_record_streams, sdpa_backend=args.sdpa_backend,
+                          progress=progress, log=progress.print,
+                          overrides=args.overrides)
     frame = pd.read_csv(out_dir / "predict.csv")
-    host = frame["host"].iloc[0] if "host" in frame.columns and len(frame) else args.host
-    print(f"predicted on the virtual GPU ({args.gpu}, {host} host, link {args.link}"
-          f"{', inter-node ' + args.inter_link if args.inter_link else ''}):")
-    print(format_table(frame))
-    print(f"predict: {out_dir / 'predict.csv'} ({time.perf_counter() - started:.1f} s)")
+    print_predict(frame, make_console(), model_kind(out_dir))
+    print(f"predict: {out_dir / 'predict.csv'} ({len(frame)} cells, {time.perf_counter() - started:.1f} s wall)")
     print(f"traces: {out_dir / 'traces'}")
     if args.against is not None:
+        from zerobench.analysis.render import print_table
         from zerobench.whatif.predict import against
 
         frame = against.compare(args.against, out_dir)
-        against.write(frame, out_dir, f"{Path(args.against).name} against its prediction ({args.gpu})")
-        print(f"measured ({args.against}) beside predicted, per step:")
-        print(against.format_against(frame))
+        title = f"{Path(args.against).name} against its prediction ({args.gpu}), per step"
+        against.write(frame, out_dir, title)
+        print_table(against.against_table(frame, title))
         print(f"against: {out_dir / 'against.csv'}")
     for path in sorted((out_dir / "plots").glob("*.png")):
         print(f"plot: {path}")

@@ -15,7 +15,7 @@ HELP = ("compute the loss reference of cells run under torchrun and write the ta
 
 
 def arguments(p) -> None:
-    p.add_argument("run", help="run folder, or `latest`")
+    p.add_argument("run", help="run folder, or `latest:run` (the newest run; `latest`: the newest folder of any kind)")
 
 
 def main(args) -> int:

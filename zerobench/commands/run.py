@@ -8,9 +8,14 @@ files of workloads/). Exit codes: 0 every cell ok or skipped, 1 a cell failed (0
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from zerobench.commands.args import DEFAULT_RESULTS, ArgumentError, resolve_folder, results_root
+from zerobench.commands.args import (
+    DEFAULT_RESULTS,
+    ArgumentError,
+    add_overrides,
+    check_results_folder,
+    resolve_folder,
+    results_root,
+)
 
 HELP = "run a workload's matrix (default: the shipped quickstart)"
 DEFAULT_WORKLOAD = "quickstart"
@@ -19,10 +24,11 @@ DEFAULT_WORKLOAD = "quickstart"
 def arguments(p) -> None:
     p.add_argument("workload", nargs="?", default=None,
                    help=f"workload TOML file or shipped workload name (default: {DEFAULT_WORKLOAD})")
+    add_overrides(p)
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
                    help="folder of run folders (default: results)")
     p.add_argument("--resume", metavar="RUN",
-                   help="finish an interrupted run: skip its ok/skipped cells (RUN may be `latest`)")
+                   help="finish an interrupted run: skip its ok/skipped cells (RUN may be `latest:run`)")
     p.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable; see `zerobench cells`)")
     p.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -40,19 +46,25 @@ def main(args) -> int:
         if args.workload is not None:
             raise ArgumentError(f"--resume {args.resume}: the run's workload is its workload.json; "
                                 f"leave out WORKLOAD ({args.workload}) (allowed: `zerobench run --resume RUN`)")
+        if args.overrides:
+            raise ArgumentError(f"--resume {args.resume}: the run's workload is its workload.json; leave out "
+                                f"--set {args.overrides[0]} (allowed: `zerobench run --resume RUN`)")
         resume = resolve_folder(args.resume, "--resume", results=args.results)
+    else:
+        check_results_folder(args.results)
 
     from rich.text import Text
 
     from zerobench.analysis.plots import plot_run
-    from zerobench.analysis.summary import print_summary, wide_console
+    from zerobench.analysis.render import make_console
+    from zerobench.analysis.summary import print_summary
     from zerobench.harness.runner import CannotWrite, Interrupted, cell_counts, run_matrix
 
-    console = wide_console()
+    console = make_console()
     try:
         run_dir = run_matrix(args.workload or DEFAULT_WORKLOAD, results_root=args.results, resume=resume,
                              only=args.cell, profile=args.profile, device=args.device,
-                             prepare_only=args.prepare_only, console=console)
+                             prepare_only=args.prepare_only, console=console, overrides=args.overrides)
     except Interrupted as stop:
         counts = cell_counts(stop.run_dir)
         console.print(Text(f"interrupted: {counts_line(counts)} so far; the ranks of the cell in flight were "

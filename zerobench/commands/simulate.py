@@ -6,7 +6,7 @@ heatmap per cell (knob setting x link bandwidth). Pure Python: no torch.
 
 from __future__ import annotations
 
-from zerobench.commands.args import resolve_folder
+from zerobench.commands.args import ArgumentError, resolve_folder
 
 HELP = "predict step time / exposed comm of a profiled run's cells on another link, world size or device speed"
 
@@ -14,7 +14,7 @@ HELP = "predict step time / exposed comm of a profiled run's cells on another li
 def arguments(p) -> None:
     from zerobench.instruments.link import PRESETS
 
-    p.add_argument("run", help="run folder recorded with --profile (or holding schedules/), or `latest`")
+    p.add_argument("run", help="run folder recorded with --profile (or holding schedules/), or `latest:run`")
     p.add_argument("--cell", action="append", metavar="ID", help="only this cell (repeatable)")
     p.add_argument("--link", choices=sorted(PRESETS), help="link preset (default: the emulated link the cell ran on)")
     p.add_argument("--gbps", type=float, help="link bus bandwidth in GB/s (overrides the preset's)")
@@ -33,34 +33,60 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    import math
+
     run = resolve_folder(args.run, "RUN")
 
-    import pandas as pd
-
+    from zerobench.analysis.render import print_table
     from zerobench.instruments.link import resolve_link
+    from zerobench.runs.folder import RunFolder
     from zerobench.whatif.simulate.run import simulate_run, tag
     from zerobench.whatif.simulate.validate import validation_summary
 
+    for option, value, low, allowed in (("--gbps", args.gbps, 0, "a finite number > 0"),
+                                        ("--latency-us", args.latency_us, None, "a finite number >= 0"),
+                                        ("--compute-scale", args.compute_scale, 0, "a finite number > 0")):
+        if value is not None and not (math.isfinite(value) and (value > low if low is not None else value >= 0)):
+            raise ArgumentError(f"{option}: {value} is not allowed (allowed: {allowed})")
+    if args.latency_us is not None and not (args.link or args.gbps is not None):
+        raise ArgumentError(f"--latency-us {args.latency_us}: a latency needs a link (allowed: with --link PRESET or "
+                            f"--gbps N)")
+    for ws in args.world_sizes or []:
+        if ws < 1:
+            raise ArgumentError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
     link = None
     if args.link or args.gbps is not None:
         link = resolve_link(args.link, args.gbps, args.latency_us)
     inter = resolve_link(args.inter_link) if args.inter_link else None
-    for ws in args.world_sizes or []:
-        if ws < 1:
-            raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
-    if not args.compute_scale > 0:
-        raise ValueError(f"--compute-scale: must be > 0, got {args.compute_scale}")
     pred, mat = simulate_run(run, args.cell, link, args.world_sizes, args.compute_scale, args.matrix,
                              plots=not args.no_plots, inter_link=inter, async_collectives=args.async_collectives,
                              cross=args.cross)
-    cols = [c for c in ("cell_id", "world_size", "step_time_s", "exposed_comm_s", "overlap_ratio",
-                        "max_unsharded_units", "measured_step_s", "step_error", "measured_exposed_comm_s",
-                        "exposed_error") if c in pred]
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
-        print(pred[cols].round(4).to_string(index=False))
+    print_table(prediction_table(pred))
     if "step_error" in pred and pred["step_error"].notna().any():
         print("\n".join(validation_summary(pred.dropna(subset=["step_error"]))))
+    folder = RunFolder(run)
     if args.cross:
-        print((run / "simulate" / "cross" / "cross.md").read_text())
-    print(f"wrote {run / 'simulate' / tag(link, args.world_sizes, args.compute_scale, args.async_collectives)}/")
+        print((folder.simulate_dir("cross") / "cross.md").read_text())
+    print(f"wrote {folder.simulate_dir(tag(link, args.world_sizes, args.compute_scale, args.async_collectives))}/")
     return 0
+
+
+def prediction_table(pred):
+    """The simulator's predictions, with the measured figures beside them where the
+    cell ran as predicted (zerobench/analysis/render.py)."""
+    from zerobench.analysis.render import Column, Table, format_column
+
+    def column(name, scale=1.0, decimals=None, signed=False):
+        return format_column(pred[name] if name in pred else [None] * len(pred), scale, decimals, signed)
+
+    table = Table([Column("cell", "left", "parts", role="key"), Column("ws"), Column("step ms"),
+                   Column("exposed ms"), Column("overlap"), Column("units"), Column("measured step ms"),
+                   Column("step error %"), Column("measured exposed ms"), Column("exposed error %")],
+                  title="simulated (and measured, where the cell ran so):")
+    figures = list(zip(column("step_time_s", 1e3), column("exposed_comm_s", 1e3), column("overlap_ratio", 1, 2),
+                       column("max_unsharded_units"), column("measured_step_s", 1e3),
+                       column("step_error", 100, 1, signed=True), column("measured_exposed_comm_s", 1e3),
+                       column("exposed_error", 100, 1, signed=True)))
+    for k, (_, r) in enumerate(pred.iterrows()):
+        table.add_row(r["cell_id"], int(r["world_size"]), *figures[k])
+    return table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from zerobench.choices import not_allowed
 from zerobench.engines.base import Axis, Engine, OptimizerSpec, RankContext
 
 __all__ = ["ENGINES", "get_engine", "Axis", "Engine", "OptimizerSpec", "RankContext"]
@@ -27,6 +28,6 @@ ENGINES: dict[str, str] = {
 def get_engine(name: str) -> type[Engine]:
     """The adapter class of engine ``name``; ValueError naming the known engines otherwise."""
     if name not in ENGINES:
-        raise ValueError(f"engine: {name!r} is not allowed (allowed: {', '.join(map(repr, ENGINES))})")
+        raise ValueError(not_allowed("engine", name, ENGINES))
     module, cls = ENGINES[name].split(":")
     return getattr(importlib.import_module(module), cls)

@@ -136,6 +136,26 @@ def no_decay_groups(module: nn.Module) -> list[dict[str, Any]]:
     ]
 
 
+# [Note: say what ran]
+# A library may run something other than what it was asked, saying so only in a warning
+# in the rank's log: torch's FSDP1 runs NO_SHARD whenever its shard group has one rank
+# (world size 1, or HYBRID_SHARD over shard groups of one rank, where the replicas'
+# gradients are then not averaged at all), and impl's FSDP does as FSDP1 does at world
+# size 1. A row reading FULL_SHARD would then compare figures of NO_SHARD with FULL_SHARD.
+# The cell's config keeps what the matrix asked (it names the cell and lines it up with
+# baselines); what ran is read from the wrapped module after wrap (Engine.ran), kept in
+# the cell record under ``ran`` and said in its note ("ran sharding_strategy=NO_SHARD:
+# ..."), which the results table shows in the cell's row. ``Engine.notes`` says before a
+# cell runs what the engine will ignore of it; ``Engine.ran`` says what it changed.
+
+
+def ran_note(ran: dict[str, dict[str, Any]]) -> str | None:
+    """The note for what an engine ran instead (``{axis: {"value": ..., "why": ...}}``, a
+    cell record's ``ran``), or None."""
+    parts = [f"ran {axis}={item['value']}: {item['why']}" for axis, item in ran.items()]
+    return "; ".join(parts) or None
+
+
 class Engine:
     """Base class of the engine adapters.
 
@@ -196,6 +216,12 @@ class Engine:
         runs, and its record and table row carry the note (``note``), so that a figure is
         never read as the effect of a setting that had none."""
         return None
+
+    def ran(self) -> dict[str, tuple[Any, str]]:
+        """What this rank's wrapped engine runs where that is not what the cell asked, read
+        from the wrapped module after :meth:`wrap`: ``{axis: (value it runs, why)}``, empty
+        when it runs what it was asked. See [Note: say what ran]."""
+        return {}
 
     # -- per-rank lifecycle --------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from zerobench.instruments import collectives
 from zerobench.engines.base import AutocastEngine, Axis
+from zerobench.instruments import collectives
 
 
 def wrap_ddp(model, ctx, gradient_as_bucket_view: bool = False):

@@ -15,7 +15,7 @@ the CPU accelerator unchanged.
 Installed once per process, before DeepSpeed builds anything
 (:func:`install`, called by the engines' start: zerobench/engines/deepspeed.py). Checked
 on DeepSpeed 0.19.8 (``deepspeed/accelerator/cpu_accelerator.py`` and
-``cuda_accelerator.py`` for what a device answers).
+``deepspeed/accelerator/cuda_accelerator.py`` for what a device answers).
 """
 
 from __future__ import annotations

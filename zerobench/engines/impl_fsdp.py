@@ -75,6 +75,18 @@ class FSDPEngine(Engine):
         )
         return self.module
 
+    def ran(self):
+        """NO_SHARD where impl's FSDP switched to it at world size 1, as PyTorch's FSDP1 does
+        ([Note: say what ran])."""
+        asked = self.opts.get("sharding_strategy", "FULL_SHARD")
+        strategies = {m.sharding_strategy.name for m in self.module.fsdp_instances()}
+        if strategies == {asked} or len(strategies) != 1:
+            return {}
+        (strategy,) = strategies
+        why = (f"impl's FSDP runs NO_SHARD when its shard group has one rank (world size {self.ctx.world_size}), "
+               "as torch's FSDP1 does")
+        return {"sharding_strategy": (strategy, why)}
+
     def _units(self):
         return [m._unit for m in self.module.fsdp_instances() if m._unit is not None]
 

@@ -27,6 +27,21 @@ class TorchFSDP1Engine(Engine):
             return "HYBRID_SHARD needs world_size >= 2"
         return super().unsupported(options, dtype, world_size, device_type)
 
+    def ran(self):
+        """NO_SHARD where FSDP1 switched to it: a shard group of one rank ([Note: say what ran])."""
+        asked = self.opts["sharding_strategy"]
+        strategies = {m.sharding_strategy.name for m in FullyShardedDataParallel.fsdp_modules(self.module)}
+        if strategies == {asked} or len(strategies) != 1:
+            return {}
+        (strategy,) = strategies
+        why = "torch's FSDP1 runs NO_SHARD when its shard group has one rank"
+        if asked == "HYBRID_SHARD":
+            why += (f" (HYBRID_SHARD over {self.ctx.world_size} shard groups of one rank): the replicas' gradients "
+                    "are not averaged")
+        else:
+            why += f" (world size {self.ctx.world_size})"
+        return {"sharding_strategy": (strategy, why)}
+
     def wrap(self, model, blocks):
         units = set(blocks)
 

@@ -29,8 +29,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerobench.rank.protocol import HARNESS_ENV, code_root
+
+if TYPE_CHECKING:  # imported where used: start_module's callers stay light (no pandas)
+    from zerobench.runs.folder import RunFolder
 
 FAILURE_GRACE_S = 5.0  # how long peers of a failed rank get to exit on their own
 POLL_S = 0.05
@@ -99,18 +103,19 @@ def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, 
     Ranks die with the harness (a SIGKILLed ``zerobench run`` takes them along), so call
     this from the thread that lives as long as the run: on Linux the rank's parent-death
     signal follows the thread that started it."""
-    run_dir = Path(run_dir).absolute()
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    from zerobench.runs.folder import RunFolder
+
+    folder = RunFolder(Path(run_dir).absolute())
+    folder.logs_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = rank_command(run_dir, cell_id, device, profile)
+    cmd = rank_command(folder.root, cell_id, device, profile)
     procs: list[subprocess.Popen] = []
     start = time.monotonic()
     error = None
     deaths: list[int] = []  # failed ranks in the order they were seen to end: the first is to blame
     try:
         for rank in range(world_size):
-            with open(logs / f"{cell_id}.rank{rank}.log", "w") as log:  # the child keeps its own descriptor
+            with open(folder.log_path(cell_id, rank), "w") as log:  # the child keeps its own descriptor
                 try:
                     procs.append(subprocess.Popen(cmd, env=rank_env(rank, world_size, port, threads), stdout=log,
                                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -129,7 +134,7 @@ def launch_cell(run_dir: Path, cell_id: str, world_size: int, timeout_s: float, 
                 _kill_group(p)
     codes = [p.returncode for p in procs]
     if error is None and any(c != 0 for c in codes):
-        error = describe_failure(logs, cell_id, codes, deaths, stopped_by_harness)
+        error = describe_failure(folder, cell_id, codes, deaths, stopped_by_harness)
     return LaunchResult(error is None, error, time.monotonic() - start, codes)
 
 
@@ -184,9 +189,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def describe_failure(logs: Path, cell_id: str, codes: list[int | None], deaths: list[int] = (),
+def describe_failure(folder: RunFolder, cell_id: str, codes: list[int | None], deaths: list[int] = (),
                      stopped_by_harness=()) -> str:
-    """The rank that failed first, how it ended and the end of its log; then the others.
+    """The rank that failed first, how it ended and the end of its log (in ``folder``);
+    then the others.
 
     ``deaths`` lists failed ranks in the order they were seen to end. The first of them
     is the cause: its peers fail *because* it went away (gloo: "Connection closed by
@@ -203,9 +209,9 @@ def describe_failure(logs: Path, cell_id: str, codes: list[int | None], deaths: 
     order = seen + rest
     first, *others = order
     lines = [f"rank {first} {_how(codes[first], first in stopped_by_harness, first)} first:",
-             *_log_tail(logs, cell_id, first, 12)]
+             *_log_tail(folder, cell_id, first, 12)]
     for rank in others:
-        tail = [] if rank in stopped_by_harness else _log_tail(logs, cell_id, rank, 1)
+        tail = [] if rank in stopped_by_harness else _log_tail(folder, cell_id, rank, 1)
         lines.append(f"then rank {rank} {_how(codes[rank], rank in stopped_by_harness, first)}"
                      + (f": {tail[0]}" if tail else ""))
     return "\n".join(lines)
@@ -223,9 +229,9 @@ def _how(code: int | None, by_harness: bool = False, cause: int | None = None) -
     return f"exited with code {code}"
 
 
-def _log_tail(logs: Path, cell_id: str, rank: int, n: int) -> list[str]:
+def _log_tail(folder: RunFolder, cell_id: str, rank: int, n: int) -> list[str]:
     try:
-        text = (logs / f"{cell_id}.rank{rank}.log").read_text(errors="replace").splitlines()
+        text = folder.log_path(cell_id, rank).read_text(errors="replace").splitlines()
     except OSError:
         return []
     return [line for line in text if line.strip()][-n:]

@@ -148,7 +148,7 @@ def cell_need(workload: Workload, cell: Cell, device_type: str, params: int | No
 
 def refusal(workload: Workload, cell: Cell, device_type: str, params: int | None = None) -> str | None:
     """Why the cell cannot run here, naming both numbers; None when it may."""
-    ranks = ranks_refusal(cell)
+    ranks = ranks_refusal(cell, workload.run.threads_per_rank)
     if ranks is not None:
         return ranks
     need = cell_need(workload, cell, device_type, params)
@@ -165,19 +165,22 @@ def refusal(workload: Workload, cell: Cell, device_type: str, params: int | None
     return None
 
 
-def ranks_refusal(cell: Cell) -> str | None:
-    """Why this machine cannot hold the cell's rank processes at all, naming both numbers."""
+def ranks_refusal(cell: Cell, threads_per_rank: int = 1) -> str | None:
+    """Why this machine cannot hold the cell's rank processes at all, naming both numbers;
+    each rank runs ``threads_per_rank`` compute threads (run.threads_per_rank) besides its
+    own RANK_THREADS."""
     n = cell.world_size
+    per_rank = RANK_THREADS + threads_per_rank - 1  # the main thread is one of RANK_THREADS
     memory = host_memory_bytes()
     if n * RANK_BASE_BYTES > memory:
         return (f"preflight: world size {n} needs {n} rank processes of at least {RANK_BASE_BYTES / 2**20:.0f} MiB "
                 f"each (Python and torch, before any model): {n * RANK_BASE_BYTES / GiB:,.1f} GiB, more than this "
                 f"machine's {memory / GiB:,.1f} GiB; not started")
     limit = process_limit()
-    if n * RANK_THREADS > limit:
-        return (f"preflight: world size {n} needs at least {n * RANK_THREADS:,} processes and threads "
-                f"({RANK_THREADS} per rank), more than this user's limit of {limit:,.0f} (ulimit -u, pids.max); "
-                "not started")
+    if n * per_rank > limit:
+        return (f"preflight: world size {n} needs at least {n * per_rank:,} processes and threads "
+                f"({per_rank} per rank, run.threads_per_rank = {threads_per_rank}), more than this user's limit of "
+                f"{limit:,.0f} (ulimit -u, pids.max); not started")
     return None
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from zerobench.spec import data as data_mod
 from zerobench.engines import OptimizerSpec
+from zerobench.spec import data as data_mod
 from zerobench.spec.models import build_model, loss_fn
 from zerobench.spec.workload import Workload
 
@@ -70,14 +70,11 @@ def complete_run(run_dir: str | Path, log=print) -> list[str]:
     write the tables. This trains the workload's model, importing any factory its
     ``workload.json`` names: run it on folders you trust. Returns the cells updated."""
     from zerobench.harness.preflight import reference_refusal
-    from zerobench.runs.files import write_json_atomic
-    from zerobench.runs.folder import RunFolder, read_json
-    from zerobench.spec.workload import parse_workload
+    from zerobench.runs.folder import RunFolder
 
     folder = RunFolder(run_dir)
     records = [r for r in folder.cell_records() if r["cell_id"] in set(folder.missing_references())]
-    workload = parse_workload(read_json(folder.workload_path), source=str(folder.workload_path)) \
-        if records else None
+    workload = folder.workload() if records else None
     if workload is not None and workload.run.reference:
         references, failures = folder.references(), {}
         for world_size in sorted({r["config"]["world_size"] for r in records} - set(references)):
@@ -90,16 +87,16 @@ def complete_run(run_dir: str | Path, log=print) -> list[str]:
             except ReferenceFailed as err:  # the cells stand; their deviation stays unknown, saying why
                 failures[world_size] = str(err)
                 continue
-            write_json_atomic(folder.reference_path, {str(k): v for k, v in sorted(references.items())})
+            folder.write_references(references)
         for rec in records:
             world_size = rec["config"]["world_size"]
             rec["loss_max_abs_diff_ref"] = loss_deviation(rec, references.get(world_size, []),
                                                           workload.data.warmup_steps)
             if world_size in failures:
                 rec["reference_error"] = failures[world_size]
-            write_json_atomic(folder.cell_path(rec["cell_id"]), rec)
+            folder.write_cell(rec)
     else:
         records = []
-    if any(folder.cells_dir.glob("*.json")):
+    if folder.has_cells():
         folder.write_tables()
     return [r["cell_id"] for r in records]

@@ -15,19 +15,18 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from rich.text import Text
 
-from zerobench.harness import active
-
-from zerobench.rank import devices
-from zerobench.runs.files import new_stamped_dir, write_json_atomic
-from zerobench.harness import preflight
+from zerobench.choices import not_allowed
+from zerobench.harness import active, preflight
 from zerobench.harness.launch import code_root, launch_cell
-from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.harness.reference import ReferenceFailed, complete_run, loss_deviation, reference_losses
-from zerobench.runs.tables import write_tables
+from zerobench.instruments import load
+from zerobench.rank import devices
+from zerobench.runs.files import new_stamped_dir
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
+from zerobench.runs.tables import write_tables
+from zerobench.spec.matrix import Cell, expand, matrix_notes
 from zerobench.spec.user_check import check_user_model
 from zerobench.spec.workload import Workload, WorkloadError, load_workload
 
@@ -52,9 +51,9 @@ class RunSetupError(ValueError):
 def prepare_run(workload: Workload, run_dir: Path, cells: list[Cell], device: str,
                 meta: dict | None = None) -> None:
     """Write the run folder's workload.json and meta.json (what the ranks read)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "workload.json", workload.to_dict())
-    write_json_atomic(run_dir / "meta.json", meta or run_metadata(workload, cells, device))
+    folder = RunFolder(run_dir)
+    folder.write_workload(workload)
+    folder.write_meta(meta or run_metadata(workload, cells, device))
 
 
 def resumed_metadata(old: dict, workload: Workload, all_cells: list[Cell], cells: list[Cell], device: str) -> dict:
@@ -97,6 +96,7 @@ def run_metadata(workload: Workload, cells: list[Cell], device: str) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "cells": [c.id for c in cells],
+        "overrides": list(workload.overrides),  # --set KEY=VALUE as given; workload.json holds their result
         "concurrent_runs": active.others(),  # other zerobench runs on this machine: contended timings
         "devices": devices.environment(device),  # versions, CUDA_VISIBLE_DEVICES, NCCL_*, threads
         "context": {
@@ -128,7 +128,8 @@ def _cpu_model() -> str:
 
 
 #: CPU feature flags that change which instructions numeric kernels use (and so how bf16
-#: and sometimes fp32 results round). See [Note: losses across machines] in compare_rules.py.
+#: and sometimes fp32 results round). See [Note: losses across machines] in
+#: zerobench/analysis/compare/rules.py.
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bf16", "asimd", "sve", "neon")
 
 
@@ -153,42 +154,43 @@ def _cpu_count() -> int:
 
 def run_matrix(workload_path: str | Path, *, results_root: Path = Path("results"), resume: Path | None = None,
                only: list[str] | None = None, profile: bool = False, device: str = "auto",
-               prepare_only: bool = False, console: Console | None = None) -> Path:
+               prepare_only: bool = False, console: Console | None = None, overrides=()) -> Path:
     """Run every cell of the workload (or the ``only`` ones); return the run folder.
     With ``prepare_only``, write the run folder and list the cells without running them
-    (for launching each cell under torchrun yourself).
+    (for launching each cell under torchrun yourself). ``overrides``: ``--set KEY=VALUE``
+    applied to the workload file ([Note: overrides] in zerobench/spec/workload.py).
 
-    Everything that can be refused is checked before anything is written: a command
-    that fails leaves no new folder, and a failed ``--resume`` leaves meta.json as it was."""
+    Everything that can be refused is checked before anything is written ([Note: refuse
+    early] in zerobench/cli.py)."""
     console = console or Console()
     if resume is not None:
         run_dir = resume
-        if not (run_dir / "workload.json").exists():
+        if not RunFolder(run_dir).workload_path.exists():
             raise FileNotFoundError(f"--resume {run_dir}: not a zerobench run folder (no workload.json)")
-        from zerobench.rank.worker import load_run
-
-        workload = load_run(run_dir)
+        workload = RunFolder(run_dir).workload()
         if not os.access(run_dir, os.W_OK):
             raise RunSetupError(f"--resume {run_dir}: the run folder is not writable")
     else:
-        workload = load_workload(workload_path)
-    for note in matrix_notes(workload):
-        console.print(Text(f"note: {note}"))
-    check_user_model(workload.model, workload.data.batch_size, workload.data.seed)  # its errors before any folder
+        workload = load_workload(workload_path, overrides)
     device_type = devices.device_type(device)
+    all_cells = expand(workload, device_type)  # a matrix that is refused is refused before any note
+    notes = matrix_notes(workload)
+    check_user_model(workload.model, workload.data.batch_size, workload.data.seed,
+                     label=workload.label)  # its errors before any folder
     if device_type == "cuda":
         try:
             devices.choose(device, 0, 1)
         except devices.DeviceError as err:
             raise RunSetupError(str(err)) from None
-    all_cells = expand(workload, device_type)
     cells = all_cells
     if only:
-        known = {c.id for c in cells}
+        known = [c.id for c in cells]
         unknown = [c for c in only if c not in known]
         if unknown:
-            raise ValueError(f"--cell: {unknown[0]!r} is not a cell of {workload.name} (cells: {', '.join(sorted(known))})")
+            raise ValueError(not_allowed("--cell", unknown[0], known, show=str, what=f"is not a cell of {workload.name}"))
         cells = [c for c in cells if c.id in only]
+    for note in notes:
+        console.print(Text(f"note: {note}"))
     if resume is not None:
         folder = RunFolder(run_dir)
         try:
@@ -252,6 +254,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     concurrent = active.others()
     if concurrent:
         console.print(Text(f"warning: {active.describe(concurrent)}"), style="bold yellow")
+    folder = RunFolder(run_dir)
     references: dict[int, list[float]] = {}
     reference_failures: dict[int, str] = {}
     console.print(f"[bold]{escape(workload.name)}[/]: {len(cells)} cells ({len(cells) - len(todo)} already done) "
@@ -260,6 +263,7 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     params = preflight.parameter_count(workload)
+    run_started = load.sample()
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("cells", total=len(todo))
@@ -279,26 +283,42 @@ def _run_cells(workload: Workload, run_dir: Path, cells: list[Cell], todo: list[
                     if reference_failures[ws] is None:
                         try:
                             references[ws] = reference_losses(workload, ws, workload.run.timeout_s)
-                            write_json_atomic(run_dir / "reference.json", {str(k): v for k, v in references.items()})
+                            folder.write_references(references)
                         except (ReferenceFailed, WorkloadError) as err:  # the user's loss or batch, say
                             reference_failures[ws] = str(err)
                 if refused is not None:  # never allocate what cannot fit; the matrix goes on
                     record = {"cell_id": cell.id, "status": "failed", "error": refused, "config": cell.config(),
                               "ranks": []}
-                    write_json_atomic(run_dir / "cells" / f"{cell.id}.json", record)
+                    folder.write_cell(record)
                 else:
                     record = run_one(run_dir, workload, cell, profile, device, references.get(ws),
-                                     concurrent=concurrent, reference_error=reference_failures.get(ws))
+                                     concurrent=concurrent, reference_error=reference_failures.get(ws),
+                                     started=load.sample())
                 console.print(_one_line(record))
                 progress.advance(task)
                 write_tables(run_dir)
     except KeyboardInterrupt:
         # launch_cell has killed the ranks of the cell in flight; it left no record, so
         # --resume runs it again. Finished cells are on disk already.
-        if any((run_dir / "cells").glob("*.json")):
+        if folder.has_cells():
             write_tables(run_dir)
+            record_machine_load(run_dir, run_started)
         raise Interrupted(run_dir) from None
     write_tables(run_dir)
+    record_machine_load(run_dir, run_started)
+
+
+def record_machine_load(run_dir: Path, started: load.LoadSample) -> None:
+    """meta.json's ``machine_load``: what the machine did during the run's cells
+    ([Note: machine load] in zerobench/instruments/load.py), from every cell record that has
+    it (a resumed run's earlier cells too) and the load averages of this invocation."""
+    folder = RunFolder(run_dir)
+    try:
+        meta = folder.meta()
+    except DamagedFile:
+        return
+    per_cell = [r.get("machine_load") for r in folder.cell_records()]
+    folder.write_meta({**meta, "machine_load": load.summarize(per_cell, started, load.sample())})
 
 
 class Interrupted(Exception):
@@ -319,16 +339,20 @@ def cell_counts(run_dir: Path) -> dict[str, int]:
 
 
 def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device: str,
-            reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None) -> dict:
-    path = run_dir / "cells" / f"{cell.id}.json"
-    path.unlink(missing_ok=True)  # a stale record from an earlier attempt must not pass for this one
+            reference: list[float] | None, concurrent: list[dict] = (), reference_error: str | None = None,
+            started: load.LoadSample | None = None) -> dict:
+    """Run one cell (or record it skipped) and write its record; ``started``: the machine
+    as the cell began, so that the record says what else it did meanwhile
+    ([Note: machine load])."""
+    folder = RunFolder(run_dir)
+    folder.discard_cell(cell.id)  # a stale record from an earlier attempt must not pass for this one
     if cell.skip_reason is not None:
         record = {"cell_id": cell.id, "status": "skipped", "error": cell.skip_reason, "config": cell.config(),
                   "ranks": []}
     else:
         result = launch_cell(run_dir, cell.id, cell.world_size, workload.run.timeout_s,
                              threads=workload.run.threads_per_rank, profile=profile, device=device)
-        record = RunFolder(run_dir).read_cell(cell.id) if result.ok else None
+        record = folder.read_cell(cell.id) if result.ok else None
         if record is not None:
             record["loss_max_abs_diff_ref"] = loss_deviation(record, reference or [], workload.data.warmup_steps)
             ran = record.get("code_root")
@@ -343,9 +367,11 @@ def run_one(run_dir: Path, workload: Workload, cell: Cell, profile: bool, device
             record["reference_error"] = reference_error  # why loss_max_abs_diff_ref is empty
         if concurrent:
             record["concurrent_runs"] = list(concurrent)
-    if cell.note:
-        record["note"] = cell.note  # what the engine ignored here (Engine.notes)
-    write_json_atomic(path, record)
+        if started is not None:
+            record["machine_load"] = load.between(started, load.sample())
+    if cell.note and not record.get("note"):
+        record["note"] = cell.note  # what the engine ignored here (Engine.notes); the ranks' note says more
+    folder.write_cell(record)
     return record
 
 

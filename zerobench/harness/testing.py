@@ -30,11 +30,11 @@ import traceback
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.multiprocessing as mp
 
 # The first torch.optim optimizer built in a process imports torch._dynamo (1-6 s on the
 # 2-core machine). Import it once here, so that every forked rank inherits it.
 import torch._dynamo  # noqa: E402,F401
+import torch.multiprocessing as mp
 
 
 class RankFailure(RuntimeError):

@@ -4,8 +4,9 @@ every instrument consumes.
 [Note: one interception]
 Every instrument that needs to see collectives sees them here, at the
 ``torch.distributed`` functions the engines call through the module attribute
-(torch 2.13's fully_shard in ``_fsdp_collectives.py``, FSDP1 in ``_flat_param.py`` and
-``_runtime_utils.py``, ZeroRedundancyOptimizer's broadcasts, DDP's buffer broadcast
+(torch 2.13's fully_shard in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``,
+FSDP1 in ``torch/distributed/fsdp/_flat_param.py`` and
+``torch/distributed/fsdp/_runtime_utils.py``, ZeroRedundancyOptimizer's broadcasts, DDP's buffer broadcast
 ``_broadcast_coalesced``, and ``impl.comm``). :data:`FUNCTIONS` names each function's
 kind and where its group, tensors and outputs are; a call becomes one
 :class:`Collective` record (kind, bytes, group, async), the same for every consumer.
@@ -50,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench.instruments.link import KINDS
+from zerobench.instruments.storages import tensors_in
 
 __all__ = ["KINDS", "FUNCTIONS", "Collective", "Layer", "CommCounter", "intercepted", "intercepting",
            "ddp_comm_hook"]
@@ -92,15 +94,6 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str):
     return args[index] if len(args) > index else kwargs.get(name)
 
 
-def tensors_in(value) -> list[torch.Tensor]:
-    """The tensors of an argument: a tensor, or a (nested) list of them."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors_in(v)]
-    return []
-
-
 def nbytes(value) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
@@ -137,13 +130,13 @@ class Collective:
 
     def outputs(self) -> list[torch.Tensor]:
         """The tensors the call writes (all-gather output, reduce-scatter output, the buffer)."""
-        return tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].output))
+        return list(tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].output)))
 
     def input(self) -> torch.Tensor | None:
         """A reduce-scatter's full input (None for other kinds)."""
         if self.kind != "reduce_scatter":
             return None
-        found = tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].sized))
+        found = list(tensors_in(_arg(self.args, self.kwargs, *FUNCTIONS[self.name].sized)))
         return found[0] if len(found) == 1 else None
 
     def future_value(self) -> list:

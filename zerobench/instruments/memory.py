@@ -23,8 +23,25 @@ decided at the end of the step, in this order:
      checkpointed block allocates while its forward is recomputed in backward
      (zerobench/spec/checkpointing.py marks the recomputation);
   4. "other": everything else (gradient temporaries and buckets, reduce-scatter inputs,
-     optimizer temporaries, communication buffers).
+     optimizer temporaries, communication buffers): [Note: what other holds].
 The peak's composition is the classification of the storages live at the peak.
+
+[Note: what other holds]
+"other" holds the storages that are none of the five roles, and on a small model it is
+often the largest part of the peak besides the model states, because activations are small
+(a batch of 16 rows of an MLP of width 512 holds 32 KiB per block) while what is left is
+sized like the parameters or the gradients. :meth:`StorageTracker.peak_other_breakdown`
+splits it by when its storages were allocated (the ``peak_mem_other_{kept,backward,
+optimizer}_bytes`` columns, which peak_memory.png draws):
+  * "kept": live when the measured step began, kept from earlier steps: DDP's gradient
+    buckets (a flat copy of every gradient, unless gradient_as_bucket_view), fully_shard's
+    unsharded parameters, which it copies out of the all-gather output into storages it
+    resizes (so they are not all-gather outputs, which "unsharded" counts), communication
+    buffers an engine keeps;
+  * "backward": allocated in backward: ZeRO-2's flat gradient partitions and reduce
+    buckets, reduce-scatter inputs, gradient temporaries;
+  * "optimizer": allocated in the optimizer step: the foreach implementations' temporaries
+    (Adam's are each the size of the parameters they update).
 
 The tracker slows a step down 1.5-2x on CPU: it runs in its own pass, never while
 step times are measured.
@@ -82,10 +99,12 @@ import torch
 from impl.streams import accelerator
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import CommCounter, Layer
-from zerobench.instruments.storages import Listener
+from zerobench.instruments.storages import Listener, storages_of
 from zerobench.runs.schema import MEMORY_PASS_ATTEMPTS
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
+#: The parts of "other" by when they were allocated: [Note: what other holds].
+OTHER_PARTS = ("kept", "backward", "optimizer")
 
 _scope = threading.local()
 
@@ -128,15 +147,6 @@ def marking_recompute(active: bool = True):
         yield
     finally:
         _recompute.depth -= 1
-
-
-def _storages(tensors):
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            local = getattr(t, "_local_tensor", None)  # DTensor: its local shard holds the bytes
-            t = local if local is not None else t
-            if t.device.type != "meta":
-                yield t.untyped_storage()
 
 
 class StorageTracker(Listener, Layer):
@@ -184,6 +194,8 @@ class StorageTracker(Listener, Layer):
         # (seconds since reset_peak, uid, byte delta) while the timeline is recorded
         self._record_timeline = timeline
         self._events_log: list[tuple[float, int, int]] = []
+        # (seconds since reset_peak, phase) at each phase's start, for the timeline's marks
+        self._phase_log: list[tuple[float, str]] = []
         self._t0 = time.perf_counter()
         self._start_bytes: dict[int, int] = {}
         # uid -> role decided by identity with the engine's tensors
@@ -296,7 +308,7 @@ class StorageTracker(Listener, Layer):
         self.comm.record(call.kind, call.nbytes)
         work = issue()
         if call.kind == "all_gather":
-            for storage in _storages(call.outputs()):
+            for storage in storages_of(call.outputs()):
                 uid = self._track(storage)
                 if uid is not None:
                     self._gathered.add(uid)
@@ -318,11 +330,19 @@ class StorageTracker(Listener, Layer):
 
     def track_tensors(self, tensors) -> None:
         """Register tensors that already exist (allocated before tracking began)."""
-        for storage in _storages(tensors):
+        for storage in storages_of(tensors):
             self._track(storage)
 
     def set_phase(self, phase: str) -> None:
         self._phase = phase
+        if self._record_timeline:
+            self._phase_log.append((time.perf_counter() - self._t0, phase))
+
+    def phases(self) -> list[tuple[float, str]]:
+        """(seconds since :meth:`reset_peak`, phase) at the start of each phase of the
+        measured step: the times of the timeline's marks (forward, backward, optimizer,
+        "after" at its end)."""
+        return [(round(t, 6), name) for t, name in self._phase_log]
 
     def reset_peak(self) -> None:
         """Start a measured interval: the peak restarts at the current live bytes (less
@@ -333,6 +353,7 @@ class StorageTracker(Listener, Layer):
         self._at_peak = dict(self._live)
         self._start_bytes = dict(self._at_peak)
         self._events_log = []
+        self._phase_log = []
         self._t0 = time.perf_counter()
         with self._lock:
             self._late = {}
@@ -350,7 +371,7 @@ class StorageTracker(Listener, Layer):
     def classify(self, params=(), grads=(), optim=()) -> None:
         """Decide roles (see [Note: telling storages apart]); call with live tensors."""
         for role, tensors in (("optim", optim), ("grads", grads), ("params", params)):
-            for storage in _storages(tensors):
+            for storage in storages_of(tensors):
                 uid = self._events.sid_of(storage) if self._events is not None else None
                 if uid is not None:
                     self._roles[uid] = role
@@ -358,7 +379,7 @@ class StorageTracker(Listener, Layer):
     def note_roles(self, role: str, tensors) -> None:
         """Record the role of tensors that may be gone by the time ``classify`` runs
         (gradients, read as the optimizer phase starts)."""
-        for storage in _storages(tensors):
+        for storage in storages_of(tensors):
             uid = self._track(storage)
             if uid is not None:
                 self._roles[uid] = role
@@ -375,6 +396,20 @@ class StorageTracker(Listener, Layer):
         if born in ("forward", "recompute"):
             return "activations"
         return "other"
+
+    def peak_other_breakdown(self) -> dict[str, int]:
+        """The bytes of "other" live at the peak by when they were allocated: "kept" (live
+        when the measured step began), "backward", "optimizer" (they sum to
+        ``peak_breakdown()["other"]``). See [Note: what other holds]."""
+        out = dict.fromkeys(OTHER_PARTS, 0)
+        for uid, nbytes in self._at_peak.items():
+            if self.role(uid) != "other":
+                continue
+            own = self._stand_in_for.get(uid, uid)
+            born = self._born_in.get(own)
+            kept = uid in self._start_bytes or own in self._start_bytes
+            out["kept" if kept or born not in OTHER_PARTS else born] += nbytes
+        return out
 
     def peak_breakdown(self) -> dict[str, int]:
         """Bytes of each category live at the peak (they sum to ``peak_bytes``)."""

@@ -13,7 +13,11 @@ tells every :class:`Listener` that wants the storage:
   when first used), and :meth:`StorageEvents.see` registers one on request;
 * free: a weak reference to the storage reports its death (on whichever thread drops
   the last reference: gloo frees a collective's tensors on its worker thread);
-* resize: ``UntypedStorage.resize_`` is patched;
+* resize: ``UntypedStorage.resize_`` is patched; and a storage an operator resizes
+  itself is seen when the operator returns, its size being checked at every sighting:
+  ``Tensor.set_(storage, offset, size, stride)`` grows a storage too small for ``size``
+  (on CUDA that is a new block of the caching allocator, on the current stream), as
+  does ``Tensor.resize_``;
 * record_stream: ``Tensor.record_stream`` is patched. A listener that stands in for the
   device (the virtual GPU, whose streams a CPU tensor's real ``record_stream`` cannot
   take) says so (``replaces_record_stream``), and the real call is then not made.
@@ -44,7 +48,6 @@ import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 
@@ -71,22 +74,76 @@ class Listener:
         """``sid`` is None for a storage this listener does not follow."""
 
 
-def storages_of(values):
-    """The storages holding the bytes of the tensors in ``values`` (a DTensor's local
-    shard's); leaves that are not tensors, and tensors on the meta device, are skipped.
+# [Note: a tensor's storages]
+# Which storages hold a tensor's bytes on this rank is decided here, once, for every
+# instrument (the storage follower, the storage tracker, the virtual GPU, the cost
+# model, the model-state counts of the rank session):
+#   * a DTensor's bytes are its local shard's (``_local_tensor``), not its global size:
+#     the dispatch modes see a DTensor operator (fully_shard's optimizer step on sharded
+#     parameters) before DTensor maps it onto the shard;
+#   * a tensor on the meta device holds no memory anywhere (DeepSpeed's ZeRO-1/2 keep one
+#     per parameter, ``round_robin_bit16_meta``);
+#   * under fake tensors every storage is a meta storage, so it is the tensor's own device
+#     that tells: a fake tensor's ``fake_device`` (a plain attribute: reading it
+#     dispatches nothing, where ``Tensor.device`` goes through the dispatch modes), a real
+#     tensor's ``device``;
+#   * two tensors share a storage when ``untyped_storage()`` returns the same object
+#     (views; torch keeps one Python object per storage while it lives);
+#   * an operator's tensors are found in its ``(args, kwargs)`` at any depth: an ``out=``
+#     tensor is one it writes (fully_shard's copy-out ``split_with_sizes_copy(..., out=)``
+#     and copy-in ``_chunk_cat(..., out=)``).
 
-    A meta tensor holds no memory anywhere (DeepSpeed's ZeRO-1/2 keep one per parameter,
-    ``round_robin_bit16_meta``). Under fake tensors every storage is a meta storage, so it
-    is the tensor's own device that tells: a fake tensor's ``fake_device`` (a plain
-    attribute: reading it dispatches nothing), a real tensor's ``device``."""
-    for t in tree_flatten(values)[0]:
-        if isinstance(t, torch.Tensor):
-            local = getattr(t, "_local_tensor", None)
-            t = local if local is not None else t
-            fake_device = getattr(t, "fake_device", None)
-            if (fake_device if fake_device is not None else t.device).type == "meta":
-                continue
+
+def tensors_in(obj):
+    """The tensors in an operator's arguments or outputs (tensors, and lists, tuples and
+    dicts of them at any depth: ``(args, kwargs)``), in order: a cheaper walk than
+    pytree's on the hot path."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            if isinstance(item, _CONTAINERS):
+                yield from tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            if isinstance(item, _CONTAINERS):
+                yield from tensors_in(item)
+
+
+_CONTAINERS = (torch.Tensor, list, tuple, dict)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s bytes on this rank: a DTensor's local shard, else ``t``
+    ([Note: a tensor's storages])."""
+    local = getattr(t, "_local_tensor", None)
+    return local if local is not None else t
+
+
+def storages_of(values):
+    """The storages holding the bytes of the tensors in ``values`` (a tensor, or lists,
+    tuples and dicts of them), one per tensor, in order; tensors on the meta device are
+    skipped. See [Note: a tensor's storages]."""
+    for t in tensors_in(values):
+        t = local_tensor(t)
+        fake_device = getattr(t, "fake_device", None)
+        if (fake_device if fake_device is not None else t.device).type != "meta":
             yield t.untyped_storage()
+
+
+def distinct_nbytes(tensors) -> tuple[int, int]:
+    """(bytes of the distinct storages, elements) of ``tensors``, the model states an
+    engine reports (a tensor shares its storage's bytes with its views; 0-d tensors, an
+    optimizer's step counters, are no model state and are left out)."""
+    seen: dict[int, object] = {}  # id -> storage, held so that no id is reused meanwhile
+    numel = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or local_tensor(t).dim() == 0:
+            continue
+        for storage in storages_of(t):
+            numel += local_tensor(t).numel()
+            seen.setdefault(id(storage), storage)
+    return sum(s.nbytes() for s in seen.values()), numel
 
 
 class StorageEvents(TorchDispatchMode):
@@ -116,7 +173,10 @@ class StorageEvents(TorchDispatchMode):
 
     def see(self, storage) -> int:
         """Register ``storage`` (if new) with every listener that wants it and does not
-        follow it yet; return its id."""
+        follow it yet; return its id. A known storage whose size changed since it was last
+        seen (an operator resized it: see [Note: storage lifetime]) is reported as resized
+        to the listeners that follow it."""
+        resized = None
         with self._lock:
             sid = self._sid_of.get(storage)
             if sid is None:
@@ -124,10 +184,18 @@ class StorageEvents(TorchDispatchMode):
                 self._sid_of[storage] = sid
                 ref = weakref.ref(storage, lambda _ref, sid=sid: self._freed(sid))
                 self._live[sid] = (ref, storage.nbytes(), [])
-            _, nbytes, following = self._live[sid]
+            ref, nbytes, following = self._live[sid]
+            now = storage.nbytes()
+            if now != nbytes:
+                resized = (nbytes, list(following))
+                self._live[sid] = (ref, now, following)
+                nbytes = now
             self._last_use[sid] = self.ops
             new = [lst for lst in self.listeners if lst not in following and lst.wants(storage)]
             following.extend(new)
+        if resized is not None:
+            for listener in resized[1]:
+                listener.on_resize(sid, storage, resized[0], nbytes)
         for listener in new:
             listener.on_new(sid, storage, nbytes)
         return sid

@@ -24,47 +24,13 @@ import torch
 
 from zerobench.engines import OptimizerSpec, get_engine
 from zerobench.instruments.memory import StorageTracker
+from zerobench.instruments.storages import distinct_nbytes
 from zerobench.rank.worlds import World
+from zerobench.runs.schema import allocator_columns, state_columns
 from zerobench.spec import data as data_mod
 from zerobench.spec.matrix import Cell
 from zerobench.spec.models import build_for_cell, loss_fn
 from zerobench.spec.workload import Workload
-
-#: Result column -> the caching allocator's statistic (``torch.cuda.memory_stats`` names),
-#: for a GPU's ``torch.cuda`` and the virtual GPU alike. See [Note: allocator peaks] in
-#: zerobench/runs/schema.py.
-ALLOCATOR_COLUMNS = {
-    "peak_allocated_bytes": "allocated_bytes.all.peak",
-    "peak_active_bytes": "active_bytes.all.peak",
-    "peak_reserved_bytes": "reserved_bytes.all.peak",
-    "num_alloc_retries": "num_alloc_retries",
-    "num_ooms": "num_ooms",
-}
-
-
-def allocator_metrics(stats: dict) -> dict:
-    """The caching allocator's figures, as result columns, from ``memory_stats()``."""
-    return {column: stats.get(name, 0) for column, name in ALLOCATOR_COLUMNS.items()}
-
-
-def unique_nbytes(tensors) -> tuple[int, int]:
-    """(bytes of the distinct storages, elements) of tensors, DTensors by their local shard."""
-    seen, nbytes, numel = set(), 0, 0
-    for t in tensors:
-        if t is None or not torch.is_tensor(t):
-            continue
-        local = getattr(t, "_local_tensor", None)
-        t = local if local is not None else t
-        if t.dim() == 0:  # optimizer step counters
-            continue
-        numel += t.numel()
-        s = t.untyped_storage()
-        # A FakeTensor reports its fake device (cpu) but holds a meta storage, with no data pointer.
-        key = (id(s), s.nbytes()) if s.device.type == "meta" else s.data_ptr()
-        if key not in seen:
-            seen.add(key)
-            nbytes += s.nbytes()
-    return nbytes, numel
 
 
 @dataclass
@@ -83,14 +49,14 @@ class Session:
     """One cell on one rank; see [Note: the rank session]."""
 
     def __init__(self, workload: Workload, cell: Cell, world: World):
-        self.w = workload
+        self.workload = workload
         self.cell = cell
         self.world = world
         self.ctx = world.context()
         self.engine_cls = get_engine(cell.engine)
         self.loss = loss_fn(workload.model)
         o = workload.optimizer
-        self.spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
+        self.optimizer_spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
 
     # -- building ---------------------------------------------------------------------
 
@@ -101,11 +67,11 @@ class Session:
         with self.world.building():
             engine = self.engine_cls(self.cell.opts, self.ctx, self.cell.dtype)
             device = None if self.world.backend == "fake" else self.ctx.device
-            model, units = build_for_cell(self.w.model, self.w.seed, device,
+            model, units = build_for_cell(self.workload.model, self.workload.seed, device,
                                           self.cell.opts.get("activation_checkpointing", "none"))
             engine.wrap(model, units)
         self.world.materialize()
-        engine.build_optimizer(self.spec)
+        engine.build_optimizer(self.optimizer_spec)
         return engine
 
     def tracker(self, timeline: bool = True) -> StorageTracker:
@@ -118,7 +84,7 @@ class Session:
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (inputs, targets) at ``step``: its slice of the global batch
         (zerobench/spec/data.py); under fake tensors, tensors of the same shapes."""
-        d, m = self.w.data, self.w.model
+        d, m = self.workload.data, self.workload.model
         if self.world.fake_tensors:
             if getattr(m, "batch", ""):
                 return data_mod.global_batch(m, d.batch_size, d.seed, step)
@@ -154,7 +120,7 @@ class Session:
             if name == "optimizer":  # gradients are complete and not yet zeroed
                 found = engine.gradient_tensors()
                 tracker.note_roles("grads", found)
-                grads = unique_nbytes(found)
+                grads = distinct_nbytes(found)
 
         world = self.world
         if tracker is not None:  # a timed step runs with nothing of the tracker's in it
@@ -174,11 +140,11 @@ class Session:
             params, optim = engine.parameter_tensors(), engine.optimizer_state_tensors()
             tracker.set_phase("after")
             tracker.classify(params=params, optim=optim)
-            for role, (nbytes, numel) in (("params", unique_nbytes(params)), ("grads", grads),
-                                          ("optim", unique_nbytes(optim))):
-                state[f"state_{role}_bytes"], state[f"state_{role}_numel"] = nbytes, numel
+            for role, counts in (("params", distinct_nbytes(params)), ("grads", grads),
+                                 ("optim", distinct_nbytes(optim))):
+                state.update(zip(state_columns(role), counts))
         return StepResult(seconds, loss, state)
 
     def allocator_metrics(self) -> dict:
         """The device's caching-allocator figures as result columns ({} on a CPU)."""
-        return allocator_metrics(self.world.memory_stats()) if self.world.module is not None else {}
+        return allocator_columns(self.world.memory_stats()) if self.world.module is not None else {}

@@ -39,18 +39,19 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing import errors as elastic_errors
 
-from zerobench.instruments.memory import measure_exact_step
+from zerobench.engines.base import ran_note
+from zerobench.instruments.memory import StorageTracker, measure_exact_step
 from zerobench.rank import devices
 from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
 from zerobench.rank.session import Session
-from zerobench.rank.worlds import TorchrunWorld, World
-from zerobench.runs.files import write_atomic, write_json_atomic
-from zerobench.runs.folder import RunFolder, read_json
+from zerobench.rank.worlds import TorchrunWorld
+from zerobench.runs.files import write_atomic
+from zerobench.runs.folder import RunFolder
+from zerobench.runs.schema import peak_columns
 from zerobench.spec.matrix import Cell, expand, find_cell
 from zerobench.spec.models import samples_to_tokens
-from zerobench.spec.workload import Workload, parse_workload
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
 
@@ -93,112 +94,94 @@ def pick_device(requested: str, local_rank: int, local_world: int) -> torch.devi
     return devices.choose(requested, local_rank, local_world).device
 
 
-def load_run(run_dir: Path) -> Workload:
-    """The workload a run folder was made for (its workload.json; errors name the file)."""
-    path = Path(run_dir) / "workload.json"
-    return parse_workload(read_json(path), source=str(path))
-
-
 # --------------------------------------------------------------------------------------
 
 
-class CellRunner:
-    """Runs the passes of one cell on this rank and returns its measurements: a driver
-    of the rank session (zerobench/rank/session.py, [Note: the rank session])."""
+# The passes are functions of the rank session (zerobench/rank/session.py, [Note: the rank
+# session]), which builds and steps the cell's engine for every tool: what is the worker's
+# own is only which passes run, in which order, and what each measures.
 
-    def __init__(self, workload: Workload, cell: Cell, world: World):
-        self.w = workload
-        self.world = world
-        self.session = Session(workload, cell, world)
-        self.ctx = self.session.ctx
 
-    def build(self):
-        return self.session.build()
+def timing_pass(session: Session, engine) -> dict:
+    """Pass 1: warm-up, then the measured steps, each timed on its own."""
+    world, ctx, d = session.world, session.ctx, session.workload.data
+    session.warm_up(engine, d.warmup_steps)
+    engine.extra_metrics()  # discard what warm-up accumulated
+    world.reset_peak_memory_stats()
+    telemetry = _gpu_telemetry(ctx.device)
+    times, losses = [], []
+    world.barrier()
+    with telemetry:
+        for step in range(d.warmup_steps, d.warmup_steps + d.steps):
+            result = session.measured_step(engine, step)
+            times.append(result.seconds)
+            losses.append(float(result.loss))
+    metrics = _time_metrics(times, ctx.world_size * d.batch_size, samples_to_tokens(session.workload.model))
+    metrics.update(engine.extra_metrics())
+    metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
+    metrics.update(session.allocator_metrics())
+    if ctx.device.type == "cuda":
+        metrics.update(_mfu(session.workload, session.cell.dtype, metrics, ctx))
+    metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
+    return {"metrics": metrics, "step_times": times, "losses": losses}
 
-    # -- pass 1: timing -------------------------------------------------------------
 
-    def timing_pass(self, engine) -> dict:
-        d = self.w.data
-        self.session.warm_up(engine, d.warmup_steps)
-        engine.extra_metrics()  # discard what warm-up accumulated
-        self.world.reset_peak_memory_stats()
-        telemetry = _gpu_telemetry(self.ctx.device)
-        times, losses = [], []
-        self.world.barrier()
-        with telemetry:
-            for step in range(d.warmup_steps, d.warmup_steps + d.steps):
-                result = self.session.measured_step(engine, step)
-                times.append(result.seconds)
-                losses.append(float(result.loss))
-        metrics = _time_metrics(times, self.ctx.world_size * d.batch_size, samples_to_tokens(self.w.model))
-        metrics.update(engine.extra_metrics())
-        metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
-        metrics.update(self.session.allocator_metrics())
-        if self.ctx.device.type == "cuda":
-            metrics.update(_mfu(self.w, self.session.cell.dtype, metrics, self.ctx))
-        metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
-        return {"metrics": metrics, "step_times": times, "losses": losses}
+def profile_pass(session: Session, engine, trace_path: Path) -> None:
+    """Pass 2 (``--profile``): a few more steps under torch.profiler, written to ``trace_path``."""
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    # -- pass 2: profiling ----------------------------------------------------------
+    activities = [ProfilerActivity.CPU]
+    if session.ctx.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    d = session.workload.data
+    first = d.warmup_steps + d.steps
+    batches = [session.batch(first + i) for i in range(session.workload.run.profile_steps)]
+    session.world.barrier()
+    # A schedule makes prof.step() label each step ProfilerStep#N (all of them traced).
+    with profile(activities=activities, record_shapes=True,
+                 schedule=schedule(wait=0, warmup=0, active=len(batches), repeat=1)) as prof:
+        for inputs, targets in batches:
+            with record_function("zerobench::step"):
+                engine.train_step(inputs, targets, session.loss)
+                session.world.synchronize()
+            prof.step()  # marks ProfilerStep#N, the step boundaries trace tools (HTA) read
+    _export_trace(prof, trace_path)
 
-    def profile_pass(self, engine, trace_path: Path) -> None:
-        from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-        activities = [ProfilerActivity.CPU]
-        if self.ctx.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
-        first = self.w.data.warmup_steps + self.w.data.steps
-        batches = [self.session.batch(first + i) for i in range(self.w.run.profile_steps)]
-        self.world.barrier()
-        # A schedule makes prof.step() label each step ProfilerStep#N (all of them traced).
-        with profile(activities=activities, record_shapes=True,
-                     schedule=schedule(wait=0, warmup=0, active=len(batches), repeat=1)) as prof:
-            for inputs, targets in batches:
-                with record_function("zerobench::step"):
-                    engine.train_step(inputs, targets, self.session.loss)
-                    self.world.synchronize()
-                prof.step()  # marks ProfilerStep#N, the step boundaries trace tools (HTA) read
-        _export_trace(prof, trace_path)
+def memory_pass(session: Session) -> dict:
+    """Pass 3: a fresh engine under the storage tracker: the peak, its composition and the
+    bytes communicated, and the memory timeline."""
+    world = session.world
+    if session.ctx.device.type == "cuda":  # nothing of the timing pass is counted here
+        torch.cuda.synchronize(session.ctx.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(session.ctx.device)
+    warmup = session.workload.run.memory_warmup_steps
+    with session.tracker() as tracker:
+        engine = session.build()
+        session.warm_up(engine, warmup)
 
-    # -- pass 3: memory and communication --------------------------------------------
+        def step(attempt: int, engine=engine):
+            world.barrier()
+            return session.measured_step(engine, warmup + attempt, tracker)
 
-    def memory_pass(self) -> dict:
-        if self.ctx.device.type == "cuda":  # nothing of the timing pass is counted here
-            torch.cuda.synchronize(self.ctx.device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.ctx.device)
-        warmup = self.w.run.memory_warmup_steps
-        with self.session.tracker() as tracker:
-            engine = self.session.build()
-            self.session.warm_up(engine, warmup)
-
-            def step(attempt: int):
-                self.world.barrier()
-                return self.session.measured_step(engine, warmup + attempt, tracker)
-
-            # the step again until every rank's peak is exact: [Note: frees on other threads]
-            _, steps = measure_exact_step(tracker, step, self.world.all_true)
-            self.world.barrier()
-            steady = _settled_bytes(tracker)
-        breakdown = tracker.peak_breakdown()
-        metrics = {
-            "peak_mem_bytes": tracker.peak_bytes,
-            "peak_mem_params_bytes": breakdown["params"],
-            "peak_mem_grads_bytes": breakdown["grads"],
-            "peak_mem_optim_bytes": breakdown["optim"],
-            "peak_mem_other_bytes": breakdown["unsharded"] + breakdown["activations"] + breakdown["other"],
-            "peak_mem_unsharded_bytes": breakdown["unsharded"],
-            "peak_mem_activations_bytes": breakdown["activations"],
-            "steady_mem_bytes": steady,
-            "memory_steps": steps,
-            **tracker.comm.columns(),
-        }
-        timeline = tracker.timeline()
-        if len(timeline) > TIMELINE_POINTS:
-            timeline = timeline.iloc[:: len(timeline) // TIMELINE_POINTS + 1]
-        del engine
-        gc.collect()
-        return {"metrics": metrics, "timeline": timeline.to_dict(orient="list")}
+        # the step again until every rank's peak is exact: [Note: frees on other threads]
+        _, steps = measure_exact_step(tracker, step, world.all_true)
+        world.barrier()
+        steady = _settled_bytes(tracker)
+    metrics = {
+        **peak_columns(tracker.peak_bytes, tracker.peak_breakdown()),
+        **{f"peak_mem_other_{part}_bytes": n for part, n in tracker.peak_other_breakdown().items()},
+        "steady_mem_bytes": steady,
+        "memory_steps": steps,
+        **tracker.comm.columns(),
+    }
+    timeline = tracker.timeline()
+    if len(timeline) > TIMELINE_POINTS:
+        timeline = timeline.iloc[:: len(timeline) // TIMELINE_POINTS + 1]
+    del engine, step
+    gc.collect()
+    return {"metrics": metrics, "timeline": timeline.to_dict(orient="list"), "phases": tracker.phases()}
 
 
 def _export_trace(prof, trace_path: Path) -> None:
@@ -293,7 +276,8 @@ def _rss_max_bytes() -> int:
 
 def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: int | None = None) -> None:
     env = torchrun_env()
-    workload = load_run(run_dir)
+    folder = RunFolder(run_dir)
+    workload = folder.workload()
     cell = find_cell(workload, cell_id)
     if cell is None:
         cells = ", ".join(c.id for c in expand(workload))
@@ -305,24 +289,28 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         rank = world.rank
         _set_emulation(cell)
         started = time.perf_counter()
-        runner = CellRunner(workload, cell, world)
-        engine = runner.build()
-        record = runner.timing_pass(engine)
+        session = Session(workload, cell, world)
+        engine = session.build()
+        ran = {axis: {"value": value, "why": why} for axis, (value, why) in engine.ran().items()}
+        rank_record = timing_pass(session, engine)
+        if ran:
+            rank_record["ran"] = ran  # See [Note: say what ran] (zerobench/engines/base.py)
         if profile:
-            runner.profile_pass(engine, RunFolder(run_dir).trace_path(cell_id, rank))
+            profile_pass(session, engine, folder.trace_path(cell_id, rank))
         del engine
         gc.collect()
         if workload.run.memory_pass:
-            mem = runner.memory_pass()
-            record["metrics"].update(mem["metrics"])
-            record["timeline"] = mem["timeline"]
-        record["metrics"]["rss_max_bytes"] = _rss_max_bytes()
-        record["rank"] = rank
-        record["pass_wall_s"] = time.perf_counter() - started
-        gathered = world.gather_object(record)
+            mem = memory_pass(session)
+            rank_record["metrics"].update(mem["metrics"])
+            rank_record["timeline"] = mem["timeline"]
+            rank_record["phases"] = mem["phases"]  # where memory_timeline.png marks forward, backward, optimizer
+        rank_record["metrics"]["rss_max_bytes"] = _rss_max_bytes()
+        rank_record["rank"] = rank
+        rank_record["pass_wall_s"] = time.perf_counter() - started
+        gathered = world.gather_object(rank_record)
         if rank == 0 and harness_alive(harness):  # an orphan's record is no result: see watch_harness
             diverged = divergence(gathered)
-            record = {
+            cell_record = {
                 "cell_id": cell_id,
                 "status": "failed" if diverged else "ok",
                 "error": diverged,
@@ -333,10 +321,15 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
                 "ranks": gathered,
             }
             if harness is not None:  # accepted by the harness, which adds cell_wall_s, or rerun by --resume
-                record["harness_pid"] = harness
-            if cell.note:
-                record["note"] = cell.note  # what the engine ignored here (Engine.notes)
-            write_json_atomic(run_dir / "cells" / f"{cell_id}.json", record)
+                cell_record["harness_pid"] = harness
+            ran = gathered[0].get("ran") or {}
+            if ran:
+                cell_record["ran"] = ran
+            # what the engine ignored here (Engine.notes), and what it ran instead (Engine.ran)
+            note = "; ".join(filter(None, (cell.note, ran_note(ran))))
+            if note:
+                cell_record["note"] = note
+            folder.write_cell(cell_record)
 
 
 def divergence(ranks: list[dict]) -> str | None:
@@ -357,7 +350,7 @@ def _set_emulation(cell: Cell) -> None:
         emulation.install(link)
 
 
-@record  # under torchrun: the error goes to its error file, which its failure summary names
+@elastic_errors.record  # under torchrun: the error goes to its error file, which its failure summary names
 def _run_cell_recorded(args: argparse.Namespace, harness: int | None) -> None:
     run_cell(args.run_dir, args.cell, args.profile, args.device, harness)
 

@@ -146,7 +146,7 @@ class JoinedWorld(World):
         pass
 
 
-#: Backends whose own buffers a fake world can model (``FakeWorld(backend=...)``).
+#: Backends whose own buffers a fake world can model (``FakeWorld(buffers_of=...)``).
 BACKENDS = ("nccl", "gloo")
 
 
@@ -155,21 +155,23 @@ class FakeWorld(World):
 
     ``fake_tensors``: build and run on FakeTensors. ``gpu``: a virtual GPU to run on
     (a :class:`zerobench.instruments.vgpu.VirtualGpu`, installed while the world is).
-    ``backend``: whose own buffers to model besides the engine's tensors: ``nccl`` (the
-    default) none, as the fake group allocates nothing; ``gloo`` also the buffer gloo's
-    reduce-scatter holds (``GlooReduceScatterBuffers``, zerobench/instruments/gloo.py)."""
+    ``buffers_of``: the real backend whose own buffers to model besides the engine's
+    tensors: ``nccl`` (the default) none, as the fake group allocates nothing; ``gloo``
+    also the buffer gloo's reduce-scatter holds (``GlooReduceScatterBuffers``,
+    zerobench/instruments/gloo.py). The world's own :attr:`backend` is the process
+    group's: "fake"."""
 
     backend = "fake"
 
-    def __init__(self, size: int, rank: int = 0, *, fake_tensors: bool = False, gpu=None, backend: str = "nccl"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+    def __init__(self, size: int, rank: int = 0, *, fake_tensors: bool = False, gpu=None, buffers_of: str = "nccl"):
+        if buffers_of not in BACKENDS:
+            raise ValueError(f"buffers_of: {buffers_of!r} is not allowed (allowed: {', '.join(BACKENDS)})")
         self.size, self.rank, self.local_rank = size, rank, rank
         self.device = torch.device("cpu")  # the virtual GPU's tensors are CPU tensors too
         self.fake_tensors = fake_tensors
         self.gpu = gpu
         self.module = gpu
-        self.modelled_backend = backend
+        self.buffers_of = buffers_of  # whose buffers GlooReduceScatterBuffers and the like model
         self._stack: contextlib.ExitStack | None = None
 
     def clock(self) -> float:
@@ -202,7 +204,7 @@ class FakeWorld(World):
             if self.fake_tensors:
                 stack.enter_context(fake_tensor_mode())
                 stack.enter_context(single_rank_ddp())
-            if self.modelled_backend == "gloo":
+            if self.buffers_of == "gloo":
                 stack.enter_context(collectives.intercepted(GlooReduceScatterBuffers()))
             if self.gpu is not None:
                 stack.enter_context(self.gpu)

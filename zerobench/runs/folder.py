@@ -1,6 +1,23 @@
 """One run folder ``results/<run-id>/``: where each file lives, how it is read back with
 the right types, and how it is updated atomically. Every reader and writer of a run
-folder goes through :class:`RunFolder` (layout: :mod:`zerobench.runs.schema`).
+folder goes through :class:`RunFolder`, the one piece of code that knows its layout
+(the columns of its tables are :mod:`zerobench.runs.schema`'s)::
+
+    workload.json        the fully resolved workload the run used (what the ranks read)
+    meta.json            workload, git commit, torch version, backend, machine, date, command line
+    reference.json       world size -> the single-process reference losses
+    cells/<cell>.json    one file per cell: status, config, per-rank metrics, per-step series
+    results.csv          the tidy table: one row per cell x rank (built from cells/)
+    steps.csv            one row per cell x rank x measured step: step time and loss
+    logs/<cell>.rank<r>.log          each rank's output
+    traces/<cell>/rank<r>.json.gz    ``--profile``: each rank's trace
+    analysis/*.csv       ``zerobench analyze``: the traces' summary, steps, collectives
+    schedules/<cell>.json            ``zerobench simulate``: the schedule read off the traces
+    simulate/<setting>/  ``zerobench simulate``: the re-timed tables and plots of one setting
+    plots/*.png
+
+Every file is written atomically (temporary file + rename, zerobench/runs/files.py), so a
+killed run leaves only whole files behind and ``--resume`` can trust what it finds.
 
 [Note: readers have no side effects]
 Reading a run folder (``zerobench show``, ``plot``, ``compare``, :meth:`RunFolder.results`)
@@ -20,13 +37,17 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from zerobench.runs.files import write_csv_atomic
 from zerobench.instruments.link import link_from_config
+from zerobench.runs.files import write_csv_atomic, write_json_atomic
+from zerobench.runs.kinds import WORKLOAD_FILE, workload_name
 from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+
+if TYPE_CHECKING:  # parsed on demand: readers of the tables need no workload
+    from zerobench.spec.workload import Workload
 
 #: traces/<cell_id>/rank<r>.json.gz: one folder per cell, so that trace tools which read a
 #: folder as one job (Holistic Trace Analysis) never mix cells.
@@ -100,7 +121,7 @@ class RunFolder:
 
     @property
     def workload_path(self) -> Path:
-        return self.root / "workload.json"
+        return self.root / WORKLOAD_FILE
 
     @property
     def cells_dir(self) -> Path:
@@ -130,11 +151,37 @@ class RunFolder:
     def plots_dir(self) -> Path:
         return self.root / "plots"
 
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def schedules_dir(self) -> Path:
+        return self.root / "schedules"
+
+    def simulate_dir(self, setting: str) -> Path:
+        """``simulate/<setting>/``: one simulation's outputs (``cross`` for the cross-validation)."""
+        return self.root / "simulate" / setting
+
     def cell_path(self, cell_id: str) -> Path:
         return self.cells_dir / f"{cell_id}.json"
 
     def trace_path(self, cell_id: str, rank: int) -> Path:
         return self.traces_dir / cell_id / f"rank{rank}.json.gz"
+
+    def log_path(self, cell_id: str, rank: int) -> Path:
+        return self.logs_dir / f"{cell_id}.rank{rank}.log"
+
+    def schedule_path(self, cell_id: str) -> Path:
+        return self.schedules_dir / f"{cell_id}.json"
+
+    def analysis_path(self, table: str) -> Path:
+        """``analysis/<table>.csv``: summary, steps, collectives, inflight."""
+        return self.analysis_dir / f"{table}.csv"
+
+    def plot_path(self, name: str) -> Path:
+        """``plots/<name>``: a figure of the run (its format from the suffix)."""
+        return self.plots_dir / name
 
     # -- reading ----------------------------------------------------------------------
 
@@ -146,6 +193,18 @@ class RunFolder:
         if not isinstance(meta, dict):
             raise DamagedFile(f"{self.meta_path}: damaged (expected a JSON object)")
         return meta
+
+    def workload(self) -> Workload:
+        """The workload the run was made for (workload.json, validated; WorkloadError or
+        DamagedFile naming the file). Parsing imports nothing the workload names."""
+        from zerobench.spec.workload import parse_workload
+
+        return parse_workload(read_json(self.workload_path), source=str(self.workload_path))
+
+    def workload_name(self) -> str:
+        """The name of the workload, read without validating the rest of workload.json
+        (the folder's own name when the file is missing or damaged)."""
+        return workload_name(self.root)
 
     def matrix_order(self) -> dict[str, int]:
         """cell_id -> position in the matrix, from meta.json (tables and plots follow it;
@@ -269,6 +328,32 @@ class RunFolder:
         return [r["cell_id"] for r in self.cell_records()
                 if r.get("status") == "ok" and r.get("ranks") and "loss_max_abs_diff_ref" not in r]
 
+    # -- writing ------------------------------------------------------------------------
+
+    def write_workload(self, workload: Workload) -> None:
+        """workload.json: the resolved workload (a ``Workload``), which the ranks read."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.workload_path, workload.to_dict())
+
+    def write_meta(self, meta: dict) -> None:
+        write_json_atomic(self.meta_path, meta)
+
+    def write_references(self, references: dict[int, list[float]]) -> None:
+        """reference.json: world size -> the single-process reference losses."""
+        write_json_atomic(self.reference_path, {str(k): v for k, v in sorted(references.items())})
+
+    def write_cell(self, record: dict) -> None:
+        """cells/<cell>.json: one cell's record (its ``cell_id`` names the file)."""
+        write_json_atomic(self.cell_path(record["cell_id"]), record)
+
+    def discard_cell(self, cell_id: str) -> None:
+        """Remove a cell's record, so that a stale one never passes for a new attempt's."""
+        self.cell_path(cell_id).unlink(missing_ok=True)
+
+    def has_cells(self) -> bool:
+        """Whether any cell record has been written."""
+        return any(self.cells_dir.glob("*.json"))
+
     # -- building and updating ----------------------------------------------------------
 
     def tables_stale(self) -> bool:
@@ -332,7 +417,7 @@ class RunFolder:
         metrics = [c for c in metric_names if c in results.columns]
         rest = [c for c in results.columns if c not in leading and c not in metrics]
         results = results[leading + rest + metrics] if len(results) else results
-        analysis = self.analysis_dir / "summary.csv"
+        analysis = self.analysis_path("summary")
         if analysis.exists() and len(results):  # columns added by `zerobench analyze` survive rebuilds
             results = merge_columns(results, pd.read_csv(analysis, dtype={"cell_id": "string"}))
         steps = pd.DataFrame(step_rows, columns=["cell_id", "rank", "step", "step_time_s", "loss"])

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: The resolved workload a results folder of any kind was made from.
+WORKLOAD_FILE = "workload.json"
+
 #: kind -> the files that mark it, looked for in this order (a run that also holds an
 #: estimate.csv, as a curated one may, is a run).
 FOLDER_KINDS: dict[str, tuple[str, ...]] = {
@@ -45,6 +48,6 @@ def workload_name(folder: Path) -> str:
     """The name of the workload a results folder was made from (its workload.json), else
     the folder's own name."""
     try:
-        return json.loads((Path(folder) / "workload.json").read_text())["name"]
+        return json.loads((Path(folder) / WORKLOAD_FILE).read_text())["name"]
     except (OSError, ValueError, KeyError, TypeError):
         return Path(folder).name

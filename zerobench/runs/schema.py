@@ -1,16 +1,5 @@
 """The results table: its columns, what each means, and how each should be compared.
-
-One run is one folder ``results/<run-id>/``::
-
-    meta.json        workload, git commit, torch version, backend, machine, date, command line
-    workload.toml    the fully resolved workload the run used
-    cells/<cell>.json   one file per cell: status, config, per-rank metrics, per-step series
-    results.csv      the tidy table: one row per cell x rank (built from cells/)
-    steps.csv        one row per cell x rank x measured step: step time and loss
-    plots/*.png
-
-Every file is written atomically (temporary file + rename), so a killed run leaves
-only whole files behind and ``--resume`` can trust what it finds.
+(Where a run folder keeps its files is zerobench/runs/folder.py's ``RunFolder``.)
 
 This module is the single place that names the columns, for every tool: a run's
 ``results.csv``, ``estimate.csv``, ``predict.csv`` and simulate's tables. One quantity has
@@ -72,6 +61,10 @@ CORE_METRICS: tuple[Metric, ...] = (
     Metric("peak_mem_other_bytes", "B", "everything else live at the peak: activations, unsharded parameters, comm buffers", "deterministic"),
     Metric("peak_mem_unsharded_bytes", "B", "all-gather outputs (unsharded parameters) live at the peak (part of other)", "deterministic"),
     Metric("peak_mem_activations_bytes", "B", "storages allocated in forward and live at the peak (part of other)", "deterministic"),
+    *(Metric(f"peak_mem_other_{part}_bytes", "B", f"storages of no role live at the peak, {what} (part of other; "
+             "[Note: what other holds] in zerobench/instruments/memory.py)", "deterministic")
+      for part, what in (("kept", "live when the measured step began"), ("backward", "allocated in backward"),
+                         ("optimizer", "allocated in the optimizer step"))),
     Metric("steady_mem_bytes", "B", "live tensor bytes between steps (after zero_grad)", "deterministic"),
     Metric("memory_steps", "", "steps the memory pass measured until every rank's peak was exact (more than "
            "MEMORY_PASS_ATTEMPTS: none was, the peak is an upper bound; [Note: frees on other threads] in "
@@ -127,6 +120,53 @@ CORE_METRICS: tuple[Metric, ...] = (
 # memory those units occupy is not reusable. limit_all_gathers bounds exactly that
 # figure -- unsharded buffers freed but not yet passed by compute -- so its effect
 # shows in active, not in allocated (scripts/gpu-check's limiter step reads active too).
+
+#: Result column -> the caching allocator's statistic (``torch.cuda.memory_stats`` names),
+#: for a GPU's ``torch.cuda`` and the virtual GPU alike ([Note: allocator peaks]).
+ALLOCATOR_COLUMNS = {
+    "peak_allocated_bytes": "allocated_bytes.all.peak",
+    "peak_active_bytes": "active_bytes.all.peak",
+    "peak_reserved_bytes": "reserved_bytes.all.peak",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+}
+
+
+def allocator_columns(stats: dict) -> dict:
+    """The caching allocator's figures, as result columns, from its ``memory_stats()``."""
+    return {column: stats.get(name, 0) for column, name in ALLOCATOR_COLUMNS.items()}
+
+
+#: The storage tracker's roles at the peak (zerobench/instruments/memory.py, [Note: telling
+#: storages apart]) -> the column of their bytes. ``peak_mem_other_bytes`` is everything
+#: but the model states: the unsharded parameters, the activations and the rest.
+PEAK_ROLE_COLUMNS = {
+    "params": "peak_mem_params_bytes",
+    "grads": "peak_mem_grads_bytes",
+    "optim": "peak_mem_optim_bytes",
+    "unsharded": "peak_mem_unsharded_bytes",
+    "activations": "peak_mem_activations_bytes",
+}
+
+
+def peak_columns(peak_bytes: int, breakdown: dict[str, int]) -> dict[str, int]:
+    """``peak_mem_bytes`` and its composition, as result columns, from the storage tracker's
+    peak and its bytes by role (``StorageTracker.peak_breakdown``): the same columns for a
+    run's memory pass and an estimate."""
+    states = ("params", "grads", "optim")
+    return {"peak_mem_bytes": peak_bytes,
+            **{PEAK_ROLE_COLUMNS[role]: breakdown[role] for role in states},
+            "peak_mem_other_bytes": sum(n for role, n in breakdown.items() if role not in states),
+            **{column: breakdown[role] for role, column in PEAK_ROLE_COLUMNS.items() if role not in states}}
+
+
+#: The model states an engine holds, counted by the rank session at the measured step.
+STATE_ROLES = ("params", "grads", "optim")
+
+
+def state_columns(role: str) -> tuple[str, str]:
+    """(bytes column, elements column) of a model state (``state_params_bytes``, ...)."""
+    return f"state_{role}_bytes", f"state_{role}_numel"
 
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 
@@ -200,10 +240,10 @@ WHATIF_METRICS: tuple[Metric, ...] = (
            "time", "higher"),
     Metric("outside_allocator_bytes", "B", "predict: device memory outside the caching allocator (the CUDA context "
            "and each NCCL communicator the engine made)", "deterministic"),
-    Metric("capacity_bytes", "B", "predict: what the caching allocator may reserve: the card less "
+    Metric("capacity_bytes", "B", "predict, estimate --gpu: what the caching allocator may reserve: the card less "
            "outside_allocator_bytes", "deterministic", "higher"),
-    *(Metric(f"state_{role}_{unit}", u, f"estimate: {role} the engine holds on the rank, distinct storages",
-             "deterministic") for role in ("params", "grads", "optim") for unit, u in (("bytes", "B"), ("numel", ""))),
+    *(Metric(column, unit, f"estimate: {role} the engine holds on the rank, distinct storages", "deterministic")
+      for role in STATE_ROLES for column, unit in zip(state_columns(role), ("B", ""))),
     Metric("estimate_wall_s", "s", "estimate: wall time of the rank's session", "context", "none"),
     Metric("predict_wall_s", "s", "predict: wall time of the rank's session", "context", "none"),
 )

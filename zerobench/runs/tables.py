@@ -8,7 +8,6 @@ import pandas as pd
 
 from zerobench.runs.folder import RunFolder
 
-
 REFERENCE_ENGINE = "ddp"  # every table and plot reads the others beside plain data parallelism
 
 

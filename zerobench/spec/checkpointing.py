@@ -25,20 +25,23 @@ import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from zerobench.choices import did_you_mean
 from zerobench.instruments.memory import marking_recompute, recomputing  # noqa: F401 (recomputing: re-exported)
 
 MODES = ("none", "full", "every:K", "ops")
 
 
-def parse_mode(value) -> tuple[str, int]:
-    """("none" | "full" | "every" | "ops", K); ValueError naming the axis and what it allows."""
+def parse_mode(value, name: str = "activation_checkpointing") -> tuple[str, int]:
+    """("none" | "full" | "every" | "ops", K); ValueError naming the axis (``name``) and
+    what it allows."""
     if isinstance(value, str):
         if value in ("none", "full", "ops"):
             return value, 1
         head, _, k = value.partition(":")
         if head == "every" and k.isdigit() and int(k) >= 1:
             return "every", int(k)
-    raise ValueError(f"activation_checkpointing: {value!r} is not allowed "
+    hint = did_you_mean(value, ("none", "full", "ops", "every:K")) if isinstance(value, str) else ""
+    raise ValueError(f"{name}: {value!r} is not allowed{hint} "
                      f"(allowed: 'none', 'full', 'every:K' with an int K >= 1, 'ops')")
 
 

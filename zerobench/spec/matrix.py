@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerobench.choices import not_allowed, unknown_key
 from zerobench.engines import ENGINES, get_engine
 from zerobench.engines.base import Axis
 from zerobench.instruments.link import PRESETS
@@ -40,7 +41,7 @@ class CheckpointingAxis(Axis):
     def check(self, name: str, value: Any) -> Any:
         from zerobench.spec.checkpointing import parse_mode
 
-        parse_mode(value)  # ValueError naming the axis and what it allows
+        parse_mode(value, name)  # ValueError naming the axis and what it allows
         return value
 
 
@@ -114,11 +115,29 @@ def _pin_inapplicable(axes: dict[str, Axis], values: list[tuple[str, Any]]) -> l
 
 
 def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
-    """The cells of the workload's matrix, in a stable order, unsupported ones marked."""
-    matrix = workload.matrix
-    for engine in matrix["engine"]:
+    """The cells of the workload's matrix, in a stable order, unsupported ones marked.
+    WorkloadError, naming the workload's file, for an engine, axis or value that none allows."""
+    try:
+        return _expand(workload, device_type)
+    except WorkloadError as err:
+        raise WorkloadError(_in_file(workload, str(err))) from None
+
+
+def _in_file(workload: Workload, message: str) -> str:
+    """``message`` prefixed with the workload's file and overrides, as parse_workload's errors are."""
+    label = workload.label
+    return message if message.startswith(f"{label}: ") else f"{label}: {message}"
+
+
+def _check_engines(workload: Workload) -> None:
+    for engine in workload.matrix["engine"]:
         if engine not in ENGINES:
-            raise WorkloadError(f"matrix.engine: {engine!r} is not allowed (allowed: {', '.join(map(repr, ENGINES))})")
+            raise WorkloadError(_in_file(workload, not_allowed("matrix.engine", engine, ENGINES)))
+
+
+def _expand(workload: Workload, device_type: str) -> list[Cell]:
+    matrix = workload.matrix
+    _check_engines(workload)
     axes_by_engine = {e: engine_axes(e) for e in matrix["engine"]}
 
     # Every extra axis must belong to some engine (an axis of none is a typo); one that no
@@ -137,6 +156,9 @@ def expand(workload: Workload, device_type: str = "cpu") -> list[Cell]:
                 except ValueError as err:
                     errors.append(str(err))
             if len(errors) == len(owners):
+                choices = [c for e in owners for c in (axes_by_engine[e][axis].choices or ())]
+                if choices:  # a typo of one of them: say which
+                    raise WorkloadError(not_allowed(f"matrix.{axis}", value, dict.fromkeys(choices)))
                 raise WorkloadError(errors[0])
 
     cells: list[Cell] = []
@@ -182,17 +204,19 @@ def _owners(axis: str, engines) -> list[str]:
 
 def dropped_axes(workload: Workload) -> list[str]:
     """The matrix's axes that no engine of its matrix.engine has, but some other engine
-    does ([Note: narrowing the engines]); WorkloadError for an axis of no engine at all."""
+    does ([Note: narrowing the engines]); WorkloadError for an unknown engine or an axis of
+    no engine at all (checked first: no note is printed about a matrix that is refused)."""
     matrix = workload.matrix
-    chosen = [e for e in matrix["engine"] if e in ENGINES]
+    _check_engines(workload)
+    chosen = list(matrix["engine"])
     out = []
     for axis in matrix:
         if axis in COMMON_AXES or _owners(axis, chosen):
             continue
         if not _owners(axis, ENGINES):
-            known = sorted({a for e in ENGINES for a in engine_axes(e)})
-            raise WorkloadError(f"matrix.{axis}: no engine has this axis (allowed: engine, world_size, dtype, "
-                                f"{', '.join(known)}; `zerobench engines` lists each engine's)")
+            known = sorted({*COMMON_AXES, *(a for e in ENGINES for a in engine_axes(e))})
+            raise WorkloadError(_in_file(workload, unknown_key(f"matrix.{axis}", known, "matrix",
+                                                               note="`zerobench engines` lists each engine's axes")))
         out.append(axis)
     return out
 

@@ -11,15 +11,29 @@ import torch
 from zerobench.spec.data import global_batch
 from zerobench.spec.models import loss_fn
 from zerobench.spec.user_models import build_factory_model, units_by_class
-from zerobench.spec.workload import FactoryConfig
+from zerobench.spec.workload import FactoryConfig, HFConfig, WorkloadError
 
 
-def check_user_model(cfg, batch_size: int = 2, seed: int = 0) -> None:
+def check_user_model(cfg, batch_size: int = 2, seed: int = 0, label: str = "") -> None:
     """Run what the workload names of the user's code once, before anything is written:
     the factory on the meta device (no memory), the batch function on ``batch_size``
     samples (at most 8: its types are checked, not its size), and the loss on the meta model's output when the model runs on meta tensors.
-    WorkloadError naming the key (model.factory, model.batch, model.loss) and the user's
-    own exception. Builtin models pass untouched."""
+    WorkloadError naming ``label`` (the workload's file), the key (model.factory, model.batch,
+    model.loss, model.wrap) and the user's own exception. A Hugging Face model's ``wrap``
+    classes are looked for in the model built on the meta device; builtin models pass untouched."""
+    try:
+        _check(cfg, batch_size, seed)
+    except WorkloadError as err:
+        raise WorkloadError(f"{label}: {err}" if label else str(err)) from None
+
+
+def _check(cfg, batch_size: int, seed: int) -> None:
+    if isinstance(cfg, HFConfig) and cfg.wrap:
+        from zerobench.spec.user_models import build_hf_model
+
+        with torch.device("meta"):
+            units_by_class(build_hf_model(cfg), tuple(cfg.wrap))
+        return
     if not isinstance(cfg, FactoryConfig):
         return
     with torch.device("meta"):

@@ -24,6 +24,7 @@ import sys
 import torch
 import torch.nn as nn
 
+from zerobench.choices import not_allowed
 from zerobench.spec.workload import FactoryConfig, HFConfig, WorkloadError
 
 
@@ -105,8 +106,7 @@ def units_by_class(model: nn.Module, class_names: tuple[str, ...], key: str = "m
     missing = [name for name in class_names if name not in present]
     if missing:
         classes = sorted({type(m).__name__ for m in model.modules()})
-        raise WorkloadError(f"{key}: no module of class {missing[0]!r} in the model "
-                            f"(its module classes: {', '.join(classes)})")
+        raise WorkloadError(not_allowed(key, missing[0], classes, what="is the class of no module of the model"))
     return units
 
 

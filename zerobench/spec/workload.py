@@ -17,7 +17,9 @@ import tomllib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Sequence, Union
+
+from zerobench.choices import did_you_mean, not_allowed, unknown_key
 
 __all__ = ["WorkloadError", "Workload", "load_workload", "parse_workload"]
 
@@ -26,20 +28,82 @@ class WorkloadError(ValueError):
     """A workload file is invalid; the message names the field and the allowed values."""
 
 
+# [Note: a field's range]
+# Each numeric field declares the values it allows beside its type, once:
+# ``steps: Annotated[int, Range(1)] = 10``. Loading checks the type, then the range
+# (:func:`_coerce`), and the error names the field and the range in words ("int >= 1", "a
+# finite float > 0"). A float is always finite: nothing here means anything at inf or NaN.
+# tests/test_bad_input.py reads the same declarations to try, for every field, a value of
+# the wrong type and one out of its range; a new numeric field without a Range fails there.
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field allows: ``low <= value`` (``low < value`` when
+    ``low_open``), ``value <= high`` (``value < high`` when ``high_open``)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def allows(self, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self, typ: type) -> str:
+        """The range in words: "int >= 1", "int from 1 to 2**63 - 1", "a finite float > 0"."""
+        kind = "a finite float" if typ is float else typ.__name__
+        if self.low is not None and self.high is not None:
+            if not (self.low_open or self.high_open):
+                return f"{kind} from {_number(self.low)} to {_number(self.high)}"
+            return f"{kind} in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}" \
+                   f"{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{kind} {'>' if self.low_open else '>='} {_number(self.low)}"
+        if self.high is not None:
+            return f"{kind} {'<' if self.high_open else '<='} {_number(self.high)}"
+        return kind
+
+
+def _number(value) -> str:
+    return {2**63 - 1: "2**63 - 1", 2**32 - 1: "2**32 - 1"}.get(value, f"{value:g}" if isinstance(value, float) else
+                                                                 str(value))
+
+
+#: Largest size accepted: torch holds sizes as int64, and a larger one fails inside its C++
+#: code. Sizes below it that no machine can hold are the preflight's to refuse, naming the
+#: bytes (zerobench/harness/preflight.py).
+MAX_DIMENSION = 2**63 - 1
+#: A size of a model or a batch: [Note: a field's range].
+Size = Annotated[int, Range(1, MAX_DIMENSION)]
+#: A seed of torch's generators, as numpy's are bounded: 0 to 2**32 - 1.
+Seed = Annotated[int, Range(0, 2**32 - 1)]
+Count = Annotated[int, Range(1)]
+"""A number of steps, threads, ... (>= 1)."""
+NonNegative = Annotated[int, Range(0)]
+PositiveFloat = Annotated[float, Range(0, low_open=True)]
+NonNegativeFloat = Annotated[float, Range(0)]
+SeqLen = Annotated[int, Range(2, MAX_DIMENSION)]
+"""Tokens per sample: a next-token target needs two."""
+
+
 @dataclass(frozen=True)
 class MLPConfig:
     """A stack of ``depth`` blocks Linear(width, width) + ReLU, trained to regress
     random targets with MSE. Each block is one sharding unit."""
 
     kind: Literal["mlp"] = "mlp"
-    depth: int = 4
+    depth: Size = 4
     """Number of blocks (>= 1)."""
-    width: int = 256
+    width: Size = 256
     """Hidden size (>= 1)."""
 
     def check(self) -> None:
-        _dimension("model.depth", self.depth)
-        _dimension("model.width", self.width)
+        """Nothing beyond each field's type and range ([Note: a field's range])."""
 
 
 @dataclass(frozen=True)
@@ -48,15 +112,15 @@ class GPTConfig:
     trained on next-token prediction over random tokens. Each block is one sharding unit."""
 
     kind: Literal["gpt"] = "gpt"
-    layers: int = 2
+    layers: Size = 2
     """Number of transformer blocks (>= 1)."""
-    d_model: int = 128
+    d_model: Size = 128
     """Embedding width; must be divisible by ``heads``."""
-    heads: int = 4
-    seq_len: int = 64
+    heads: Size = 4
+    seq_len: SeqLen = 64
     """Tokens per sample (>= 2)."""
-    vocab: int = 512
-    mlp_ratio: int = 4
+    vocab: Size = 512
+    mlp_ratio: Size = 4
     """Hidden width of each block's MLP as a multiple of d_model."""
     loss_dtype: Literal["model", "fp32"] = "model"
     """dtype of the cross-entropy: ``"model"``, the logits' own (bf16 under bf16 compute);
@@ -64,10 +128,6 @@ class GPTConfig:
 
     def check(self) -> None:
         _check_loss_dtype(self.loss_dtype)
-        if self.seq_len < 2:
-            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
-        for name in ("layers", "d_model", "heads", "vocab", "mlp_ratio", "seq_len"):
-            _dimension(f"model.{name}", getattr(self, name))
         if self.d_model % self.heads:
             raise WorkloadError(
                 f"model.heads: {self.heads} does not divide model.d_model={self.d_model} "
@@ -98,21 +158,21 @@ class LlamaConfig:
     kind: Literal["llama"] = "llama"
     preset: str = ""
     """A published shape (see ``LLAMA_PRESETS``) that fills every key not given explicitly."""
-    layers: int = 2
-    d_model: int = 128
+    layers: Size = 2
+    d_model: Size = 128
     """Embedding width; must be divisible by ``heads``."""
-    heads: int = 4
+    heads: Size = 4
     """Query heads."""
-    kv_heads: int = 2
+    kv_heads: Size = 2
     """Key/value heads (grouped-query attention); must divide ``heads``. ``heads`` is plain multi-head."""
-    ffn_hidden: int = 352
+    ffn_hidden: Size = 352
     """Hidden width of the SwiGLU feed-forward (its gate and up projections)."""
-    vocab: int = 512
-    seq_len: int = 64
+    vocab: Size = 512
+    seq_len: SeqLen = 64
     """Tokens per sample (>= 2)."""
-    rope_theta: float = 10000.0
+    rope_theta: PositiveFloat = 10000.0
     """Base of the rotary position embedding's frequencies."""
-    norm_eps: float = 1e-5
+    norm_eps: PositiveFloat = 1e-5
     """RMSNorm's epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding's weight with the output head."""
@@ -122,10 +182,6 @@ class LlamaConfig:
 
     def check(self) -> None:
         _check_loss_dtype(self.loss_dtype)
-        if self.seq_len < 2:
-            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
-        for name in ("layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
-            _dimension(f"model.{name}", getattr(self, name))
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise WorkloadError(
                 f"model.heads: {self.heads} does not divide model.d_model={self.d_model} into heads of even width "
@@ -134,10 +190,6 @@ class LlamaConfig:
         if self.heads % self.kv_heads:
             raise WorkloadError(f"model.kv_heads: {self.kv_heads} does not divide model.heads={self.heads} "
                                 f"(allowed: a divisor of heads, e.g. {_divisors(self.heads)})")
-        if not self.rope_theta > 0:
-            raise WorkloadError(f"model.rope_theta: {self.rope_theta} is not allowed (allowed: float > 0)")
-        if not self.norm_eps > 0:
-            raise WorkloadError(f"model.norm_eps: {self.norm_eps} is not allowed (allowed: float > 0)")
 
 
 LOSS_DTYPES = ("model", "fp32")
@@ -145,7 +197,7 @@ LOSS_DTYPES = ("model", "fp32")
 
 def _check_loss_dtype(value) -> None:
     if value not in LOSS_DTYPES:
-        raise WorkloadError(f"model.loss_dtype: {value!r} is not allowed (allowed: {', '.join(map(repr, LOSS_DTYPES))})")
+        raise WorkloadError(not_allowed("model.loss_dtype", value, LOSS_DTYPES))
 
 
 #: Keys of ``[model]`` that a user model (``factory``) does not receive as keyword arguments.
@@ -215,7 +267,7 @@ class HFConfig:
     kind: Literal["hf"] = "hf"
     config: str = ""
     """Path to a config.json, relative to the workload file."""
-    seq_len: int = 64
+    seq_len: SeqLen = 64
     """Tokens per sample (>= 2); the vocabulary is the config's ``vocab_size``."""
     wrap: tuple[str, ...] = ()
     """Class names of the sharding units; empty: the model's ``_no_split_modules``."""
@@ -223,8 +275,6 @@ class HFConfig:
     def check(self) -> None:
         if not self.config:
             raise WorkloadError("model.config: missing (allowed: a path to a Hugging Face config.json)")
-        if self.seq_len < 2:
-            raise WorkloadError(f"model.seq_len: {self.seq_len} is not allowed (allowed: int >= 2)")
         self.read()
 
     def read(self) -> dict[str, Any]:
@@ -234,7 +284,8 @@ class HFConfig:
         try:
             out = json.loads(Path(self.config).read_text())
         except OSError as err:
-            raise WorkloadError(f"model.config: cannot read {self.config}: {err.strerror}") from None
+            raise WorkloadError(f"model.config: cannot read {self.config}: {err.strerror} (allowed: a Hugging Face "
+                                f"config.json, its path relative to the workload file)") from None
         except json.JSONDecodeError as err:
             raise WorkloadError(f"model.config: {self.config} is not valid JSON: {err}") from None
         if not isinstance(out, dict) or not isinstance(out.get("vocab_size"), int):
@@ -256,13 +307,14 @@ class DataConfig:
     """Synthetic batches, generated from ``seed`` as one global batch per step that
     each rank slices, so every world size trains on the same data."""
 
-    batch_size: int = 8
+    batch_size: Size = 8
     """Samples per rank per step (>= 1); the global batch is batch_size * world_size."""
-    warmup_steps: int = 2
+    warmup_steps: NonNegative = 2
     """Steps run before measuring (>= 0); excluded from timings."""
-    steps: int = 10
+    steps: Count = 10
     """Measured steps (>= 1)."""
-    seed: int = 0
+    seed: Seed = 0
+    """Seed of the synthetic batches."""
 
 
 @dataclass(frozen=True)
@@ -270,13 +322,13 @@ class OptimizerConfig:
     """The optimizer every engine builds (as torch.optim classes name their arguments)."""
 
     kind: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.0
+    betas: tuple[Annotated[float, Range(0, 1, high_open=True)], ...] = (0.9, 0.999)
+    """adam/adamw only: two floats in [0, 1)."""
+    eps: NonNegativeFloat = 1e-8
     """adam/adamw only."""
-    eps: float = 1e-8
-    """adam/adamw only."""
-    momentum: float = 0.0
+    momentum: NonNegativeFloat = 0.0
     """sgd only."""
     no_decay: Literal["none", "norms_and_biases"] = "none"
     """``norms_and_biases``: two parameter groups, weight decay off for the parameters of
@@ -285,18 +337,9 @@ class OptimizerConfig:
 
     def check(self) -> None:
         if self.no_decay not in ("none", "norms_and_biases"):
-            raise WorkloadError(f"optimizer.no_decay: {self.no_decay!r} is not allowed "
-                                "(allowed: \"none\", \"norms_and_biases\")")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise WorkloadError(f"optimizer.lr: {self.lr} is not allowed (allowed: a finite float > 0)")
-        for name in ("weight_decay", "eps"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise WorkloadError(f"optimizer.{name}: {value} is not allowed (allowed: a finite float >= 0)")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise WorkloadError(not_allowed("optimizer.no_decay", self.no_decay, ("none", "norms_and_biases")))
+        if len(self.betas) != 2:
             raise WorkloadError(f"optimizer.betas: {list(self.betas)} is not allowed (allowed: two floats in [0, 1))")
-        if self.momentum < 0:
-            raise WorkloadError(f"optimizer.momentum: {self.momentum} is not allowed (allowed: float >= 0)")
 
     def hyper(self) -> dict[str, Any]:
         """Keyword arguments of the torch.optim class, without ``lr``."""
@@ -309,30 +352,25 @@ class OptimizerConfig:
 class RunConfig:
     """How each cell is run and measured."""
 
-    timeout_s: float = 600.0
+    timeout_s: PositiveFloat = 600.0
     """Wall-clock limit per cell; a cell past it is killed and recorded as failed."""
-    threads_per_rank: int = 1
+    threads_per_rank: Count = 1
     """torch intra-op threads per rank on CPU (one per rank keeps ranks from contending)."""
     memory_pass: bool = True
     """Run a separate pass under the tensor-storage tracker (peak memory, its
     composition, communication bytes). Separate because the tracker slows steps 1.5-2x."""
-    memory_warmup_steps: int = 2
+    memory_warmup_steps: NonNegative = 2
     """Steps of the memory pass before the measured one: the first creates optimizer
     state, and DDP rebuilds its gradient buckets in the second iteration's forward (with
     one warm-up step those buckets would be counted as activations)."""
     reference: bool = True
     """Compute single-process reference losses on the global batch and record each
     cell's deviation from them (loss_max_abs_diff_ref)."""
-    profile_steps: int = 3
+    profile_steps: Count = 3
     """Steps traced by the profiled pass (``zerobench run --profile``)."""
 
     def check(self) -> None:
-        if not self.timeout_s > 0:
-            raise WorkloadError(f"run.timeout_s: {self.timeout_s} is not allowed (allowed: float > 0)")
-        _positive("run.threads_per_rank", self.threads_per_rank)
-        if self.memory_warmup_steps < 0:
-            raise WorkloadError(f"run.memory_warmup_steps: {self.memory_warmup_steps} is not allowed (allowed: int >= 0)")
-        _positive("run.profile_steps", self.profile_steps)
+        """Nothing beyond each field's type and range ([Note: a field's range])."""
 
 
 @dataclass(frozen=True)
@@ -347,15 +385,24 @@ class Workload:
     engine (defaults: ``["ddp"]``, ``[2]``, ``["fp32"]``); other axes only to the engines
     that declare them (see ``zerobench engines``)."""
     description: str = ""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the model's initial weights."""
     source: str = ""
     """The file this workload was loaded from."""
+    overrides: tuple[str, ...] = ()
+    """The ``--set KEY=VALUE`` overrides applied to the file, as given ([Note: overrides])."""
+
+    @property
+    def label(self) -> str:
+        """Where the workload came from, for error messages: its file, and the overrides."""
+        return (self.source or "<dict>") + "".join(f" --set {o}" for o in self.overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved workload as plain TOML-able data (what the run folder keeps)."""
+        """The resolved workload as plain TOML-able data (what the run folder keeps; the
+        overrides are applied in it, and meta.json lists them)."""
         out = dataclasses.asdict(self)
         out.pop("source")
+        out.pop("overrides")
         if isinstance(self.model, FactoryConfig):
             out["model"] = self.model.table()
         opt = self.optimizer
@@ -384,40 +431,102 @@ def find_workload(text: str | Path) -> Path:
     path = Path(text)
     if path.is_file() or str(text) == "":
         return path
+    if path.is_dir():
+        raise WorkloadError(f"{text}: a folder, not a workload file (allowed: a TOML file, or the name of a shipped "
+                            f"workload)")
     if path.parent == Path(".") and not path.name.startswith("."):
         stem = path.name.removesuffix(".toml")
         for folder in (Path("workloads"), SHIPPED_WORKLOADS):
             if (folder / f"{stem}.toml").is_file():
                 return folder / f"{stem}.toml"
-    raise WorkloadError(f"{text}: no such workload file (allowed: a TOML file, or a shipped workload: "
-                        f"{', '.join(shipped_workloads()) or 'none found'})")
+    names = sorted({p.stem for folder in (Path("workloads"), SHIPPED_WORKLOADS) for p in folder.glob("*.toml")})
+    found = did_you_mean(Path(str(text)).name.removesuffix(".toml"), names, show=str)
+    raise WorkloadError(f"{text}: no such workload file{found} (allowed: a path to a TOML file, or the name of one "
+                        f"in ./workloads/ or {SHIPPED_WORKLOADS}/: {', '.join(names) or 'none found'})")
 
 
-def load_workload(path: str | Path) -> Workload:
+def load_workload(path: str | Path, overrides: Sequence[str] = ()) -> Workload:
     """Load, resolve ``extends`` and validate a workload file (a path, or the name of a
-    shipped workload: :func:`find_workload`). A file that sets no table at all (empty,
-    or only a name) is refused rather than run with every default."""
+    shipped workload: :func:`find_workload`), with ``overrides`` (``"data.steps=20"``,
+    [Note: overrides]) applied on top. A file that sets no table at all (empty, or only a
+    name) is refused rather than run with every default."""
     path = find_workload(path)
     raw = _load_with_parents(path, seen=())
-    workload = parse_workload(raw, source=str(path), default_name=path.stem)
+    label = str(path) + "".join(f" --set {o}" for o in overrides)
+    for text in overrides:
+        key, value = parse_override(text)
+        raw = _merge(raw, _nested(key, value))
+    workload = parse_workload(raw, source=str(path), default_name=path.stem, overrides=tuple(overrides))
     if not set(raw) - {"name", "description", "seed"}:
-        raise WorkloadError(f"{path}: the file sets nothing to run (allowed: a [model] and a [matrix] table, or "
+        raise WorkloadError(f"{label}: the file sets nothing to run (allowed: a [model] and a [matrix] table, or "
                             f"extends = \"quickstart.toml\" and the fields that differ; workloads/ has examples)")
     return workload
 
 
-def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: str = "workload") -> Workload:
-    """Validate a workload given as a dict (as read from TOML, ``extends`` resolved)."""
+# [Note: overrides]
+# ``zerobench run WORKLOAD --set data.steps=20 --set matrix.engine=ddp,impl-fsdp`` changes
+# fields of the file without editing it (so do estimate, predict and cells). Each override
+# is a dotted key and a value, merged into the file's tables as a workload that ``extends``
+# it would be (``matrix.AXIS=[]`` removes an axis; another ``model.kind`` replaces the
+# model table), then validated with everything else: a misspelt key gets the "did you mean"
+# of the file's keys, a bad value the field's allowed values, and every message names the
+# file and the overrides. The value is read as TOML (``20``, ``1e-3``, ``true``,
+# ``"a, b"``, ``[2, 4]``); what is not TOML is text, and commas make a list of such values
+# (``ddp,impl-fsdp``, ``2,4``; ``Block,`` is a list of one). The run folder keeps the
+# result: workload.json holds the fields as overridden, meta.json the overrides as given.
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """"data.steps=20" -> ("data.steps", 20) ([Note: overrides]); WorkloadError naming
+    the override when it is not KEY=VALUE."""
+    key, sep, value = str(text).partition("=")
+    key = key.strip()
+    if not sep or not _KEY.fullmatch(key):
+        raise WorkloadError(f"--set {text}: expected KEY=VALUE with a dotted KEY (allowed: e.g. data.steps=20, "
+                            f"matrix.engine=ddp,impl-fsdp)")
+    if key == "extends":
+        raise WorkloadError(f"--set {text}: extends is not allowed (it is resolved as the file is read; allowed: the "
+                            f"fields of the workload)")
+    return key, _override_value(value.strip())
+
+
+def _override_value(text: str) -> Any:
+    def toml(part: str) -> Any:
+        try:
+            return tomllib.loads(f"v = {part}")["v"]
+        except tomllib.TOMLDecodeError:
+            return part  # not TOML: text
+
+    if text == "":
+        return ""
+    whole = toml(text)
+    if whole is not text or "," not in text:
+        return whole
+    parts = text.split(",")
+    if parts[-1].strip() == "":  # "Block,": a list of one
+        parts = parts[:-1]
+    return [toml(p.strip()) for p in parts]
+
+
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
+def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: str = "workload",
+                   overrides: tuple[str, ...] = ()) -> Workload:
+    """Validate a workload given as a dict (as read from TOML, ``extends`` resolved);
+    ``overrides``: what was applied to it ([Note: overrides]), named in its errors."""
     raw = dict(raw)
     raw.pop("extends", None)
-    _no_unknown_keys("", raw, {"name", "description", "seed", "model", "data", "optimizer", "run", "matrix"})
     try:
+        _no_unknown_keys("", raw, {"name", "description", "seed", "model", "data", "optimizer", "run", "matrix"})
         model = _parse_model(dict(_table("model", raw.get("model", {}))), source)
         data = _build("data", DataConfig, _table("data", raw.get("data", {})))
-        _dimension("data.batch_size", data.batch_size)
-        _positive("data.steps", data.steps)
-        if data.warmup_steps < 0:
-            raise WorkloadError(f"data.warmup_steps: {data.warmup_steps} is not allowed (allowed: int >= 0)")
         optimizer = _build("optimizer", OptimizerConfig, _table("optimizer", raw.get("optimizer", {})))
         optimizer.check()
         _check_optimizer_keys(optimizer.kind, raw.get("optimizer", {}))
@@ -429,14 +538,14 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
             # the name becomes part of the run folder's name: one plain folder under --results
             raise WorkloadError(f"name: {name!r} is not allowed (allowed: 1 to 100 letters, digits, '.', '_', '+' "
                                 "or '-', starting with a letter or digit, no '..')")
-        seed = raw.get("seed", 0)
-        _check_type("seed", seed, int)
+        seed = _coerce("seed", raw.get("seed", 0), Seed)
         description = raw.get("description", "")
         _check_type("description", description, str)
     except WorkloadError as err:
-        raise WorkloadError(f"{source}: {err}") from None
+        label = source + "".join(f" --set {o}" for o in overrides)
+        raise WorkloadError(f"{label}: {err}") from None
     return Workload(name=name, model=model, data=data, optimizer=optimizer, run=run,
-                    matrix=matrix, description=description, seed=seed, source=source)
+                    matrix=matrix, description=description, seed=seed, source=source, overrides=overrides)
 
 
 def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
@@ -444,7 +553,7 @@ def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
         raw.setdefault("kind", "factory")
     kind = raw.get("kind", "mlp")
     if kind not in MODEL_KINDS:
-        raise WorkloadError(f"model.kind: {kind!r} is not allowed (allowed: {', '.join(map(repr, MODEL_KINDS))})")
+        raise WorkloadError(not_allowed("model.kind", kind, MODEL_KINDS))
     if kind == "factory":
         extra = {k: v for k, v in raw.items() if k not in (*FACTORY_RESERVED, "kind")}
         raw = {k: v for k, v in raw.items() if k in (*FACTORY_RESERVED, "kind")}
@@ -452,8 +561,7 @@ def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
     elif kind == "llama" and raw.get("preset", "") != "":
         preset = raw["preset"]
         if preset not in LLAMA_PRESETS:
-            raise WorkloadError(f"model.preset: {preset!r} is not allowed "
-                                f"(allowed: {', '.join(map(repr, LLAMA_PRESETS))})")
+            raise WorkloadError(not_allowed("model.preset", preset, LLAMA_PRESETS))
         raw = {**LLAMA_PRESETS[preset], **raw}
     elif kind == "hf" and isinstance(raw.get("config"), str) and raw["config"]:
         # relative to the workload file, as ``extends`` is; absolute afterwards so every rank finds it
@@ -491,6 +599,9 @@ def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         return raw
     if not isinstance(parent, str):
         raise WorkloadError(f"{path}: extends: {parent!r} is not allowed (allowed: a path to another workload file)")
+    if not (path.parent / parent).is_file():
+        raise WorkloadError(f"{path}: extends: {parent}: no such workload file (allowed: a TOML file, its path "
+                            f"relative to {path.parent}/)")
     base = _load_with_parents(path.parent / parent, (*seen, resolved))
     base.pop("name", None)  # a variant is its own workload: it never inherits the name,
     base.pop("description", None)  # nor a description of a model it may have changed
@@ -515,7 +626,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any], path: str = "") -> di
 # --------------------------------------------------------------------------------------
 # Validation helpers
 
-_COMMON_AXES = {"engine": str, "world_size": int, "dtype": str}
+_COMMON_AXES = {"engine": str, "world_size": Count, "dtype": str}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 DTYPES = ("fp32", "bf16")
 
@@ -539,13 +650,10 @@ def _parse_matrix(raw: dict[str, Any]) -> dict[str, list]:
     matrix.setdefault("dtype", ["fp32"])
     for axis, typ in _COMMON_AXES.items():
         for v in matrix[axis]:
-            _check_type(f"matrix.{axis}", v, typ)
-    for ws in matrix["world_size"]:
-        if ws < 1:
-            raise WorkloadError(f"matrix.world_size: {ws} is not allowed (allowed: int >= 1)")
+            _coerce(f"matrix.{axis}", v, typ)
     for dt in matrix["dtype"]:
         if dt not in DTYPES:
-            raise WorkloadError(f"matrix.dtype: {dt!r} is not allowed (allowed: {', '.join(map(repr, DTYPES))})")
+            raise WorkloadError(not_allowed("matrix.dtype", dt, DTYPES))
     # Engine names and engine-specific axes are checked against the engine registry
     # when the matrix is expanded (zerobench.spec.matrix), which knows every engine's axes.
     return matrix
@@ -560,7 +668,7 @@ def _table(name: str, value: Any) -> dict[str, Any]:
 def _build(prefix: str, cls, raw: dict[str, Any]):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     _no_unknown_keys(prefix, raw, set(fields))
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     values = {}
     for key, value in raw.items():
         values[key] = _coerce(f"{prefix}.{key}", value, hints[key])
@@ -568,11 +676,20 @@ def _build(prefix: str, cls, raw: dict[str, Any]):
 
 
 def _coerce(name: str, value: Any, hint) -> Any:
+    """``value`` as a field of type ``hint`` takes it: its type checked, then its range
+    ([Note: a field's range]); WorkloadError naming ``name`` otherwise."""
     origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *extras = typing.get_args(hint)
+        value = _coerce(name, value, base)
+        for extra in extras:
+            if isinstance(extra, Range) and not extra.allows(value):
+                raise WorkloadError(f"{name}: {value!r} is not allowed (allowed: {extra.describe(base)})")
+        return value
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise WorkloadError(f"{name}: {value!r} is not allowed (allowed: {', '.join(map(repr, allowed))})")
+            raise WorkloadError(not_allowed(name, value, allowed))
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -594,9 +711,7 @@ def _no_unknown_keys(prefix: str, raw: dict[str, Any], allowed: set[str]) -> Non
     unknown = sorted(set(raw) - allowed)
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise WorkloadError(
-            f"unknown key {where}{unknown[0]} (allowed in {prefix or 'the top level'}: {', '.join(sorted(allowed))})"
-        )
+        raise WorkloadError(unknown_key(f"{where}{unknown[0]}", allowed, prefix or "the top level"))
 
 
 def _check_optimizer_keys(kind: str, raw: dict[str, Any]) -> None:
@@ -604,22 +719,6 @@ def _check_optimizer_keys(kind: str, raw: dict[str, Any]) -> None:
     for key, kinds in only.items():
         if key in raw and kind not in kinds:
             raise WorkloadError(f"optimizer.{key}: not an argument of {kind!r} (it applies to: {', '.join(kinds)})")
-
-
-def _positive(name: str, value: int) -> None:
-    if value < 1:
-        raise WorkloadError(f"{name}: {value} is not allowed (allowed: int >= 1)")
-
-
-#: Largest size accepted: torch holds sizes as int64, and a larger one fails inside its C++
-#: code. Sizes below it that no machine can hold are the preflight's to refuse, naming the
-#: bytes (zerobench/harness/preflight.py).
-MAX_DIMENSION = 2**63 - 1
-
-
-def _dimension(name: str, value: int) -> None:
-    if not 1 <= value <= MAX_DIMENSION:
-        raise WorkloadError(f"{name}: {value} is not allowed (allowed: int from 1 to 2**63 - 1)")
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,7 +1,7 @@
 """What ``zerobench estimate`` and ``zerobench predict`` share: the workload's engine
 configurations (its matrix without the world-size axis), which of them run at which world
-size, the ``--world-sizes`` option, the version columns of their rows and the progress
-line of their jobs. Neither driver imports the other."""
+size, the ``--world-sizes`` option, the version columns of their rows and the folder they
+write. Neither driver imports the other."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ def parse_world_sizes(text: str) -> list[int]:
             raise ValueError(f"--world-sizes: {part!r} is not allowed (allowed: comma-separated ints >= 1)") from None
         if ws < 1:
             raise ValueError(f"--world-sizes: {ws} is not allowed (allowed: ints >= 1)")
+        if ws in out:
+            raise ValueError(f"--world-sizes: {ws} is repeated (allowed: each world size once)")
         out.append(ws)
     return out
 
@@ -55,8 +57,10 @@ def select_configurations(w, only=None, world_sizes=(2,)) -> list:
     ids = [config_id(c) for c in cells]
     unknown = [i for i in only if i not in ids]
     if unknown:
-        raise ValueError(f"--config: {', '.join(map(repr, unknown))} is not a configuration of workload {w.name!r} "
-                         f"(allowed: {', '.join(ids)})")
+        from zerobench.choices import not_allowed
+
+        raise ValueError(not_allowed("--config", unknown[0], ids, show=str,
+                                     what=f"is not a configuration of workload {w.name!r}"))
     return [c for c, i in zip(cells, ids) if i in only]
 
 
@@ -100,13 +104,22 @@ def versions() -> dict[str, str | None]:
     return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
 
 
-def log_and_advance(log, progress):
-    """``log`` that also advances ``progress`` by one for each finished job's line."""
-    if progress is None:
-        return log
+def configurations_to_run(w, workload_path, only, world_sizes, tool: str) -> list:
+    """:func:`select_configurations`, refusing a workload none of whose configurations
+    can run (ValueError naming the workload file and ``zerobench cells``)."""
+    cells = select_configurations(w, only, world_sizes)
+    if not cells:
+        raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be {tool}ed: every cell "
+                         f"of its matrix is skipped (`zerobench cells {workload_path}` says why)")
+    return cells
 
-    def both(line: str) -> None:
-        log(line)
-        progress.advance(line.split(":", 1)[0])
 
-    return both
+def new_results_folder(results_root, w, tool: str):
+    """A new folder ``<results_root>/<stamp>-<workload>-<tool>`` holding the workload.json
+    it is made from (zerobench/runs/kinds.py: what marks each kind of results folder)."""
+    from zerobench.runs.files import new_stamped_dir, write_json_atomic
+    from zerobench.runs.kinds import WORKLOAD_FILE
+
+    out_dir = new_stamped_dir(results_root, f"{w.name}-{tool}")
+    write_json_atomic(out_dir / WORKLOAD_FILE, w.to_dict())
+    return out_dir

@@ -28,8 +28,15 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.analysis.compare.gate import CELL_ROW
-from zerobench.analysis.compare.report import (OUTCOME, ReportInfo, fmt_limit, fmt_pct, fmt_value, summarize,
-                                               summary_line)
+from zerobench.analysis.compare.report import (
+    OUTCOME,
+    ReportInfo,
+    fmt_allowed,
+    fmt_pct,
+    fmt_value,
+    summarize,
+    summary_line,
+)
 from zerobench.runs.files import write_atomic
 
 SUITE = "zerobench compare"
@@ -90,7 +97,7 @@ def failure_message(row) -> str:
         return f"{row['cell_id']}: {row['verdict']}: {row['note']}"
     change = fmt_value(row["change"], metric, signed=True)
     pct = fmt_pct(row["change_pct"])
-    allowed = fmt_limit(row["limit"], metric) or "n/a"
+    allowed = fmt_allowed(row["allowed_change"], metric) or "n/a"  # signed like the change: [Note: allowed change]
     text = (f"{metric}: baseline {fmt_value(row['baseline'], metric) or 'n/a'}, "
             f"new {fmt_value(row['new'], metric) or 'n/a'}")
     if change:

@@ -53,11 +53,22 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from zerobench.analysis.compare.rules import (GATES, DEFAULT_DET_REL, DEFAULT_LOSS_ABS, DEFAULT_TIME_K, DEFAULT_TIME_REL,
-                                              Rule, default_rule, is_timelike, metric_info, parse_rules, resolve_metric)
+from zerobench.analysis.compare.rules import (
+    DEFAULT_DET_REL,
+    DEFAULT_LOSS_ABS,
+    DEFAULT_TIME_K,
+    DEFAULT_TIME_REL,
+    GATES,
+    Rule,
+    default_rule,
+    is_timelike,
+    metric_info,
+    parse_rules,
+)
 from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
+from zerobench.choices import did_you_mean
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME, METRICS
+from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells", "Rule", "parse_rules", "default_rule",
            "cell_table", "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
@@ -194,7 +205,8 @@ def select_cells(run: RunTables, patterns: Sequence[str]) -> RunTables:
     for pattern in wanted:
         hits = fnmatch.filter(ids, pattern)
         if not hits:
-            raise ValueError(f"--cells: {pattern!r} matches no cell of {run.path} (cells: {', '.join(ids)})")
+            raise ValueError(f"--cells: {pattern!r} matches no cell of {run.path}{did_you_mean(pattern, ids, show=str)} "
+                             f"(cells: {', '.join(ids)})")
         keep.update(hits)
     results = run.results[run.results["cell_id"].isin(keep)].reset_index(drop=True)
     steps = None if run.steps is None else run.steps[run.steps["cell_id"].isin(keep)].reset_index(drop=True)
@@ -270,8 +282,9 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
 
     Returns one row per cell (x rank) x metric with columns cell_id, rank (NA when
     aggregated), metric, kind, baseline, new, change, change_pct, limit (the allowed
-    worsening, in the metric's unit), limit_pct, spread (k x MAD used, time metrics),
-    rule, gated, verdict, note. Rows with metric ``status`` speak for a whole cell: its
+    worsening, in the metric's unit), limit_pct, allowed_change and allowed_change_pct
+    (the bound on the change in the change's own direction: [Note: allowed change]),
+    spread (k x MAD used, time metrics), rule, gated, verdict, note. Rows with metric ``status`` speak for a whole cell: its
     presence in both runs and its status. ``report_only`` names metric columns that are
     judged and shown but not gated by ``gate``'s defaults (a rule naming one still gates it).
     """
@@ -312,10 +325,11 @@ def compare_runs(baseline: RunTables, new: RunTables, rules: Sequence[Rule] = ()
                 gated, judged["note"] = False, " ".join(filter(None, (judged["note"], doubt)))
             rows.append({**ident, "metric": name, **judged, "gated": gated})
     cols = ["cell_id", "rank", "metric", "kind", "baseline", "new", "change", "change_pct", "limit",
-            "limit_pct", "spread", "rule", "gated", "verdict", "note"]
+            "limit_pct", "allowed_change", "allowed_change_pct", "spread", "rule", "gated", "verdict", "note"]
     out = pd.DataFrame(rows, columns=cols)
     out["rank"] = out["rank"].astype("Int64")
-    for c in ("baseline", "new", "change", "change_pct", "limit", "limit_pct", "spread"):
+    for c in ("baseline", "new", "change", "change_pct", "limit", "limit_pct", "allowed_change", "allowed_change_pct",
+              "spread"):
         out[c] = out[c].astype(float)
     out["gated"] = out["gated"].astype(bool)
     return out
@@ -378,11 +392,13 @@ def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float, explici
         verdict = "regression" if n > rule.ceiling else "ok"
         limit = rule.ceiling - b
         return {**out, "change": change, "change_pct": pct, "limit": limit,
-                "limit_pct": 100 * limit / abs(b) if b != 0 else math.inf, "spread": float("nan"),
+                "limit_pct": 100 * limit / abs(b) if b != 0 else math.inf,
+                **_allowed_change(change, limit, b, "lower", one_sided=True), "spread": float("nan"),
                 "verdict": verdict, "note": f"ceiling {rule.ceiling:.3g}, from the dtype's precision"}
     if not rule.gates:
         return {**out, "change": change, "change_pct": pct, "limit": float("nan"), "limit_pct": float("nan"),
-                "spread": float("nan"), "verdict": "ok", "note": rule.text}
+                **_allowed_change(change, float("nan"), b, better), "spread": float("nan"), "verdict": "ok",
+                "note": rule.text}
     spread = rel_spread * abs(b) if rule.k is not None else float("nan")
     limit = rule.allowed(b, spread)
     if better == "none" and name.startswith("loss"):
@@ -405,7 +421,42 @@ def _judge(name: str, b: float, n: float, rule: Rule, rel_spread: float, explici
         note = "no baseline spread (steps.csv or step_time_mad_s): tolerance only"
     limit_pct = 100 * limit / abs(b) if b != 0 else (limit if limit == 0 or math.isnan(limit) else math.inf)
     return {**out, "change": change, "change_pct": pct, "limit": limit, "limit_pct": limit_pct,
-            "spread": rule.k * spread if rule.k is not None else float("nan"), "verdict": verdict, "note": note}
+            **_allowed_change(change, limit, b, better), "spread": rule.k * spread if rule.k is not None else float("nan"),
+            "verdict": verdict, "note": note}
+
+
+# [Note: allowed change]
+# ``limit`` is how much *worse* a metric may get: a band of +-limit around the baseline
+# (a change beyond it the other way is "improved"), or, under a ceiling rule, a bound on
+# a rise alone. A report that printed it as "+limit" beside every change read wrong for
+# half of them: a throughput that fell 80% beside "allowed +498" (the fall is the
+# worsening there), a step time that fell beside a bound on rises. So every rendering
+# (console, Markdown, JUnit, the plot) shows ``allowed_change``: the bound on the change
+# in the change's own direction, signed like it -- a fall is bounded by -limit, a rise by
+# +limit -- and, with no change, in the direction that would be worse. A direction
+# without a bound (a fall under a ceiling rule) has none (NaN).
+
+
+def _allowed_change(change: float, limit: float, baseline: float, better: str, one_sided: bool = False) -> dict:
+    """allowed_change and allowed_change_pct of one row. See [Note: allowed change]."""
+    if math.isnan(limit) or math.isnan(change):
+        allowed = float("nan")
+    else:
+        if change != 0:
+            direction = math.copysign(1.0, change)
+        else:  # no change: the direction that would be worse
+            direction = -1.0 if better == "higher" else 1.0
+        if one_sided:  # a ceiling bounds a rise only
+            allowed = limit if direction > 0 else float("nan")
+        else:
+            allowed = direction * abs(limit)
+    if math.isnan(allowed):
+        pct = float("nan")
+    elif baseline != 0:
+        pct = 100 * allowed / abs(baseline)
+    else:
+        pct = allowed if allowed == 0 else math.copysign(math.inf, allowed)
+    return {"allowed_change": allowed, "allowed_change_pct": pct}
 
 
 def config_mismatches(baseline: RunTables, new: RunTables) -> pd.DataFrame:
@@ -479,7 +530,7 @@ def hardware_differences(baseline_meta: dict, new_meta: dict) -> list[str]:
 
     A field that one run records and the other does not (a baseline older than the
     field) counts as a difference: its numbers cannot be assumed reproducible. A field
-    neither records says nothing. See [Note: losses across machines] in compare_rules.py.
+    neither records says nothing. See [Note: losses across machines] in rules.py.
     """
     reasons = []
     for key in HARDWARE_KEYS:

@@ -7,7 +7,6 @@ nothing here decides a verdict. matplotlib is imported only by :func:`plot_chang
 from __future__ import annotations
 
 import math
-import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import pandas as pd
 
 from zerobench.analysis.compare.gate import CELL_ROW
 from zerobench.analysis.compare.rules import metric_info
+from zerobench.analysis.render import Column, Table, markdown, print_table
 
 #: Verdicts always shown; deterministic metrics are also shown whenever they moved at all.
 SHOW_VERDICTS = ("regression", "improved", "missing", "new")
@@ -32,7 +32,7 @@ class ReportInfo:
     exit_code: int = 0
     hardware: list[str] = field(default_factory=list)
     """Why baseline and run count as different hardware (empty: the same). Losses then
-    follow the cross-machine rules: see [Note: losses across machines] in compare_rules.py."""
+    follow the cross-machine rules: see [Note: losses across machines] in rules.py."""
 
     def hardware_line(self) -> str:
         if not self.hardware:
@@ -108,13 +108,21 @@ def fmt_pct(v: float, signed: bool = True) -> str:
     return f"{sign}{v:.2f}%" if abs(v) >= 0.01 or v == 0 else f"{sign}{v:.2g}%"
 
 
-def fmt_limit(limit: float, metric: str) -> str:
-    """The allowed worsening in the metric's unit: ``±`` for losses (either way), else ``+``."""
-    if limit is None or math.isnan(limit):
+def _either_way(metric: str) -> bool:
+    """A loss judged by its distance either way ([Note: compare rules])."""
+    return metric.startswith("loss") and metric_info(metric)[1] == "none"
+
+
+def fmt_allowed(allowed: float, metric: str, pct: bool = False) -> str:
+    """The allowed change (``allowed_change``, or ``allowed_change_pct`` with ``pct``),
+    signed like the change it bounds ([Note: allowed change] in gate.py); ``±`` for a loss,
+    bounded the same either way."""
+    if allowed is None or (isinstance(allowed, float) and math.isnan(allowed)):
         return ""
-    prefix = "±" if metric.startswith("loss") and metric_info(metric)[1] == "none" else "+"
-    text = fmt_value(limit, metric)
-    return prefix + text if text and text[0] not in "+-" else text
+    if _either_way(metric):
+        text = fmt_pct(abs(allowed), signed=False) if pct else fmt_value(abs(allowed), metric)
+        return "±" + text
+    return fmt_pct(allowed) if pct else fmt_value(allowed, metric, signed=True)
 
 
 def change_words(worse: float, metric: str) -> str:
@@ -140,32 +148,34 @@ def verdict_label(row) -> str:
 _ORDER = {"regression": 0, "missing": 1, "new": 2, "improved": 3, "ok": 4}
 
 
-def display_table(comparison: pd.DataFrame, show_all: bool = False) -> pd.DataFrame:
-    """The rows and formatted columns every rendering shows, the worst first."""
+def display_rows(comparison: pd.DataFrame, show_all: bool = False) -> pd.DataFrame:
+    """The rows every rendering shows (all with ``show_all``), the worst first, a cell's
+    metrics together."""
     rows = comparison if show_all else comparison[notable(comparison)]
-    rows = rows.assign(_o=rows["verdict"].map(_ORDER) + (~rows["gated"]) * 0.5).sort_values(
+    return rows.assign(_o=rows["verdict"].map(_ORDER) + (~rows["gated"]) * 0.5).sort_values(
         ["_o", "cell_id", "rank", "metric"], kind="stable")
-    return pd.DataFrame({
-        "cell": rows["cell_id"] + rows["rank"].map(lambda r: "" if pd.isna(r) else f" r{r}"),
-        "metric": rows["metric"],
-        "baseline": [fmt_value(v, m) for v, m in zip(rows["baseline"], rows["metric"])],
-        "new": [fmt_value(v, m) for v, m in zip(rows["new"], rows["metric"])],
-        "change": [fmt_value(v, m, signed=True) for v, m in zip(rows["change"], rows["metric"])],
-        "change %": rows["change_pct"].map(fmt_pct),
-        "allowed": [fmt_limit(v, m) for v, m in zip(rows["limit"], rows["metric"])],
-        "verdict": [verdict_label(r) for _, r in rows.iterrows()],
-        "note": rows["note"].fillna(""),
-    })
+
+
+def display_table(comparison: pd.DataFrame, show_all: bool = False, title: str = "") -> Table:
+    """The compared rows as a table (zerobench/analysis/render.py): the cell as a heading
+    over its metrics, values in their units, the allowed change signed like the change
+    ([Note: allowed change] in gate.py), a note under its row."""
+    rows = display_rows(comparison, show_all)
+    table = Table([Column("cell", "left", "parts", role="group"), Column("metric", "left", "parts", breaks="_"),
+                   Column("baseline"), Column("new"), Column("change"), Column("change %", optional=True), Column("allowed"),
+                   Column("verdict", "left", "words"), Column("note", "left", "words", role="note")], title=title)
+    for _, r in rows.iterrows():
+        metric = r["metric"]
+        cell = r["cell_id"] + ("" if pd.isna(r["rank"]) else f" r{r['rank']}")
+        label = verdict_label(r)
+        table.add_row(cell, metric, fmt_value(r["baseline"], metric), fmt_value(r["new"], metric),
+                      fmt_value(r["change"], metric, signed=True), fmt_pct(r["change_pct"]),
+                      fmt_allowed(r["allowed_change"], metric), label, "" if pd.isna(r["note"]) else r["note"],
+                      style=_STYLE.get(label, ""))
+    return table
 
 
 # --------------------------------------------------------------------------- terminal
-
-
-def make_console():
-    """A rich console; wide when not a terminal (CI logs), so cell ids are not cut."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=180)
 
 
 _STYLE = {"regression": "bold red", "worse (not gated)": "yellow", "improved": "green",
@@ -184,9 +194,11 @@ def pass_lines(comparison: pd.DataFrame) -> list[str]:
         for _, r in group.iterrows():
             label = verdict_label(r)
             where = "" if pd.isna(r["rank"]) else f" r{r['rank']}"
-            allowed = fmt_limit(r["limit"], r["metric"])
-            parts.append(f"{r['metric']}{where} {fmt_pct(r['change_pct']) or fmt_value(r['change'], r['metric'], True)}"
-                         + (f" (allowed {allowed})" if allowed else "") + ("" if label == "ok" else f" {label}"))
+            pct = fmt_pct(r["change_pct"])  # the change and its bound in one unit, signed alike
+            change = pct or fmt_value(r["change"], r["metric"], True)
+            allowed = fmt_allowed(r["allowed_change_pct"] if pct else r["allowed_change"], r["metric"], pct=bool(pct))
+            parts.append(f"{r['metric']}{where} {change}" + (f" (allowed {allowed})" if allowed else "")
+                         + ("" if label == "ok" else f" {label}"))
         lines.append(f"{cell}: " + ", ".join(parts))
     return lines
 
@@ -199,12 +211,11 @@ def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, in
     cell that has anything worth a look, one line of configuration differences, the
     hardware line and the summary; the reports (--markdown, --junit-xml) hold the rest."""
     from rich.markup import escape
-    from rich.table import Table
 
     title = f"{info.new}  vs baseline  {info.baseline}   (gate: {info.gate}" + (
         f"; rules: {', '.join(info.rules)})" if info.rules else ")")
     if info.exit_code == 0 and not show_all:
-        console.print(escape(title), highlight=False)
+        console.print(escape(title), highlight=False, soft_wrap=True)  # one line, for copying the paths
         for line in pass_lines(comparison):  # soft_wrap: one line each, however wide
             console.print("  " + escape(line), style="dim", highlight=False, soft_wrap=True)
         if len(mismatches):
@@ -215,26 +226,16 @@ def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, in
             console.print("[yellow]" + escape(info.hardware_line()) + "[/]")
         console.print("[bold green]" + escape(summary_line(comparison, info)) + "[/]")
         return
-    table = display_table(comparison, show_all)
-    if len(table):
-        t = Table(title=escape(title), title_justify="left")
-        for col in table.columns:
-            right = col in ("baseline", "new", "change", "change %", "allowed")
-            t.add_column(col, justify="right" if right else "left", overflow="fold")
-        for _, r in table.iterrows():
-            t.add_row(*(escape(str(v)) for v in r.values), style=_STYLE.get(r["verdict"], ""))
-        console.print(t)
+    table = display_table(comparison, show_all, title)
+    if table.rows:
+        print_table(table, console)
     else:
-        console.print(escape(title))
-    hidden = len(comparison) - len(table)
+        console.print(escape(title), highlight=False, soft_wrap=True)  # one line, for copying the paths
+    hidden = len(comparison) - len(table.rows)
     if hidden and not show_all:
         console.print(f"[dim]{hidden} row(s) within bounds not shown (--all shows them)[/]")
     if len(mismatches):
-        console.print("[bold]Configuration differences[/]")
-        for _, m in mismatches.iterrows():
-            style = "magenta" if m["severity"] == "identity" else "dim"
-            console.print(f"  [{style}]" + escape(f"{m['cell_id']}: {m['column']}: {m['baseline']!r} -> "
-                                                  f"{m['new']!r} ({m['severity']})") + "[/]")
+        print_table(mismatch_table(mismatches), console)
     if info.hardware:
         console.print("[yellow]" + escape(info.hardware_line()) + "[/]")
     style = {0: "bold green", 1: "bold red", 2: "bold magenta"}.get(info.exit_code, "bold")
@@ -244,35 +245,43 @@ def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, in
 # --------------------------------------------------------------------------- Markdown
 
 
-def _md_table(df: pd.DataFrame) -> str:
-    def cell(v) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
+def _md_rows(comparison: pd.DataFrame, verdicts) -> str:
+    """The Markdown table of the compared rows whose verdict label is in ``verdicts``."""
+    rows = comparison[[verdict_label(r) in verdicts for _, r in comparison.iterrows()]] if len(comparison) else comparison
+    return markdown(display_table(rows, show_all=True)) if len(rows) else ""
 
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+
+def mismatch_table(mismatches: pd.DataFrame) -> Table:
+    """Configuration differences between cells of the same id: identity ones make the
+    comparison unusable, context ones are reported."""
+    table = Table([Column("cell", "left", "parts", role="group"), Column("column", "left", "parts", breaks="_"),
+                   Column("baseline", "left", "words"), Column("new", "left", "words"), Column("severity", "left")],
+                  title="Configuration differences")
+    for _, m in mismatches.iterrows():
+        table.add_row(m["cell_id"], m["column"], repr(m["baseline"]), repr(m["new"]), m["severity"],
+                      style="magenta" if m["severity"] == "identity" else "dim")
+    return table
 
 
 def markdown_report(comparison: pd.DataFrame, mismatches: pd.DataFrame, info: ReportInfo) -> str:
     """Summary line, regressions, other changes, configuration differences, all rows."""
-    full = display_table(comparison, show_all=True)
-    verdict = full["verdict"]
     out = [f"## zerobench compare: {OUTCOME.get(info.exit_code, info.exit_code)}", "",
            f"`{info.new}` against baseline `{info.baseline}`; gate: `{info.gate}`"
            + (f"; rules: {', '.join(f'`{r}`' for r in info.rules)}" if info.rules else ""), "",
            f"**{summary_line(comparison, info)}**", ""]
     if info.hardware:
         out += [info.hardware_line() + ".", ""]
-    regressions = full[verdict == "regression"]
-    out += ["### Regressions", "", _md_table(regressions) if len(regressions) else "None.", ""]
-    others = full[verdict.isin(["missing", "new", "improved", "worse (not gated)"])]
-    if len(others):
-        out += ["### Other changes", "", _md_table(others), ""]
+    regressions = _md_rows(comparison, ("regression",))
+    out += ["### Regressions", "", regressions or "None.", ""]
+    others = _md_rows(comparison, ("missing", "new", "improved", "worse (not gated)"))
+    if others:
+        out += ["### Other changes", "", others, ""]
     if len(mismatches):
         out += ["### Configuration differences", "",
                 "`identity` differences make the comparison unusable (exit 2); `context` ones are reported.", "",
-                _md_table(mismatches), ""]
-    out += [f"<details><summary>All compared metrics ({len(full)} rows)</summary>", "", _md_table(full), "",
+                markdown(mismatch_table(mismatches)), ""]
+    full = markdown(display_table(comparison, show_all=True)) if len(comparison) else "(nothing compared)"
+    out += [f"<details><summary>All compared metrics ({len(comparison)} rows)</summary>", "", full, "",
             "</details>", ""]
     return "\n".join(out)
 
@@ -293,16 +302,27 @@ _COLOURS = {"regression": "#d62728", "worse (not gated)": "#ff9f1c", "improved":
             "ok": "#7f9fbf", "missing": "#9467bd", "new": "#9467bd"}
 
 
-def worse_pct(comparison: pd.DataFrame) -> pd.Series:
-    """Change in % with the sign turned so that positive is worse (losses: |change|)."""
+def worse_pct(comparison: pd.DataFrame, column: str = "change_pct") -> pd.Series:
+    """A % column (the change, or the allowed change) with the sign turned so that
+    positive is worse (losses: its size either way)."""
     better = comparison["metric"].map(lambda m: metric_info(m)[1])
-    pct = comparison["change_pct"]
+    pct = comparison[column]
     return pct.where(better == "lower", -pct).where(better != "none", pct.abs())
 
 
 def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", max_rows: int = 40) -> Path:
+    """Write :func:`changes_figure` to ``path``."""
+    from zerobench.analysis.figures import save_figure
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_figure(changes_figure(comparison, title, max_rows), path, dpi=120, tight=False)
+
+
+def changes_figure(comparison: pd.DataFrame, title: str = "", max_rows: int = 40):
     """Horizontal bars of the % change (positive = worse) per cell x metric, coloured by
-    verdict, with each row's allowed worsening drawn as a black tick.
+    verdict, with the allowed change drawn as a black tick on the bar's own side ([Note:
+    allowed change] in gate.py), each bar's words to the right of it, inside the axes.
 
     Plots the rows that are not ok or that moved (context metrics left out): regressions
     first, then the rest, at most ``max_rows`` (the most severe kept).
@@ -310,10 +330,11 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
     import matplotlib.ticker  # matplotlib only when a plot is asked for: compare runs in CI gates
     from matplotlib.patches import Patch
 
-    from zerobench.analysis.figures import plt, save_figure
+    from zerobench.analysis.figures import plt
 
     c = comparison[(comparison["metric"] != CELL_ROW) & (comparison["kind"] != "context")].copy()
     c["worse"] = worse_pct(c)
+    c["allowed_worse"] = worse_pct(c, "allowed_change_pct") if len(c) else c["worse"]
     c = c[c["verdict"].isin(SHOW_VERDICTS) | (c["change"].fillna(0) != 0)].dropna(subset=["worse"])
     c["label"] = [verdict_label(r) for _, r in c.iterrows()]
     group = c["label"].map({"regression": 0, "missing": 1, "new": 1, "worse (not gated)": 2, "improved": 3}).fillna(4)
@@ -324,8 +345,6 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
     # regressions at the top; within a group, a cell's metrics together
     c = c.sort_values(["_g", "cell_id", "rank", "metric"], kind="stable").iloc[::-1]
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     labels = [f"{cid}{'' if pd.isna(r) else f' r{r}'}  ·  {m}" for cid, r, m in zip(c["cell_id"], c["rank"], c["metric"])]
     width = 7 + 0.065 * max((len(s) for s in labels), default=0)  # inches: the bars keep ~7 whatever the labels
     heading = (title or "zerobench compare").split("\n")  # each line wrapped on its own
@@ -335,38 +354,61 @@ def plot_changes(comparison: pd.DataFrame, path: str | Path, title: str = "", ma
                                              for cid, v, note in zip(cells["cell_id"], cells["verdict"], cells["note"])))
     if dropped:
         heading.append(f"{dropped} less severe rows not shown")
-    heading_text = "\n".join(textwrap.fill(h, int(width * 12)) for h in heading)
+    chars = int(width * 12)
+    heading_text = "\n".join(textwrap.fill(h, chars) for h in heading)
     fig, ax = plt.subplots(figsize=(width, 1.6 + 0.3 * max(len(c), 1) + 0.18 * heading_text.count("\n")))
+    words = []
     if c.empty:
         ax.text(0.5, 0.5, "no metric changed", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
     else:
         finite = c["worse"].replace([math.inf, -math.inf], math.nan).abs()
-        limits = c["limit_pct"].replace(math.inf, math.nan)
+        limits = c["allowed_worse"].replace([math.inf, -math.inf], math.nan).abs()
         cap = max(finite.max() if finite.notna().any() else 1.0,
                   limits.max() if limits.notna().any() else 0.0, 1.0) * 1.5
         x = c["worse"].clip(-cap, cap)
-        lim = c["limit_pct"].clip(upper=cap)
+        tick = c["allowed_worse"].clip(-cap, cap)
         y = list(range(len(c)))
         ax.barh(y, x, color=[_COLOURS.get(v, "grey") for v in c["label"]], height=0.7)
-        ax.scatter(lim, y, marker="|", s=220, color="black", linewidths=2, zorder=3)
-        for yi, xi, li, worse, metric in zip(y, x, lim, c["worse"], c["metric"]):
-            right = max(xi, li) if not pd.isna(li) else xi
-            ax.annotate(change_words(worse, metric), (right if xi >= 0 else xi, yi), xytext=(6 if xi >= 0 else -6, 0),
-                        textcoords="offset points", ha="left" if xi >= 0 else "right", va="center", fontsize=8)
+        ax.scatter(tick, y, marker="|", s=220, color="black", linewidths=2, zorder=3)
+        for yi, xi, ti, worse, metric in zip(y, x, tick, c["worse"], c["metric"]):
+            # right of the bar, its tick and zero: never over the cell names left of the axes
+            right = max(v for v in (xi, ti, 0.0) if not pd.isna(v))
+            words.append(ax.annotate(change_words(worse, metric), (right, yi), xytext=(6, 0),
+                                     textcoords="offset points", ha="left", va="center", fontsize=8))
         ax.set_yticks(y, labels, fontsize=8)
         ax.set_ylim(-0.6, len(c) - 0.4)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xscale("symlog", linthresh=1.0)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:+g}%" if v else "0"))
-        ax.set_xlim(-cap * 2 if (x < 0).any() else -0.3, cap * 2)
+        ax.set_xlim(-cap * 2 if (x < 0).any() or (tick < 0).any() else -0.3, cap * 2)
         ax.tick_params(axis="x", labelsize=8)
         ax.set_xlabel("change vs baseline, % (positive = worse; losses: |change|; symlog axis)", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         handles = [Patch(color=_COLOURS[v], label=v) for v in dict.fromkeys(c["label"].iloc[::-1]) if v in _COLOURS]
         handles.append(plt.Line2D([], [], marker="|", color="black", linestyle="", markersize=12,
-                                  markeredgewidth=2, label="allowed worsening"))
+                                  markeredgewidth=2, label="allowed change (on the side of the change)"))
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(heading_text, x=0.01, ha="left", fontsize=10)
+    title_artist = fig.suptitle(heading_text, x=0.01, ha="left", fontsize=10)
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
-    return save_figure(fig, path, dpi=120, tight=False)
+    _keep_inside(fig, ax, words, title_artist, heading, chars)
+    return fig
+
+
+def _keep_inside(fig, ax, words, title_artist, heading: list[str], chars: int) -> None:
+    """Widen the x axis until every bar's words end inside the axes, and wrap the title
+    narrower until it fits the figure: what a reader pastes in an issue must be whole."""
+    renderer = fig.canvas.get_renderer()
+    for _ in range(12):
+        inside = ax.get_window_extent(renderer).x1
+        if not words or max(w.get_window_extent(renderer).x1 for w in words) <= inside:
+            break
+        low, high = ax.get_xlim()
+        ax.set_xlim(low, high * 2)
+    for _ in range(12):
+        box = title_artist.get_window_extent(renderer)
+        if box.x1 <= fig.bbox.x1 and box.x0 >= fig.bbox.x0:
+            break
+        chars = max(20, int(chars * 0.85))
+        title_artist.set_text("\n".join(textwrap.fill(h, chars) for h in heading))
+        fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))

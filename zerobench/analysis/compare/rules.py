@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from zerobench.choices import did_you_mean
 from zerobench.runs.schema import METRIC_BY_NAME, METRICS
 
 DEFAULT_TIME_REL = 0.10
@@ -139,7 +140,8 @@ def resolve_metric(name: str, allowed: Sequence[str], rule: str = "") -> list[st
         if hits:
             raise ValueError(f"{where}{name!r} is ambiguous: it matches {', '.join(hits)}; "
                              f"use a full name or a glob such as '{name}*'")
-    raise ValueError(f"{where}unknown metric {name!r} (allowed: {', '.join(allowed)})")
+    raise ValueError(f"{where}unknown metric {name!r}{did_you_mean(name, allowed, show=str)} "
+                     f"(allowed: {', '.join(allowed)})")
 
 
 def parse_rules(texts: Sequence[str], metrics: Sequence[str] | None = None, tool: str = "run") -> list[Rule]:

@@ -14,6 +14,8 @@ imported on demand). From a notebook::
 Definitions and caveats: docs/profiling.md.
 """
 
+from zerobench.instruments.telemetry import GpuTelemetry
+
 from .collective_table import algbw_gbps, bandwidth_summary, bus_factor, busbw_gbps, collectives
 from .inflight import all_gathers_in_flight, max_all_gathers_in_flight
 from .overlap import (
@@ -24,7 +26,6 @@ from .overlap import (
     step_breakdown,
     step_windows,
 )
-from zerobench.instruments.telemetry import GpuTelemetry
 from .trace import Trace, load_trace
 
 __all__ = [

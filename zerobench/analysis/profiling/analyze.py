@@ -85,17 +85,35 @@ def analyze_run(run_dir, plots: bool = True) -> pd.DataFrame:
     order = folder.matrix_order()
     summary = summary.sort_values(["cell_id", "rank"], key=lambda c: c.map(lambda cid: order.get(cid, len(order))) if c.name == "cell_id" else c,
                                   kind="stable").reset_index(drop=True)
-    out = folder.analysis_dir
-    write_csv_atomic(out / "summary.csv", summary)
-    write_csv_atomic(out / "steps.csv", _cell_first(pd.concat(steps, ignore_index=True)))
-    write_csv_atomic(out / "collectives.csv", _cell_first(pd.concat(colls, ignore_index=True)))
-    write_csv_atomic(out / "inflight.csv", _cell_first(pd.concat(inflight, ignore_index=True)))
+    write_csv_atomic(folder.analysis_path("summary"), summary)
+    write_csv_atomic(folder.analysis_path("steps"), _cell_first(pd.concat(steps, ignore_index=True)))
+    write_csv_atomic(folder.analysis_path("collectives"), _cell_first(pd.concat(colls, ignore_index=True)))
+    write_csv_atomic(folder.analysis_path("inflight"), _cell_first(pd.concat(inflight, ignore_index=True)))
     folder.merge_into_results(summary)
     if plots:
         from .plots import plot_run
 
         plot_run(run_dir)
     return summary
+
+
+def summary_table(summary: pd.DataFrame):
+    """The per cell x rank summary as the table ``zerobench analyze`` prints
+    (zerobench/analysis/render.py): times in ms, overlap as a fraction."""
+    from zerobench.analysis.render import Column, Table, format_column
+
+    table = Table([Column("cell", "left", "parts", role="key"), Column("rank"), Column("overlap"),
+                   Column("exposed comm ms"), Column("compute ms"), Column("idle ms"),
+                   Column("all-gathers in flight")], title="per cell and rank, from its trace (means over the traced steps):")
+
+    def column(name, scale=1.0, decimals=None):
+        return format_column(summary[name] if name in summary else [None] * len(summary), scale, decimals)
+
+    figures = list(zip(column("overlap_ratio", 1, 2), column("exposed_comm_s", 1e3), column("compute_s", 1e3),
+                       column("idle_s", 1e3), column("max_inflight_all_gathers_trace", 1, 0)))
+    for k, (_, r) in enumerate(summary.iterrows()):
+        table.add_row(r["cell_id"], int(r["rank"]), *figures[k])
+    return table
 
 
 def _cell_first(df: pd.DataFrame) -> pd.DataFrame:

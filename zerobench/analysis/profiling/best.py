@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
+
+from zerobench.instruments.link import link_from_config  # noqa: F401  (re-exported: callers of best)
 
 from . import intervals as iv
 from .overlap import compute_intervals, modelled_intervals, step_windows
 from .trace import Trace
-from zerobench.instruments.link import link_from_config  # noqa: F401  (re-exported: callers of best)
 
 WAIT_LABELS = ("zerobench::wait_all_gather", "impl::wait_all_gather")
 

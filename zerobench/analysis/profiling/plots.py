@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from zerobench.analysis.figures import figure_title, plt, save_figure
-from . import intervals as iv
-from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows
 from zerobench.runs.folder import RunFolder
 
+from . import intervals as iv
+from .overlap import WAIT_PREFIX, comm_intervals, compute_intervals, step_windows
 from .trace import Trace, load_trace
 
 COLORS = {"compute": "#4C72B0", "comm hidden": "#DD8452", "comm exposed": "#C44E52", "wait": "#8C8C8C",
@@ -123,16 +123,16 @@ def plot_run(run_dir) -> list[Path]:
         traces = {r: load_trace(p, rank=r) for r, p in paths.items()}
         emulation = folder.emulation(cell_id)
         cell = results[results["cell_id"] == cell_id] if results is not None else None
-        written.append(plot_timeline(traces, run_dir / "plots" / f"timeline_{cell_id}.png",
+        written.append(plot_timeline(traces, folder.plot_path(f"timeline_{cell_id}.png"),
                                      title=f"{cell_id}: last traced step", emulation=emulation,
                                      setting=_setting(run_dir, cell)))
-    summary_path = run_dir / "analysis" / "summary.csv"
+    summary_path = folder.analysis_path("summary")
     if summary_path.exists():
         setting = _setting(run_dir, results)
-        written.append(plot_overlap(pd.read_csv(summary_path), run_dir / "plots" / "overlap.png", setting))
+        written.append(plot_overlap(pd.read_csv(summary_path), folder.plot_path("overlap.png"), setting))
         from .best_plot import plot_exposed_vs_best
 
-        best = plot_exposed_vs_best(pd.read_csv(summary_path), run_dir / "plots" / "exposed_vs_best.png", setting)
+        best = plot_exposed_vs_best(pd.read_csv(summary_path), folder.plot_path("exposed_vs_best.png"), setting)
         written += [best] if best is not None else []
     return written
 

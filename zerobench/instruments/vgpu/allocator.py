@@ -13,9 +13,12 @@ What is modelled, after c10/cuda/CUDACachingAllocator.cpp's documented behaviour
 * ``free()`` at host time lowers ``allocated`` at once. A block whose tensor was
   ``record_stream``-ed onto other streams is not reusable until each of those streams
   has passed the free: it stays *active* (and out of the cache) until then. The real
-  allocator notices completed events only when it next allocates (or synchronises), so
-  the model does the same: pending blocks are released at the next ``malloc`` whose
-  host time is at or after their ready time;
+  allocator notices completed events only when it next allocates (``process_events`` at
+  the top of ``malloc``) or empties its cache; neither ``torch.cuda.synchronize()`` nor
+  ``memory_stats()`` does, so after a synchronisation a freed block whose stream has long
+  passed it still counts as active until the next allocation. The model does the same:
+  pending blocks are released at the next ``malloc`` whose host time is at or after
+  their ready time (or by ``empty_cache``), and ``memory_stats`` reports them as active;
 * ``reserved`` is the memory held from the device. When a new segment would exceed what
   the allocator may hold ([Note: capacity a process sees]), cached oversize blocks are
   freed first (with ``max_split_size_mb``), then the device is synchronised and every
@@ -431,8 +434,9 @@ class CachingAllocator:
             s[f"{name}_peak"] = s[name]
 
     def memory_stats(self) -> dict:
-        """``torch.cuda.memory_stats()``'s names for what is modelled."""
-        self.process_events()
+        """``torch.cuda.memory_stats()``'s names for what is modelled. Like the real one it
+        processes no events: a freed block waiting for another stream is active until the
+        next ``malloc`` (see the Note)."""
         s = self.stats
         out = {}
         for name in ("allocated", "active", "reserved", "requested"):

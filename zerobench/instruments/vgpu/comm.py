@@ -18,7 +18,7 @@ stas00/ml-engineering's network chapter (its measurements, 8 GPUs of one node):
 * ``nvlink3-8gpu``: nccl-tests ``all_reduce_perf`` on an 8x A100 node, 32 KiB to 16 GiB,
   234.9 GB/s at 16 GiB (78 % of NVLink 3's 300 GB/s). All-gather and reduce-scatter
   run the same ring and are given the same curve.
-* ``nvlink4-8gpu``: ``all_reduce_bench.py`` on an 8x H200 node (H100 SXM has the same
+* ``nvlink4-8gpu``: ml-engineering's ``network/benchmarks/all_reduce_bench.py`` on an 8x H200 node (H100 SXM has the same
   NVLink 4), 32 KiB to 16 GiB, 482.3 GB/s at 16 GiB: NCCL's NVLS algorithm (NVLink
   SHARP), which it selects for an all-reduce of more than 4 GPUs. Every other case
   runs a ring, measured at 16 GiB at 367.6 (all-reduce), 361.4 (all-gather) and 362.9
@@ -105,7 +105,7 @@ _SIZES = tuple(32 * _KiB * 2**i for i in range(20))  # 32 KiB .. 16 GiB, doublin
 A100_NVLINK3 = BusbwCurve(_SIZES, (1.31, 2.45, 4.43, 7.47, 11.41, 18.00, 36.18, 72.33, 109.93, 106.16, 138.49,
                                    171.54, 176.92, 194.07, 222.72, 229.04, 231.41, 233.88, 234.61, 234.89),
                           "nccl-tests all_reduce_perf, 8x A100 NVLink 3")
-#: all_reduce_bench.py, 8x H200 NVLink 4, NVLS (stas00/ml-engineering, network/README.md).
+#: network/benchmarks/all_reduce_bench.py, 8x H200 NVLink 4, NVLS (stas00/ml-engineering, network/README.md).
 H200_NVLINK4_NVLS = BusbwCurve(_SIZES, (1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219.89,
                                         275.84, 346.51, 401.93, 436.15, 450.29, 463.58, 469.17, 473.10, 477.45,
                                         482.26),

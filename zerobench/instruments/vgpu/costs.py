@@ -1,32 +1,78 @@
-"""How long an operator runs on the virtual GPU: a roofline over FLOPs and bytes, with
-the shape of each GEMM and the direction of each attention kernel taken into account.
+"""How long an operator runs on the virtual GPU, and which class of kernel it is: a
+roofline over FLOPs and the bytes each kernel moves, every class priced from its own
+measurement (presets.py).
 
 [Note: operator cost]
-For an operator that launches a kernel,
+Every kernel has a class (kernel_classes.py) and, for an operator that launches one,
 
-    duration = max(compute_s, bytes / (hbm_bandwidth * memory_efficiency)) + floor
+    duration = max(compute_s, bytes / bandwidth(class)) + floor
 
-* a GEMM (``mm``, ``addmm``, ``bmm``, ``baddbmm``): ``compute_s`` is its FLOPs at the
-  card's large-GEMM rate times the shape factor of gemm.py ([Note: GEMM shapes]: tile
-  and wave quantisation, small K), and ``floor`` is ``gemm_floor_s``;
-* fused attention: its FLOPs (half when causal, as a flash kernel skips the masked half
-  of the score matrix) at ``attention_fwd_efficiency`` or ``attention_bwd_efficiency``
-  of the peak, FlashAttention-2's backward reaching less of it than its forward;
-* any other operator ``torch.utils.flop_counter`` counts FLOPs for (convolutions): its
-  FLOPs at the large-GEMM rate;
-* everything else is memory-bound: ``compute_s`` is 0.
+* ``gemm`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``; convolutions and anything else
+  ``torch.utils.flop_counter`` counts FLOPs for): its FLOPs at the card's large-GEMM
+  rate times the shape factor of gemm.py ([Note: GEMM shapes]: tile and wave
+  quantisation, small K); ``floor`` is ``gemm_floor_s``;
+* ``attention``: fused SDPA, forward or backward: its FLOPs (half when causal, as the
+  fused kernels skip the masked half of the score matrix) at the efficiency of the
+  backend torch picks ([Note: SDPA backend choice] in sdpa.py), measured per backend and
+  direction; the math backend is priced as the kernels it launches (two or four batched
+  GEMMs, and passes over the score matrix);
+* ``optimizer``: an optimizer's multi-tensor (``_foreach_*``) and fused kernels, at the
+  measured rate of a foreach AdamW step;
+* ``copy``: copies, fills and concatenations, at the measured rate of a device copy, or
+  of a cast when the dtype changes (a bf16 to fp32 cast streams at half a copy's rate
+  on the H200);
+* ``elementwise``: every other kernel (pointwise, activations, norms, softmax, losses,
+  reductions), at the rate measured on such kernels.
 
-The bytes are those of the tensor inputs and outputs (what a kernel must read and
-write at least), an expanded input counted once per element it really holds (a stride-0
-dimension reads the same element again), as ``torch.utils._runtime_estimation``'s
-``get_num_bytes`` counts them; memory-bound kernels stream them at the preset's
-measured fraction of HBM bandwidth. The dtype of the peak is that of the first
-floating-point input. This is PyTorch's ``RuntimeEstimator`` roofline with measured
-efficiencies in place of its peaks (see [Note: virtual GPU presets]).
+The bytes are what the kernel moves through HBM: [Note: passes over memory]. Compute
+runs at the clocks of a card under load: [Note: clocks under load]. The dtype of the
+peak is that of the first floating-point input. This is PyTorch's ``RuntimeEstimator``
+roofline with measured rates in place of its peaks.
 
 Operators that launch no kernel cost only host time: views and other metadata-only
 operators, ``empty``-style allocations, ``record_stream``, the few that only read a
 tensor's metadata, and the dispatcher ops of collectives and of ``record_function``.
+
+[Note: passes over memory]
+A kernel's bytes are those of its tensor inputs read and its outputs written, counted as
+PyTorch's CUDA kernels move them:
+
+* an expanded (stride-0) input counts once per element it really holds, as
+  ``torch.utils._runtime_estimation.get_num_bytes`` counts it; the same tensor given twice
+  (``_foreach_addcmul_(v, g, g)``) is read once;
+* an argument the operator writes in place counts as written too, also where the
+  operator returns nothing (every in-place ``_foreach_*`` op: without it, a foreach AdamW
+  step was priced at a third of its traffic); ``copy_`` and fills do not read their
+  destination;
+* a gather reads what it gathers, not its whole source (``embedding``, ``index_select``,
+  ``gather``, ``nll_loss_forward``); ``nll_loss_backward`` reads its input's shape only;
+* softmax and log-softmax over a row larger than a block's shared memory (48 KiB, the
+  ``sharedMemPerBlock`` of every NVIDIA part since Volta) read the row three times (its
+  maximum, its sum, the output: ``cunn_SoftMaxForward`` in SoftMax.cu) and their backward
+  reads the incoming gradient twice; a row that fits is loaded once
+  (``cunn_SoftMaxForwardSmem``). A cross-entropy over a 128k vocabulary is the first kind;
+* the fused RMSNorm reads its input twice, for the row's statistics and then to normalise
+  it (layer_norm_kernel.cu, ``vectorized_layer_norm_kernel_impl``), and its backward is two
+  kernels (fused.py, [Note: fused on the GPU]).
+
+[Note: clocks under load]
+A GPU runs compute-bound kernels at the clock its power limit allows. In a burst (a
+microbenchmark's few milliseconds, or a step that leaves the card mostly idle) it boosts;
+kept busy, it settles within a second to what the power limit sustains. The H200 ran an
+8192^3 GEMM at 777 TFLOP/s in a burst and at 668-672 TFLOP/s in six 2-second windows
+back to back, its power at 690-695 W of its 700 W limit and its SM clock at 1,410-1,530
+MHz (results/gpu/h200-20261126/micro.log, smi.csv): a sustained ratio of 0.862. A
+training step keeps the card busy for the whole run, so the virtual GPU runs GEMMs and
+attention at the sustained rate (``GpuPreset.clocks``; ``burst`` for the kernel table's
+bursts). Memory-bound kernels keep their rate: HBM's clock does not move (3,201 MHz
+throughout smi.csv).
+
+A card capped below its board limit (``power_cap_w``) sustains a lower clock. Dynamic
+power goes with frequency times voltage squared, and voltage with frequency across the
+DVFS range, so the power above idle goes with the clock cubed: the rate scales by
+``((cap - idle) / (limit - idle)) ** (1/3)``, with ``idle_power_w`` the board's power with
+a context and nothing running (124 W on the H200). A textbook approximation, not a
+measurement: the H200 has not been measured capped.
 """
 
 from __future__ import annotations
@@ -36,6 +82,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from zerobench.instruments.storages import local_tensor, tensors_in
 from zerobench.instruments.vgpu import gemm
 from zerobench.instruments.vgpu.presets import GpuPreset
 
@@ -62,9 +109,53 @@ NO_KERNEL_NAMESPACES = {"prim", "profiler", "c10d"}
 SYNCHRONIZING = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.nonzero.default,
                  aten.equal.default}
 
+#: cuBLAS GEMMs: they take a cuBLAS handle and its workspace (allocator.py,
+#: [Note: cuBLAS workspaces] in device.py).
+CUBLAS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+# Fused attention, as the CPU build runs it: priced as the GPU's backend would run it.
+ATTENTION_FORWARD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
+ATTENTION_BACKWARD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+ATTENTION = ATTENTION_FORWARD | ATTENTION_BACKWARD
+
+#: Operators of the copy class: copies, casts, fills and concatenations.
+COPY_OPS = {"copy_", "_to_copy", "clone", "cat", "stack", "fill_", "zero_", "zeros", "ones", "full", "zeros_like",
+            "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor", "_copy_from",
+            "_copy_from_and_resize", "index_copy", "index_copy_", "split_with_sizes_copy", "contiguous"}
+#: Operators that write their output without reading their destination.
+_WRITE_ONLY = {"fill_", "zero_"}
+#: Fused optimizer kernels (the ``fused=True`` optimizers of torch.optim).
+_FUSED_OPTIMIZERS = {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_", "_fused_adam",
+                     "_fused_adamw", "_fused_sgd"}
+#: sharedMemPerBlock of every NVIDIA part since Volta: a softmax row that fits is read once.
+SMEM_PER_BLOCK = 48 * 1024
+
 
 def launches_kernel(func) -> bool:
     return not func.is_view and func not in NO_KERNEL and func.namespace not in NO_KERNEL_NAMESPACES
+
+
+_CLASS: dict = {}
+
+
+def kernel_class(func) -> str:
+    """The class of the kernel ``func`` launches (kernel_classes.py)."""
+    cls = _CLASS.get(func)
+    if cls is None:
+        name = func._overloadpacket.__name__
+        if func in ATTENTION or name.startswith("_scaled_dot_product") or name.startswith("_efficient_attention") \
+                or name.startswith("_flash_attention") or name.startswith("_cudnn_attention"):
+            cls = "attention"
+        elif func in CUBLAS or func._overloadpacket in flop_registry:
+            cls = "gemm"
+        elif name.startswith("_foreach_") or name in _FUSED_OPTIMIZERS:
+            cls = "optimizer"
+        elif name in COPY_OPS:
+            cls = "copy"
+        else:
+            cls = "elementwise"
+        _CLASS[func] = cls
+    return cls
 
 
 # Namespaces of operators the host pays nothing for as operators: ``prim`` (a fake
@@ -78,7 +169,7 @@ def charges_host(func) -> bool:
     return func.namespace not in NO_HOST_NAMESPACES
 
 
-#: cuBLAS GEMMs: their launch costs the host more ([Note: host cost]).
+#: cuBLAS GEMMs, any overload: their launch costs the host more ([Note: host cost]).
 GEMM_PACKETS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 
 
@@ -86,48 +177,114 @@ def is_gemm(func) -> bool:
     return func._overloadpacket in GEMM_PACKETS
 
 
-def tensors_in(obj):
-    """The tensors in an operator's arguments or outputs (tensors, lists and tuples of
-    them, dicts of kwargs): a cheaper walk than pytree's on the hot path."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            if isinstance(item, (torch.Tensor, list, tuple)):
-                yield from tensors_in(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            if isinstance(item, (torch.Tensor, list, tuple)):
-                yield from tensors_in(item)
-
-
 def _tensors(obj) -> list:
     return list(tensors_in(obj))
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's tensor: a DTensor's local shard, not its global size. (The dispatch
-    mode sees a DTensor operator, e.g. fully_shard's optimizer step on sharded
-    parameters, before DTensor maps it onto the local shard.)"""
-    local = getattr(t, "_local_tensor", None)
-    return local if local is not None else t
+def _distinct(tensors) -> list:
+    """Each tensor once (the same tensor given twice is read once)."""
+    seen, out = set(), []
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes of the elements this rank's tensor spans (a DTensor by its local shard)."""
-    t = _local(t)
+    t = local_tensor(t)
     return t.numel() * t.element_size()
 
 
 def accessed_bytes(t: torch.Tensor) -> int:
     """Bytes a kernel reads or writes for ``t``: an expanded (stride-0) dimension counts
     once, as ``torch.utils._runtime_estimation.get_num_bytes`` counts it."""
-    t = _local(t)
+    t = local_tensor(t)
     elements = 1
     for size, stride in zip(t.shape, t.stride()):
         if stride != 0:
             elements *= size
     return elements * t.element_size()
+
+
+_MUTATED: dict = {}
+
+
+def _mutated_args(func) -> tuple[int, ...]:
+    """Indices of the arguments ``func`` writes in place (its schema's ``(a!)``)."""
+    found = _MUTATED.get(func)
+    if found is None:
+        found = tuple(i for i, a in enumerate(func._schema.arguments)
+                      if a.alias_info is not None and a.alias_info.is_write)
+        _MUTATED[func] = found
+    return found
+
+
+def _row_bytes(t: torch.Tensor, dim: int) -> int:
+    return t.shape[dim] * t.element_size() if t.dim() else t.element_size()
+
+
+def _softmax_bytes(args, out) -> int:
+    x, dim = args[0], args[1]
+    reads = 3 if _row_bytes(x, dim) > SMEM_PER_BLOCK else 1
+    return reads * accessed_bytes(x) + sum(accessed_bytes(t) for t in tensors_in(out))
+
+
+def _softmax_backward_bytes(args, out) -> int:
+    grad, output, dim = args[0], args[1], args[2]
+    reads = 2 if _row_bytes(grad, dim) > SMEM_PER_BLOCK else 1
+    return reads * accessed_bytes(grad) + accessed_bytes(output) + sum(accessed_bytes(t) for t in tensors_in(out))
+
+
+def _gather_bytes(args, out) -> int:
+    """A gather reads what it writes from its source, and its indices."""
+    written = sum(accessed_bytes(t) for t in tensors_in(out))
+    indices = sum(accessed_bytes(t) for t in tensors_in(args[1:]) if not t.is_floating_point())
+    return 2 * written + indices
+
+
+def _nll_loss_forward_bytes(args, out) -> int:
+    x, target = args[0], args[1]
+    return accessed_bytes(target) + target.numel() * x.element_size() + sum(accessed_bytes(t) for t in
+                                                                            tensors_in(out))
+
+
+def _nll_loss_backward_bytes(args, out) -> int:
+    grad, target = args[0], args[2]
+    return accessed_bytes(grad) + accessed_bytes(target) + sum(accessed_bytes(t) for t in tensors_in(out))
+
+
+def _copy_bytes(args, out) -> int:
+    return accessed_bytes(args[1]) + tensor_bytes(args[0])
+
+
+def _write_only_bytes(args, out) -> int:
+    return sum(accessed_bytes(t) for t in tensors_in(out)) or accessed_bytes(args[0])
+
+
+_BYTES_RULES = {
+    "_softmax": _softmax_bytes, "_log_softmax": _softmax_bytes,
+    "_softmax_backward_data": _softmax_backward_bytes, "_log_softmax_backward_data": _softmax_backward_bytes,
+    "embedding": _gather_bytes, "index_select": _gather_bytes, "gather": _gather_bytes,
+    "nll_loss_forward": _nll_loss_forward_bytes, "nll_loss_backward": _nll_loss_backward_bytes,
+    "copy_": _copy_bytes, "fill_": _write_only_bytes, "zero_": _write_only_bytes,
+}
+
+
+def kernel_bytes(func, args, kwargs, out) -> int:
+    """What the kernel moves through HBM: [Note: passes over memory]."""
+    rule = _BYTES_RULES.get(func._overloadpacket.__name__)
+    if rule is not None:
+        return rule(args, out)
+    nbytes = sum(accessed_bytes(t) for t in _distinct(tensors_in((args, kwargs))))
+    outputs = _tensors(out)
+    if outputs:
+        return nbytes + sum(accessed_bytes(t) for t in outputs)
+    for i in _mutated_args(func):  # written in place, nothing returned (in-place foreach ops)
+        if i < len(args):
+            nbytes += sum(accessed_bytes(t) for t in tensors_in(args[i]))
+    return nbytes
 
 
 def flops(func, args, kwargs, out) -> int:
@@ -140,25 +297,32 @@ def flops(func, args, kwargs, out) -> int:
         return 0
 
 
+def attention_shape(func, args) -> tuple[torch.dtype, int]:
+    """(dtype, head size) of a fused attention call: what picks its backend (sdpa.py)."""
+    q = args[0] if func in ATTENTION_FORWARD else args[1]
+    return q.dtype, int(q.shape[-1])
+
+
+def _causal(func, args, kwargs) -> bool:
+    if func in ATTENTION_FORWARD:
+        return bool(args[4] if len(args) > 4 else kwargs.get("is_causal", False))
+    return bool(args[7] if len(args) > 7 else kwargs.get("is_causal", False))
+
+
 def attention_flops(func, args, kwargs) -> int:
     """FLOPs of the fused attention kernel this CPU build runs in place of a GPU's
     (``flop_counter`` has no rule for the CPU variant): the shapes' matmul FLOPs, half of
     them when causal, as a flash kernel skips the masked half of the score matrix."""
-    if func is aten._scaled_dot_product_flash_attention_for_cpu.default:
+    n = _full_attention_flops(func, args)
+    return n // 2 if _causal(func, args, kwargs) else n
+
+
+def _full_attention_flops(func, args) -> int:
+    if func in ATTENTION_FORWARD:
         q, k, v = args[:3]
-        n = sdpa_flop_count(q.shape, k.shape, v.shape)
-        causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
-    else:
-        grad_out, q, k, v = args[:4]
-        n = sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
-        causal = args[7] if len(args) > 7 else kwargs.get("is_causal", False)
-    return n // 2 if causal else n
-
-
-# Fused attention: priced by attention_flops at the preset's forward or backward efficiency.
-ATTENTION_FORWARD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
-ATTENTION_BACKWARD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
-ATTENTION = ATTENTION_FORWARD | ATTENTION_BACKWARD
+        return sdpa_flop_count(q.shape, k.shape, v.shape)
+    grad_out, q, k, v = args[:4]
+    return sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
 
 
 class Cost(NamedTuple):
@@ -169,36 +333,84 @@ class Cost(NamedTuple):
     floor_s: float
     flops: int
     nbytes: int
+    kind: str = "other"
+    """its class (kernel_classes.py)"""
 
     @property
     def seconds(self) -> float:
         return max(self.compute_s, self.memory_s) + self.floor_s
 
 
-def kernel_cost(func, args, kwargs, out, gpu: GpuPreset) -> Cost:
-    """The parts of one kernel's time on ``gpu``. See [Note: operator cost]."""
-    inputs = _tensors((args, kwargs))
-    nbytes = sum(accessed_bytes(t) for t in inputs) + sum(accessed_bytes(t) for t in _tensors(out))
-    dtype = next((t.dtype for t in inputs if t.is_floating_point()), torch.float32)
-    floor = gpu.kernel_floor_s
-    if func in ATTENTION:
+def _math_attention(func, args, kwargs, gpu: GpuPreset) -> Cost:
+    """The math backend: the batched GEMMs it launches (two forward, four backward, over
+    the whole score matrix: it computes the masked half too) and its passes over the
+    score matrix (forward: written, masked, softmaxed and read back, five; backward:
+    eight)."""
+    q, k = (args[0], args[1]) if func in ATTENTION_FORWARD else (args[1], args[2])
+    batch = 1
+    for size in q.shape[:-2]:
+        batch *= size
+    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    n_flops = _full_attention_flops(func, args)
+    factor = (gemm.shape_factor(batch, s_q, s_k, d, gpu.sm_count) + gemm.shape_factor(batch, s_q, d, s_k, gpu.sm_count)) / 2
+    compute_s = n_flops / (gpu.flops_per_s(q.dtype) * factor)
+    passes = 5 if func in ATTENTION_FORWARD else 8
+    scores = batch * s_q * s_k * q.element_size()
+    memory_s = passes * scores / gpu.bandwidth("elementwise")
+    kernels = 5 if func in ATTENTION_FORWARD else 8
+    return Cost(compute_s + memory_s, 0.0, kernels * gpu.kernel_floor_s, n_flops, passes * scores, "attention")
+
+
+def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str | None = None) -> Cost:
+    """The parts of one kernel's time on ``gpu``. See [Note: operator cost].
+    ``attention_backend``: the SDPA backend of an attention kernel (sdpa.py chooses it)."""
+    kind = kernel_class(func)
+    if kind == "attention" and func in ATTENTION:
+        if attention_backend is None:
+            from zerobench.instruments.vgpu import sdpa
+
+            dtype, head_dim = attention_shape(func, args)
+            attention_backend = sdpa.choose(dtype, head_dim, gpu.sm_major)
+        if attention_backend == "math":
+            return _math_attention(func, args, kwargs, gpu)
         n_flops = attention_flops(func, args, kwargs)
-        efficiency = gpu.attention_fwd_efficiency if func in ATTENTION_FORWARD else gpu.attention_bwd_efficiency
-        compute_s = n_flops / (gpu.peak(dtype) * efficiency)
-    else:
+        dtype = attention_shape(func, args)[0]
+        efficiency = gpu.attention_efficiency(attention_backend, backward=func in ATTENTION_BACKWARD)
+        compute_s = n_flops / (gpu.peak(dtype) * efficiency * gpu.compute_scale)
+        nbytes = kernel_bytes(func, args, kwargs, out)
+        return Cost(compute_s, nbytes / gpu.bandwidth("copy"), gpu.kernel_floor_s, n_flops, nbytes, kind)
+    nbytes = kernel_bytes(func, args, kwargs, out)
+    if kind == "gemm":
+        inputs = _tensors((args, kwargs))
+        dtype = next((t.dtype for t in inputs if t.is_floating_point()), torch.float32)
         n_flops = flops(func, args, kwargs, out)
         compute_s = n_flops / gpu.flops_per_s(dtype) if n_flops else 0.0
-        shape = gemm.dims(func._overloadpacket.__name__, [tuple(_local(t).shape) for t in inputs])
+        floor = gpu.kernel_floor_s
+        shape = gemm.dims(func._overloadpacket.__name__, [tuple(local_tensor(t).shape) for t in inputs])
         if shape is not None:
             compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
             floor = gpu.gemm_floor_s
-    memory_s = nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
-    return Cost(compute_s, memory_s, floor, n_flops, nbytes)
+        return Cost(compute_s, nbytes / gpu.bandwidth("copy"), floor, n_flops, nbytes, kind)
+    if kind == "copy":
+        rate = gpu.bandwidth("cast" if changes_dtype(func, args, out) else "copy")
+    else:
+        rate = gpu.bandwidth(kind)
+    return Cost(0.0, nbytes / rate, gpu.kernel_floor_s, 0, nbytes, kind)
 
 
-def duration(func, args, kwargs, out, gpu: GpuPreset) -> tuple[float, int, int]:
+def changes_dtype(func, args, out) -> bool:
+    """Whether a copy converts dtypes (a cast)."""
+    name = func._overloadpacket.__name__
+    if name == "copy_" and len(args) > 1:
+        return args[0].dtype != args[1].dtype
+    if name == "_to_copy" and isinstance(out, torch.Tensor) and isinstance(args[0], torch.Tensor):
+        return out.dtype != args[0].dtype
+    return False
+
+
+def duration(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str | None = None) -> tuple[float, int, int]:
     """(seconds, flops, bytes) of one kernel on an idle ``gpu``."""
-    cost = kernel_cost(func, args, kwargs, out, gpu)
+    cost = kernel_cost(func, args, kwargs, out, gpu, attention_backend)
     return cost.seconds, cost.flops, cost.nbytes
 
 
@@ -209,9 +421,6 @@ def host_duration(args, kwargs, out, host) -> float:
     return nbytes / host.bytes_per_s
 
 
-def copy_duration(read_bytes: int, write_bytes: int, gpu: GpuPreset, host_device: bool) -> float:
-    """A copy that reads ``read_bytes`` and writes ``write_bytes``: over PCIe when one side
-    is host memory (the larger of the two crosses it), else within HBM (both)."""
-    if host_device:
-        return max(read_bytes, write_bytes) / (gpu.pcie_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s
-    return (read_bytes + write_bytes) / (gpu.hbm_bytes_per_s * gpu.memory_efficiency) + gpu.kernel_floor_s
+def pcie_duration(read_bytes: int, write_bytes: int, gpu: GpuPreset) -> float:
+    """A copy between host and device memory: the larger side crosses PCIe (or the C2C link)."""
+    return max(read_bytes, write_bytes) / gpu.bandwidth("pcie") + gpu.kernel_floor_s

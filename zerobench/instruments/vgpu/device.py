@@ -31,7 +31,26 @@ while it is installed
   work's ``wait()`` makes the current stream wait for the collective's end, and a
   synchronous call does that at once.
 
-The timeline is computed as the host issues work: [Note: virtual timeline].
+The timeline is computed as the host issues work: [Note: virtual timeline]. Every kernel
+carries its class (kernel_classes.py): in the Chrome trace (``args["class"]`` of its event)
+and in the device's per-class totals (``class_seconds``, ``class_kernels``,
+``class_bytes``), so a prediction and a real GPU's trace can be put side by side class by
+class.
+
+[Note: cuBLAS workspaces]
+torch gives each cuBLAS handle a workspace per stream it runs on, from the caching
+allocator, at the first GEMM on that (handle, stream) pair, and keeps it for the life of
+the process (aten/src/ATen/cuda/CublasHandlePool.cpp, ``setWorkspaceForHandle`` and
+``cublas_handle_stream_to_workspace``). Handles are per thread, and autograd runs a CUDA
+device's backward on a thread of its own: a training step on one stream holds two
+workspaces, the forward thread's and the backward thread's. Their size is
+``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KiB:COUNT`` pairs, summed) or, unset, 32 MiB on
+sm90 (``:4096:8``) and 8 MiB + 128 KiB elsewhere (``:4096:2:16:8``). cuBLASLt shares them
+since torch 2.11 (pytorch#168175 and #175879 made the unified workspace the default
+outside fbcode). The H200 held exactly these: two 32 MiB blocks more than the virtual GPU
+did before it modelled them (results/gpu/h200-20261126/README.md). Here a GEMM issued
+inside autograd's backward (``torch._C._current_autograd_node()``) stands for the
+backward thread's handle.
 
 [Note: collective tensors]
 A collective's tensors must not be reused while NCCL's stream still reads or writes
@@ -73,17 +92,32 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import Collective, Layer
-from zerobench.instruments.storages import Listener, makes_no_storage
 from zerobench.instruments.link import Link
-from zerobench.instruments.vgpu import comm, costs
+from zerobench.instruments.storages import Listener, makes_no_storage, storages_of
+from zerobench.instruments.vgpu import comm, costs, sdpa
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
 from zerobench.instruments.vgpu.host import HostPreset, PythonCalls, host_preset
+from zerobench.instruments.vgpu.kernel_classes import KERNEL_CLASSES
 from zerobench.instruments.vgpu.presets import GpuPreset, gpu_preset
 from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
 
 aten = torch.ops.aten
 _active: list["VirtualGpu"] = []
+#: The trace arguments of a kernel of each class, one shared dict per class (no
+#: allocation per kernel).
+CLASS_ARGS = {cls: {"class": cls} for cls in KERNEL_CLASSES}
+
+
+def cublas_workspace_bytes(compute_capability: str, config: str | None = None) -> int:
+    """The workspace torch gives one cuBLAS handle on one stream: [Note: cuBLAS workspaces]."""
+    import re
+
+    if config:
+        pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+        if pairs:
+            return sum(int(size) * 1024 * int(count) for size, count in pairs)
+    return 4096 * 8 * 1024 if str(compute_capability) == "9.0" else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
 def current() -> "VirtualGpu | None":
@@ -94,17 +128,34 @@ def current() -> "VirtualGpu | None":
 class VirtualGpu(Layer, Listener):
     """One virtual CUDA device. Use as a context manager: see [Note: virtual device].
 
-    ``gpu``/``host``: preset names or presets (zerobench/instruments/vgpu/presets.py and
+    ``gpu``/``host``: preset names, files or presets (zerobench/instruments/vgpu/presets.py and
     host.py; a host that prices Python calls counts them: [Note: host cost]). ``link``: the
     interconnect collectives are timed on (default: none, collectives take only the
     kernel floor); ``inter_link``: the one of a process group whose ranks span more than
-    one node of ``node_size`` ranks (default: ``link``)."""
+    one node of ``node_size`` ranks (default: ``link``). ``sdpa_backend``: the attention
+    backend (``auto``: torch's choice, sdpa.py). ``clocks``: ``sustained`` (the preset's
+    default) or ``burst`` ([Note: clocks under load] in costs.py). ``cublas_workspace_config``:
+    ``CUBLAS_WORKSPACE_CONFIG`` as the run would have it (default: this process's
+    environment)."""
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
                  inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None,
-                 record_streams: bool = False):
+                 record_streams: bool = False, sdpa_backend: str = "auto", clocks: str | None = None,
+                 cublas_workspace_config: str | None = None):
+        import os
+
         self.preset = gpu_preset(gpu)
+        if clocks is not None:
+            self.preset = self.preset.with_clocks(clocks)
+        self.sdpa_backend = sdpa.check(sdpa_backend)
+        # (dtype, head size) -> the SDPA backend that runs it (sdpa.py)
+        self._attention_backends: dict = {}
+        # [Note: cuBLAS workspaces]: one block per (backward thread?, stream), held for good.
+        if cublas_workspace_config is None:
+            cublas_workspace_config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        self.cublas_workspace_bytes = cublas_workspace_bytes(self.preset.compute_capability, cublas_workspace_config)
+        self._cublas_workspaces: dict = {}
         # How ProcessGroupNCCL keeps a collective's tensors alive: see [Note: collective tensors].
         self.record_streams = record_streams
         if not isinstance(alloc_conf, AllocatorConfig):
@@ -145,6 +196,10 @@ class VirtualGpu(Layer, Listener):
         self._exit_stack: contextlib.ExitStack | None = None
         self.kernels = 0
         self.collectives = 0
+        # Per kernel class: device seconds, kernels and bytes moved, since creation.
+        self.class_seconds = dict.fromkeys(KERNEL_CLASSES, 0.0)
+        self.class_kernels = dict.fromkeys(KERNEL_CLASSES, 0)
+        self.class_bytes = dict.fromkeys(KERNEL_CLASSES, 0)
         # [Note: build as users do]: storages made while a model is built and wrapped,
         # not yet given device memory, and whether such a build is under way.
         self._deferred: dict[int, int] = {}  # storage id -> bytes, not yet on the device
@@ -215,7 +270,7 @@ class VirtualGpu(Layer, Listener):
     def _sleep(self, cycles: int) -> None:
         self.charge("op")
         self.charge("kernel")
-        self._current.enqueue(int(cycles) / self.preset.sleep_cycles_per_s, "_sleep")
+        self.run_kernel(int(cycles) / self.preset.sleep_cycles_per_s, "_sleep", "other", 0)
 
     def memory_stats(self, device=None) -> dict:
         return self.allocator.memory_stats()
@@ -280,20 +335,50 @@ class VirtualGpu(Layer, Listener):
 
     @contextlib.contextmanager
     def fused(self, name: str):
-        """Operators run inside are one kernel of the GPU's ([Note: fused on the GPU] in
-        fused.py): no host cost or kernel each; on leaving, one launch and one memory-bound
-        kernel of the bytes the caller says it read and wrote."""
+        """Operators run inside are the GPU's fused kernels ([Note: fused on the GPU] in
+        fused.py): no host cost or kernel each; on leaving, the launches the caller counted
+        and memory-bound kernels of the bytes it says they read and wrote."""
         kernel = _FusedKernel()
         previous, self._fusing = self._fusing, kernel
         try:
             yield kernel
         finally:
             self._fusing = previous
-        for kind in ("op", "kernel", "alloc"):  # one operator, its kernel and its output
-            self.charge(kind)
-        memory_s = kernel.nbytes / (self.preset.hbm_bytes_per_s * self.preset.memory_efficiency)
-        self._current.enqueue(self.beside_collectives(self._current, 0.0, memory_s, self.preset.kernel_floor_s), name)
-        self.kernels += 1
+        for nbytes in kernel.launches:
+            for kind in ("op", "kernel", "alloc"):  # one operator, its kernel and its output
+                self.charge(kind)
+            memory_s = nbytes / self.preset.bandwidth("elementwise")
+            self.run_kernel(self.beside_collectives(self._current, 0.0, memory_s, self.preset.kernel_floor_s), name,
+                            "elementwise", nbytes)
+
+    def run_kernel(self, seconds: float, name: str, kind: str, nbytes: int, stream: VStream | None = None):
+        """Enqueue one kernel of class ``kind`` on ``stream`` (the current one), counted in
+        the per-class totals; returns its (start, end)."""
+        stream = stream if stream is not None else self._current
+        span = stream.enqueue(seconds, name, CLASS_ARGS[kind])
+        self.class_seconds[kind] += seconds
+        self.class_kernels[kind] += 1
+        self.class_bytes[kind] += nbytes
+        if kind != "collective":
+            self.kernels += 1
+        return span
+
+    def attention_backend(self, dtype: torch.dtype, head_dim: int) -> str:
+        """The SDPA backend that runs attention of this dtype and head size ([Note: SDPA backend choice])."""
+        key = (dtype, head_dim)
+        backend = self._attention_backends.get(key)
+        if backend is None:
+            backend = sdpa.choose(dtype, head_dim, self.preset.sm_major, requested=self.sdpa_backend)
+            self._attention_backends[key] = backend
+        return backend
+
+    def cublas_workspace(self) -> None:
+        """The workspace of the handle a GEMM issued now takes: [Note: cuBLAS workspaces]."""
+        key = (torch._C._current_autograd_node() is not None, self._current.id)
+        if key not in self._cublas_workspaces:
+            self._cublas_workspaces[key] = self.allocator.malloc(self.cublas_workspace_bytes, self._current,
+                                                                 "cublas_workspace")
+            self._count()
 
     def record_collective(self, start: float, end: float, bus_bytes_per_s: float) -> None:
         """An NCCL kernel runs on the device in [start, end]: compute kernels beside it run slower."""
@@ -441,12 +526,11 @@ class VirtualGpu(Layer, Listener):
 
     def record_storage_use(self, tensor: torch.Tensor, stream: VStream) -> None:
         """The allocator's side of ``record_stream`` (no host time: C++ does it inside a call)."""
-        local = getattr(tensor, "_local_tensor", None)
-        storage = (local if local is not None else tensor).untyped_storage()
-        sid = self._events.sid_of(storage) if self._events is not None else None
-        block = self._blocks.get(sid) if sid is not None else None
-        if block is not None:
-            self.allocator.record_stream(block, stream)
+        for storage in storages_of(tensor):
+            sid = self._events.sid_of(storage) if self._events is not None else None
+            block = self._blocks.get(sid) if sid is not None else None
+            if block is not None:
+                self.allocator.record_stream(block, stream)
 
     # -- installing ------------------------------------------------------------------
 
@@ -477,6 +561,16 @@ class VirtualGpu(Layer, Listener):
 
         supported = optimizer_module._get_foreach_kernels_supported_devices
         patches[(optimizer_module, "_get_foreach_kernels_supported_devices")] = lambda: [*supported(), "cpu"]
+        # It also takes it only for the tensor types it lists, and a parameter made under
+        # fake tensors (as predict runs) is a FakeTensor, not an nn.Parameter: every engine
+        # but fully_shard's (DTensors, which torch lists) stepped one parameter at a time,
+        # with the temporaries of the largest parameter at the optimizer's peak instead of
+        # the foreach path's. So the virtual GPU lists FakeTensor too.
+        import torch.utils._foreach_utils as foreach_utils_module
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        for listed in (optimizer_module._foreach_supported_types, foreach_utils_module._foreach_supported_types):
+            stack.enter_context(_listed(listed, FakeTensor))
         # Operators a GPU fuses into one kernel: [Note: fused on the GPU] in fused.py.
         from zerobench.instruments.vgpu import fused
 
@@ -526,9 +620,10 @@ class VirtualGpu(Layer, Listener):
         # Count what the outputs hold by role: gathered parameters, reduced gradients.
         role = {"all_gather": "unsharded", "reduce_scatter": "reduced"}.get(call.kind)
         if role is not None:
-            for storage in _storages(call.outputs()):
+            for storage in storages_of(call.outputs()):
                 self.relabel(storage, role)
-        start, end = stream.enqueue(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB")
+        start, end = self.run_kernel(seconds, f"{call.kind} {call.nbytes / 2**20:.2f} MiB", "collective", call.nbytes,
+                                     stream)
         if link is not None and call.group_size > 1:  # it slows the compute beside it
             self.record_collective(start, end, comm.bus_bytes_per_s(call.kind, call.nbytes, call.group_size, seconds))
         self.collectives += 1
@@ -574,6 +669,19 @@ class VirtualWork:
 
 
 @contextlib.contextmanager
+def _listed(items: list, item):
+    """``item`` in the list ``items`` (in place: others hold the same list) while inside."""
+    added = item not in items
+    if added:
+        items.append(item)
+    try:
+        yield
+    finally:
+        if added:
+            items.remove(item)
+
+
+@contextlib.contextmanager
 def _patched(owner, name: str, value):
     missing = object()
     original = owner.__dict__.get(name, missing) if isinstance(owner, type) else getattr(owner, name, missing)
@@ -587,23 +695,22 @@ def _patched(owner, name: str, value):
             setattr(owner, name, original)
 
 
-def _storages(obj):
-    for t in costs.tensors_in(obj):
-        if t.device.type == "cpu":
-            local = getattr(t, "_local_tensor", None)
-            yield (local if local is not None else t).untyped_storage()
-
-
 class _FusedKernel:
-    """The bytes one fused kernel reads and writes (VirtualGpu.fused)."""
+    """The bytes each kernel of a fused operator reads and writes (VirtualGpu.fused)."""
 
     def __init__(self):
-        self.nbytes = 0
+        self.launches = [0]  # bytes of each kernel, in launch order
 
-    def reads(self, *tensors) -> None:
-        self.nbytes += sum(costs.accessed_bytes(t) for t in tensors if t is not None)
+    def launch(self) -> None:
+        """The next bytes are another kernel's."""
+        self.launches.append(0)
 
-    writes = reads
+    def reads(self, *tensors, times: int = 1) -> None:
+        """``tensors`` read ``times`` times each ([Note: passes over memory] in costs.py)."""
+        self.launches[-1] += times * sum(costs.accessed_bytes(t) for t in tensors if t is not None)
+
+    def writes(self, *tensors) -> None:
+        self.launches[-1] += sum(costs.accessed_bytes(t) for t in tensors if t is not None)
 
 
 class _Mode(TorchDispatchMode):
@@ -634,20 +741,20 @@ class _Mode(TorchDispatchMode):
         if gpu._deferring and makes_no_storage(func):  # [Note: views while building]
             return func(*args, **kwargs)
         if gpu._fusing is not None:  # part of one fused kernel: its memory is followed, not its time
-            for storage in _storages((args, kwargs)):
+            for storage in storages_of((args, kwargs)):
                 gpu.track(storage)
             gpu._in_op += 1
             try:
                 out = func(*args, **kwargs)
             finally:
                 gpu._in_op -= 1
-            for storage in _storages(out):
+            for storage in storages_of(out):
                 gpu.track(storage)
             return out
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:  # a host buffer: this CPU-only build cannot pin, and it is not device memory
             kwargs = {**kwargs, "pin_memory": False}
-        inputs = list(_storages((args, kwargs)))
+        inputs = list(storages_of((args, kwargs)))
         if func is aten.lift_fresh.default:
             for storage in inputs:
                 gpu._host_storages[storage] = True
@@ -676,33 +783,38 @@ class _Mode(TorchDispatchMode):
         finally:
             gpu._in_op -= 1
         if on_host:
-            for storage in _storages(out):
+            for storage in storages_of(out):
                 gpu._host_storages[storage] = True
             if kernel:  # the CPU runs it
                 gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
-            outputs = list(_storages(out))
+            outputs = list(storages_of(out))
             if outputs and gpu._events is not None:  # the caching allocator hands out each new one
                 new = sum(1 for storage in outputs if gpu._events.sid_of(storage) is None)
                 if new:
                     gpu.charge("alloc", new)
-            if func in (aten.copy_.default, aten._to_copy.default) and len(args) > (func is aten.copy_.default):
-                host_side = any(s in gpu._host_storages for s in _storages((args, out)))
+            host_side = (func in (aten.copy_.default, aten._to_copy.default)
+                         and len(args) > (func is aten.copy_.default)
+                         and any(s in gpu._host_storages for s in storages_of((args, out))))
+            if host_side:  # across PCIe
                 source = args[1] if func is aten.copy_.default else args[0]
-                written = costs.tensor_bytes(source)  # the destination has the source's shape
-                seconds = costs.copy_duration(costs.accessed_bytes(source), written, gpu.preset, host_side)
-                seconds = gpu.beside_collectives(gpu._current, 0.0, seconds - gpu.preset.kernel_floor_s,
-                                                 gpu.preset.kernel_floor_s) if not host_side else seconds
+                nbytes = costs.tensor_bytes(source)  # the destination has the source's shape
+                seconds, kind = costs.pcie_duration(costs.accessed_bytes(source), nbytes, gpu.preset), "copy"
             else:
-                cost = costs.kernel_cost(func, args, kwargs, out, gpu.preset)
+                backend = None
+                if func in costs.ATTENTION:
+                    backend = gpu.attention_backend(*costs.attention_shape(func, args))
+                cost = costs.kernel_cost(func, args, kwargs, out, gpu.preset, backend)
+                if func in costs.CUBLAS:
+                    gpu.cublas_workspace()
                 seconds = gpu.beside_collectives(gpu._current, cost.compute_s, cost.memory_s, cost.floor_s,
-                                                 attention=func in costs.ATTENTION)
-            gpu._current.enqueue(seconds, func.__name__)
-            gpu.kernels += 1
+                                                 attention=cost.kind == "attention")
+                kind, nbytes = cost.kind, cost.nbytes
+            gpu.run_kernel(seconds, func.__name__, kind, nbytes)
             lead = gpu.default.tail - gpu.host.now
             if lead > gpu.host_lead_max_s:
                 gpu.host_lead_max_s = lead
-        for storage in _storages(out):
+        for storage in storages_of(out):
             gpu.track(storage)
         gpu.trace.span("host", func.__name__, start, gpu.host.now)
         return out

@@ -12,9 +12,14 @@ peak than the GPU holds.
 
 So, while the virtual GPU is installed, ``F.rms_norm`` with a matching weight is an
 autograd function that computes the same values with the same operators but as the GPU
-does it: each direction is one kernel of the bytes it reads and writes
-(``VirtualGpu.fused``), and what it saves is the input and the reciprocal RMS. A weight
-of another dtype takes the decomposition, on the GPU as here.
+does it (``VirtualGpu.fused``), and what it saves is the input and the reciprocal RMS.
+Its kernels move what the CUDA kernels move (layer_norm_kernel.cu, which RMSNorm shares):
+forward, one kernel that reads each row twice (``vectorized_layer_norm_kernel_impl``:
+the row's statistics, then the normalisation) and writes it once; backward, one kernel
+that reads the input and the gradient twice each (``layer_norm_grad_input_kernel``: the
+row's two dot products, then the input's gradient) and one that reads them once more
+for the weight's gradient. A weight of another dtype takes the decomposition, on the GPU
+as here.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ class _FusedRMSNorm(torch.autograd.Function):
             if weight is not None:
                 y = y * weight.float()
             y = y.to(x.dtype)
-            kernel.reads(x, weight)
+            kernel.reads(x, times=2)
+            kernel.reads(weight)
             kernel.writes(y, rstd)
         ctx.gpu, ctx.dims, ctx.has_weight = gpu, dims, weight is not None
         ctx.save_for_backward(x, weight, rstd)
@@ -63,8 +69,13 @@ class _FusedRMSNorm(torch.autograd.Function):
             if ctx.has_weight:
                 reduce = tuple(range(x.dim() - len(ctx.dims)))
                 grad_w = (g32 * normalized).sum(reduce).to(weight.dtype)
-            kernel.reads(x, weight, rstd, grad)
-            kernel.writes(grad_x, grad_w)
+            kernel.reads(x, grad, times=2)  # the input's gradient
+            kernel.reads(weight, rstd)
+            kernel.writes(grad_x)
+            if ctx.has_weight:  # the weight's gradient: a second kernel
+                kernel.launch()
+                kernel.reads(x, grad, rstd)
+                kernel.writes(grad_w)
         return None, grad_x, grad_w, None, None
 
 

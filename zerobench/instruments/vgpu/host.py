@@ -313,8 +313,16 @@ REQUIRED = ("add_out_of_place_us", "add_inplace_us", "linear_small_us", "empty_a
             "all_gather_1mib_ws1_async_wait_us")
 
 
+#: What host.json's programs make the host execute at this torch, counted on the virtual
+#: GPU (zerobench.validation.calibrate.host.count_programs): a property of the programs and
+#: torch, not of the machine measured, so measurements without their own counts use these.
+SHIPPED_COUNTS = Path(__file__).with_name("host_counts.json")
+
+
 def _program_counts(measured: dict) -> dict[str, dict[str, int]]:
     counts = measured.get("counts")
+    if counts is None:
+        counts = json.loads(SHIPPED_COUNTS.read_text())["counts"]
     if not isinstance(counts, dict) or not all(p in counts for p in FITTED):
         raise ValueError("host measurements: 'counts' must give what each of "
                          f"{', '.join(FITTED)} executes (zerobench.validation.calibrate.host.count_programs)")
@@ -376,24 +384,27 @@ def fit_report(measured: dict, preset: HostPreset | None = None) -> list[dict]:
 
 # -- the hosts --------------------------------------------------------------------------
 
-_REPO = Path(__file__).resolve().parents[3]
-#: The measured hosts: name -> (host.json, the counts of its programs at this torch).
-MEASURED = {"h200-host": (_REPO / "results" / "gpu" / "h200-20261126" / "host.json",
-                          Path(__file__).with_name("host_counts.json"))}
+#: The measured hosts: name -> (the file holding its measurements, the counts of host.json's
+#: programs at this torch). The H200's host.json travels inside the package as the host of
+#: the h200 GPU preset (gpus/h200.json, built from results/gpu/h200-20261126/host.json).
+MEASURED = {"h200-host": (Path(__file__).with_name("gpus") / "h200.json", SHIPPED_COUNTS)}
 
 
-def load_measurements(host_json: Path, counts_json: Path | None = None) -> dict:
-    """host.json with its programs' counts (from ``counts_json``, when host.json has none)."""
-    measured = json.loads(Path(host_json).read_text())
+def load_measurements(path: Path, counts_json: Path | None = None) -> dict:
+    """A host.json, or the ``"host"`` of a GPU preset file, with its programs' counts (from
+    ``counts_json``, when the measurements carry none)."""
+    data = json.loads(Path(path).read_text())
+    measured = dict(data["host"]["value"]) if "format" in data else data
     if "counts" not in measured and counts_json is not None:
         measured["counts"] = json.loads(Path(counts_json).read_text())["counts"]
     return measured
 
 
 def _measured(name: str) -> HostPreset:
-    host_json, counts_json = MEASURED[name]
-    return from_measurements(load_measurements(host_json, counts_json), name=name,
-                             source=str(host_json.relative_to(_REPO)))
+    path, counts_json = MEASURED[name]
+    data = json.loads(path.read_text())
+    source = data["host"]["source"] if "format" in data else path.name
+    return from_measurements(load_measurements(path, counts_json), name=name, source=source)
 
 
 HOST_PRESETS: dict[str, HostPreset] = {
@@ -412,7 +423,9 @@ def host_preset(name: "str | HostPreset") -> HostPreset:
     if isinstance(name, HostPreset):
         return name
     if name not in HOST_PRESETS:
-        raise ValueError(f"host must be one of {', '.join(HOST_PRESETS)}, got {name!r}")
+        from zerobench.choices import not_allowed
+
+        raise ValueError(not_allowed("host", name, HOST_PRESETS, show=str))
     return HOST_PRESETS[name]
 
 

@@ -1,34 +1,50 @@
-"""What the virtual GPU is modelled on: a GPU's peaks and a host's costs.
+"""What the virtual GPU is modelled on: a GPU's figures, each from a measurement or a data
+sheet, and a host's costs.
 
 [Note: virtual GPU presets]
-Each GPU preset gives the data-sheet figures of one card (dense peaks, HBM bandwidth
-and size, SM count and clock, power) and the fractions of those peaks that published
-microbenchmarks reach on it. Every figure and its source is listed in docs/vgpu.md
-("Presets and their sources"); none is fitted to the training runs the validation
-table compares with.
+A GPU preset is a JSON file, one per part (``zerobench/instruments/vgpu/gpus/<name>.json``
+for the shipped ones; any path for a user's, as ``zerobench calibrate`` writes it). Each
+figure is ``{"value": ..., "source": "..."}``: the measurement it was derived from (a file
+and what was measured) or the data sheet it was copied from, so a preset says where every
+number comes from. A file may name a ``"base"`` preset and give only the figures that
+differ (the torchtitan H100s are the H100 SXM with their memory and power cap), as
+workloads derive from each other by changing fields.
 
-* ``matmul_efficiency``: the fraction of the dense peak one full wave of large GEMM
-  tiles sustains. It is the published *sustained* matmul rate (MSMF, the power-limited
-  rate of a GEMM that keeps the card at its power limit; stas00/ml-engineering's
-  MAMF/MSMF table: H200 834 achievable, 755 sustained TFLOP/s of 989) where one is
-  published, else the achievable rate (MAMF; A100 SXM 271.2 of 312), divided by the
-  tile and wave quantisation and the small-K loss of the shape it was measured at
-  (costs.py, [Note: GEMM shapes]), so that the cost model gives back the published
-  figure at that shape.
-* ``attention_fwd_efficiency`` / ``attention_bwd_efficiency``: FlashAttention-2's
-  forward and backward kernels, separately: on A100 up to 73 % and 63 % of the peak
-  (FlashAttention-2 paper, Dao 2023); on H100 35 % forward (FlashAttention-3 paper,
-  Shah et al. 2024), the backward at the same backward/forward ratio as on A100.
-* ``memory_efficiency``: the fraction of HBM peak that memory-bound kernels stream at:
-  0.90 (DeepSeek's FlashMLA: 3000 GB/s of the H800's 3.35 TB/s HBM3 in its
-  memory-bound configuration; the same fraction is assumed for HBM2e and HBM3e parts,
-  which have no comparable published measurement).
+The figures that price kernels ([Note: operator cost] in costs.py):
+
+* ``peak_flops`` (dense, per dtype), ``hbm_bytes_per_s``, ``pcie_bytes_per_s``,
+  ``memory_bytes``, ``sm_count``, ``sm_clock_hz``, ``power_w``: the data sheet (memory as
+  CUDA or nvidia-smi reports it where known);
+* ``matmul_efficiency``: the fraction of the dense peak a full wave of large GEMM tiles
+  reaches *in a burst* (costs.py prices other shapes around it: [Note: GEMM shapes]);
+  calibrated on a grid of measured GEMMs;
+* ``sustained_ratio``: the rate of compute-bound kernels when the card has run at its
+  power limit for seconds, over the burst rate (a GEMM run back to back for 12 s on the
+  H200: 670 against 777 TFLOP/s). A training step sees the sustained rate: see
+  [Note: clocks under load] in costs.py. ``power_cap_w`` (a limit set below the board's
+  ``power_w``, as Meta's H100s ran at 500 W) and ``idle_power_w`` scale it further;
+* ``attention_<backend>``: forward and backward FLOP rate of each SDPA backend (cudnn,
+  flash, efficient) as a fraction of the dense peak, in a burst; which backend runs is
+  torch's choice for the part, the dtype and the head size (sdpa.py);
+* ``copy_efficiency``, ``cast_efficiency``, ``elementwise_efficiency``,
+  ``optimizer_efficiency``, ``pcie_efficiency``: the fraction of the HBM (or PCIe) peak
+  that each kind of memory-bound kernel streams its bytes at, the bytes counted as the
+  cost model counts them (each pass over memory the kernel makes);
 * ``kernel_floor_s`` / ``gemm_floor_s``: the shortest kernel and the shortest cuBLAS
-  GEMM, launch to completion when queued behind other work.
-* ``context_bytes`` and ``nccl_bytes_per_group``: device memory a process holds
-  outside PyTorch's caching allocator (the CUDA context; NCCL's buffers for each
-  communicator), subtracted from ``memory_bytes`` to give what the allocator may
-  reserve ([Note: capacity a process sees] in allocator.py).
+  GEMM, launch to completion when queued behind other work;
+* ``context_bytes`` and ``nccl_bytes_per_group``: device memory a process holds outside
+  PyTorch's caching allocator ([Note: capacity a process sees] in allocator.py).
+
+A preset may also carry ``"host"``: host.json-shaped measurements of the host's costs
+(microseconds) on the machine the GPU was measured in, which the host model (host.py)
+turns into a host preset; ``predict --gpu`` uses it unless ``--host`` is given. A base
+passes on its figures, not its host.
+
+Fractions measured on one part carry over to a part of the same die (H100 SXM from the
+H200: the same GH100 at the same clocks and 700 W), as fractions of that part's own peaks;
+for other parts the file says what was assumed. ``zerobench calibrate`` measures a GPU and
+writes such a file through :func:`zerobench.instruments.vgpu.calibration.preset_from_measurements`,
+the function that also rebuilt the shipped ``h200`` from the H200's measurements.
 
 A host preset is what the CPU thread pays for what it does: host.py ([Note: host
 cost]), where the measured host (``h200-host``) and the two assumed ones (``fast``,
@@ -38,23 +54,33 @@ cost]), where the measured host (``h200-host``) and the two assumed ones (``fast
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from zerobench.instruments.vgpu.gemm import shape_factor
-from zerobench.instruments.vgpu.host import HOST_PRESETS, HostPreset, host_preset  # noqa: F401 - their home is host.py
+from zerobench.choices import not_allowed
 
 _MiB = 2**20
-_TB = 1e12
+
+#: Where the shipped GPU presets live, one JSON file per part.
+GPU_DIR = Path(__file__).parent / "gpus"
+#: The format tag of a preset file.
+PRESET_FORMAT = "zerobench-gpu-preset/1"
+#: SDPA backends a preset may carry an efficiency for (math is priced as its kernels).
+ATTENTION_BACKENDS = ("cudnn", "flash", "efficient")
+#: dtype names in a preset file.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 @dataclass(frozen=True)
 class GpuPreset:
     name: str
-    """Preset name, as given to ``--gpu``."""
+    """Preset name, as given to ``--gpu`` (or the file it was read from)."""
     memory_bytes: int
-    """Device memory, as nvidia-smi reports its total."""
+    """Device memory, as CUDA (``total_memory``) or nvidia-smi reports its total."""
     peak_flops: dict = field(default_factory=dict)
     """Dense peak FLOP/s by dtype (tensor cores for bf16/fp16; fp32 without TF32, PyTorch's default)."""
     hbm_bytes_per_s: float = 0.0
@@ -64,28 +90,65 @@ class GpuPreset:
     sm_count: int = 132
     """Streaming multiprocessors: what a GEMM's tiles are spread over, one wave at a time."""
     sm_clock_hz: float = 1.83e9
-    """The clock that gives the data sheet's dense peak (SMs x tensor-core FMAs per clock x 2 x
-    clock); ``_sleep(cycles)`` spins on it."""
+    """The clock that gives the data sheet's dense peak; ``_sleep(cycles)`` spins on it."""
+    compute_capability: str = "9.0"
+    """``major.minor``: what torch's choices depend on (SDPA backend, cuBLAS workspace size)."""
     power_w: float = 700.0
-    """Board power limit (documentation: why sustained matmul rates sit below the peak)."""
+    """Board power limit (TDP)."""
+    power_cap_w: float | None = None
+    """The power limit the card runs at, when set below ``power_w`` (``nvidia-smi -pl``)."""
+    idle_power_w: float = 0.0
+    """Board power with a CUDA context and nothing running (the part of the power that does not scale with clocks)."""
     matmul_efficiency: float = 0.78
-    """Fraction of the dense peak a full wave of large GEMM tiles sustains (see the Note)."""
-    attention_fwd_efficiency: float = 0.35
-    attention_bwd_efficiency: float = 0.30
-    memory_efficiency: float = 0.90
+    """Fraction of the dense peak a full wave of large GEMM tiles reaches in a burst."""
+    sustained_ratio: float = 1.0
+    """Sustained over burst rate of compute-bound kernels at the board limit."""
+    clocks: str = "sustained"
+    """``sustained`` (a training step; [Note: clocks under load] in costs.py) or ``burst`` (a
+    microbenchmark's few milliseconds)."""
+    attention_cudnn: tuple | None = None
+    """(forward, backward) fractions of the dense peak of cuDNN's fused attention; None: no figure."""
+    attention_flash: tuple | None = (0.35, 0.30)
+    attention_efficient: tuple | None = (0.175, 0.10)
+    copy_efficiency: float = 0.90
+    """Fraction of the HBM peak a same-dtype copy streams its bytes (read and written) at."""
+    cast_efficiency: float = 0.90
+    """The same for a copy that changes dtype."""
+    elementwise_efficiency: float = 0.90
+    """The same for other memory-bound kernels (pointwise, norms, softmax, losses), their passes counted."""
+    optimizer_efficiency: float = 0.90
+    """The same for an optimizer's multi-tensor (foreach) kernels."""
+    pcie_efficiency: float = 0.90
+    """Fraction of the PCIe peak a pinned host-device copy reaches."""
     kernel_floor_s: float = 2e-6
     gemm_floor_s: float = 6e-6
     context_bytes: int = 512 * _MiB
-    """CUDA context, cuBLAS handles and the like, outside the caching allocator."""
+    """CUDA context, loaded kernels and the like, outside the caching allocator."""
     nccl_bytes_per_group: int = 688 * _MiB
     """NCCL's own buffers for one communicator (a process group that runs a collective)."""
+    host: dict | None = None
+    """host.json-shaped measurements of the host's costs (microseconds), or None."""
+    description: str = ""
+    sources: dict = field(default_factory=dict, compare=False)
+    """figure -> where its value comes from (documentation; not part of the model)."""
 
     def __post_init__(self):
-        for name in ("matmul_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
-                     "memory_efficiency"):
+        for name in ("matmul_efficiency", "sustained_ratio", "copy_efficiency", "cast_efficiency",
+                     "elementwise_efficiency", "optimizer_efficiency", "pcie_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"gpu preset {self.name}: {name} {value!r} is not allowed (allowed: 0 < x <= 1)")
+        for backend in ATTENTION_BACKENDS:
+            pair = getattr(self, f"attention_{backend}")
+            if pair is not None and (len(pair) != 2 or not all(0 < x <= 1 for x in pair)):
+                raise ValueError(f"gpu preset {self.name}: attention_{backend} {pair!r} is not allowed "
+                                 "(allowed: [forward, backward], each 0 < x <= 1)")
+        if self.clocks not in ("sustained", "burst"):
+            raise ValueError(f"gpu preset {self.name}: clocks {self.clocks!r} is not allowed "
+                             "(allowed: sustained, burst)")
+        if self.power_cap_w is not None and not 0 < self.power_cap_w:
+            raise ValueError(f"gpu preset {self.name}: power_cap_w {self.power_cap_w!r} is not allowed "
+                             "(allowed: watts > 0)")
         for name in ("context_bytes", "nccl_bytes_per_group"):
             if getattr(self, name) < 0:
                 raise ValueError(f"gpu preset {self.name}: {name} {getattr(self, name)!r} is not allowed "
@@ -93,18 +156,55 @@ class GpuPreset:
         if self.context_bytes >= self.memory_bytes:
             raise ValueError(f"gpu preset {self.name}: context_bytes {self.context_bytes} is not allowed "
                              f"(allowed: less than memory_bytes {self.memory_bytes})")
+        if torch.float32 not in self.peak_flops:
+            raise ValueError(f"gpu preset {self.name}: peak_flops has no fp32 figure (allowed: a dict of "
+                             f"{', '.join(DTYPES)} to FLOP/s, fp32 included)")
 
     @property
     def sleep_cycles_per_s(self) -> float:
         return self.sm_clock_hz
 
+    @property
+    def sm_major(self) -> int:
+        return int(str(self.compute_capability).split(".")[0])
+
     def peak(self, dtype: torch.dtype) -> float:
         """Dense peak FLOP/s of ``dtype`` (fp32's for a dtype the card has no tensor-core rate for)."""
         return self.peak_flops.get(dtype, self.peak_flops[torch.float32])
 
+    @property
+    def cap_factor(self) -> float:
+        """How much slower compute-bound kernels run under ``power_cap_w`` than at the board
+        limit: see [Note: clocks under load] in costs.py."""
+        cap = self.power_cap_w
+        if cap is None or cap >= self.power_w:
+            return 1.0
+        dynamic = max(cap - self.idle_power_w, 1e-9) / max(self.power_w - self.idle_power_w, 1e-9)
+        return dynamic ** (1.0 / 3.0)
+
+    @property
+    def compute_scale(self) -> float:
+        """The rate of compute-bound kernels over their burst rate, at these clocks."""
+        return 1.0 if self.clocks == "burst" else self.sustained_ratio * self.cap_factor
+
     def flops_per_s(self, dtype: torch.dtype) -> float:
-        """What a full wave of large GEMM tiles sustains (costs.py prices shapes around it)."""
-        return self.peak(dtype) * self.matmul_efficiency
+        """What a full wave of large GEMM tiles reaches at these clocks (costs.py prices shapes around it)."""
+        return self.peak(dtype) * self.matmul_efficiency * self.compute_scale
+
+    def attention_efficiency(self, backend: str, backward: bool) -> float:
+        """The fraction of the dense peak ``backend``'s fused attention reaches in a burst."""
+        pair = getattr(self, f"attention_{backend}", None)
+        if pair is None:
+            raise ValueError(f"gpu preset {self.name}: no attention_{backend} figure for the SDPA backend torch "
+                             f"picks here (allowed: a preset that gives it, or --sdpa-backend "
+                             f"{', '.join(b for b in ATTENTION_BACKENDS if getattr(self, f'attention_{b}'))}, math)")
+        return pair[1 if backward else 0]
+
+    def bandwidth(self, kind: str) -> float:
+        """Bytes per second of a memory-bound kernel of ``kind``: copy, cast, elementwise, optimizer or pcie."""
+        if kind == "pcie":
+            return self.pcie_bytes_per_s * self.pcie_efficiency
+        return self.hbm_bytes_per_s * getattr(self, f"{kind}_efficiency")
 
     def with_memory(self, context_bytes: int | None = None, nccl_bytes_per_group: int | None = None) -> "GpuPreset":
         """This preset with the memory held outside the allocator set by the user."""
@@ -112,58 +212,137 @@ class GpuPreset:
                    if v is not None}
         return dataclasses.replace(self, **changes) if changes else self
 
+    def with_clocks(self, clocks: str) -> "GpuPreset":
+        return self if clocks == self.clocks else dataclasses.replace(self, clocks=clocks)
 
-def _tensor_core(bf16_tflops: float, fp32_tflops: float) -> dict:
-    return {torch.bfloat16: bf16_tflops * _TB, torch.float16: bf16_tflops * _TB, torch.float32: fp32_tflops * _TB}
+    # -- the file ---------------------------------------------------------------------
 
+    def figures(self) -> dict:
+        """Every model figure of this preset in its file's form (values only, JSON types)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("name", "description", "sources", "host", "clocks"):
+                continue
+            value = getattr(self, f.name)
+            if f.name == "peak_flops":
+                value = {_DTYPE_NAMES.get(k, str(k)): v for k, v in value.items()}
+            elif isinstance(value, tuple):
+                value = {"forward": value[0], "backward": value[1]}
+            out[f.name] = value
+        return out
 
-def _large_gemm_efficiency(published_tflops: float, peak_tflops: float, shape: tuple, sm_count: int) -> float:
-    """The efficiency of a full wave of large tiles that gives back a published matmul
-    rate at the shape it was measured at (gemm.py, [Note: GEMM shapes])."""
-    return published_tflops / peak_tflops / shape_factor(1, *shape, sm_count)
-
-
-# H100 SXM and H200 share the die, clocks and 700 W limit ("H200 is the same" in the MAMF
-# table), so they share the sustained rate: MSMF 755 of 989 TFLOP/s (stas00/ml-engineering),
-# taken at the MAMF table's best H100 shape since the MSMF shape is not published. The other
-# Hopper parts have no published rate and are given the same fraction. A100: MAMF 271.2 of
-# 312 at 1024x10240x5120 (no sustained rate is published for it).
-_HOPPER_SUSTAINED = _large_gemm_efficiency(755, 989, (2048, 2048, 13312), 132)
-_AMPERE_ACHIEVABLE = _large_gemm_efficiency(271.2, 312, (1024, 10240, 5120), 108)
-
-GPU_PRESETS: dict[str, GpuPreset] = {p.name: p for p in (
-    GpuPreset("h100-sxm", memory_bytes=81_559 * _MiB, peak_flops=_tensor_core(989, 67), hbm_bytes_per_s=3.35 * _TB,
-              pcie_bytes_per_s=64e9, sm_count=132, sm_clock_hz=1.83e9, power_w=700,
-              matmul_efficiency=_HOPPER_SUSTAINED, attention_fwd_efficiency=0.35, attention_bwd_efficiency=0.30),
-    GpuPreset("h100-nvl", memory_bytes=94 * 1024 * _MiB, peak_flops=_tensor_core(835, 60), hbm_bytes_per_s=3.9 * _TB,
-              pcie_bytes_per_s=64e9, sm_count=132, sm_clock_hz=1.545e9, power_w=400,
-              matmul_efficiency=_HOPPER_SUSTAINED, attention_fwd_efficiency=0.35, attention_bwd_efficiency=0.30),
-    GpuPreset("h100-pcie", memory_bytes=81_559 * _MiB, peak_flops=_tensor_core(756, 51), hbm_bytes_per_s=2.0 * _TB,
-              pcie_bytes_per_s=64e9, sm_count=114, sm_clock_hz=1.62e9, power_w=350,
-              matmul_efficiency=_HOPPER_SUSTAINED, attention_fwd_efficiency=0.35, attention_bwd_efficiency=0.30),
-    GpuPreset("gh200-96gb", memory_bytes=96 * 1024 * _MiB, peak_flops=_tensor_core(989, 67),
-              hbm_bytes_per_s=4.0 * _TB, pcie_bytes_per_s=450e9, sm_count=132, sm_clock_hz=1.83e9, power_w=900,
-              matmul_efficiency=_HOPPER_SUSTAINED, attention_fwd_efficiency=0.35, attention_bwd_efficiency=0.30),
-    GpuPreset("h200", memory_bytes=143_771 * _MiB, peak_flops=_tensor_core(989, 67), hbm_bytes_per_s=4.8 * _TB,
-              pcie_bytes_per_s=64e9, sm_count=132, sm_clock_hz=1.83e9, power_w=700,
-              matmul_efficiency=_HOPPER_SUSTAINED, attention_fwd_efficiency=0.35, attention_bwd_efficiency=0.30),
-    GpuPreset("a100-80gb", memory_bytes=81_920 * _MiB, peak_flops=_tensor_core(312, 19.5),
-              hbm_bytes_per_s=2.039 * _TB, pcie_bytes_per_s=32e9, sm_count=108, sm_clock_hz=1.41e9, power_w=400,
-              matmul_efficiency=_AMPERE_ACHIEVABLE, attention_fwd_efficiency=0.73, attention_bwd_efficiency=0.63),
-    GpuPreset("a100-40gb", memory_bytes=40_960 * _MiB, peak_flops=_tensor_core(312, 19.5),
-              hbm_bytes_per_s=1.555 * _TB, pcie_bytes_per_s=32e9, sm_count=108, sm_clock_hz=1.41e9, power_w=400,
-              matmul_efficiency=_AMPERE_ACHIEVABLE, attention_fwd_efficiency=0.73, attention_bwd_efficiency=0.63),
-)}
+    def to_file(self) -> dict:
+        """This preset as a self-contained preset file (no base), each figure with its source."""
+        figures = {k: {"value": v, "source": self.sources.get(k, "")} for k, v in self.figures().items()}
+        out = {"format": PRESET_FORMAT, "name": self.name, "description": self.description, "figures": figures}
+        if self.host is not None:
+            out["host"] = {"value": self.host, "source": self.sources.get("host", "")}
+        return out
 
 
-def _lookup(kind: str, presets: dict, value):
-    """``value`` itself if it is a preset, else the preset of that name; a bad name is
-    an error naming the allowed ones."""
-    if not isinstance(value, str):
-        return value
-    if value not in presets:
-        raise ValueError(f"{kind} must be one of {', '.join(presets)}, got {value!r}")
-    return presets[value]
+#: Figures a preset file may give, and the dataclass field each one sets.
+FIGURES = tuple(f.name for f in dataclasses.fields(GpuPreset)
+                if f.name not in ("name", "description", "sources", "host", "clocks"))
+
+
+def figure_value(name: str, value):
+    """A figure's value from its file form into the dataclass's."""
+    if name == "peak_flops":
+        bad = [k for k in value if k not in DTYPES]
+        if bad:
+            raise ValueError(f"peak_flops: {bad[0]!r} is not allowed (allowed: {', '.join(DTYPES)})")
+        return {DTYPES[k]: float(v) for k, v in value.items()}
+    if name.startswith("attention_"):
+        if value is None:
+            return None
+        if not isinstance(value, dict) or set(value) != {"forward", "backward"}:
+            raise ValueError(f"{name}: {value!r} is not allowed (allowed: {{\"forward\": x, \"backward\": y}} or null)")
+        return (float(value["forward"]), float(value["backward"]))
+    if name in ("memory_bytes", "sm_count", "context_bytes", "nccl_bytes_per_group"):
+        return int(value)
+    if name == "compute_capability":
+        return str(value)
+    return None if value is None else float(value)
+
+
+def read_preset_file(path: Path) -> dict:
+    """A preset file's contents, checked: its format, and every figure a known one with a
+    value and a source. ValueError naming the file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a readable preset file: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
+        raise ValueError(f"{path}: format {data.get('format') if isinstance(data, dict) else None!r} is not "
+                         f"allowed (allowed: {PRESET_FORMAT})")
+    for name, figure in (data.get("figures") or {}).items():
+        if name not in FIGURES:
+            raise ValueError(f"{path}: figure {name!r} is not allowed (allowed: {', '.join(FIGURES)})")
+        if not isinstance(figure, dict) or "value" not in figure or not figure.get("source"):
+            raise ValueError(f"{path}: figure {name} must be {{\"value\": ..., \"source\": \"where it comes "
+                             f"from\"}}, got {figure!r}")
+    host = data.get("host")
+    if host is not None and (not isinstance(host, dict) or not isinstance(host.get("value"), dict)
+                             or not host.get("source")):
+        raise ValueError(f"{path}: host must be {{\"value\": {{host.json's keys: microseconds}}, \"source\": "
+                         f"...}}, got {host!r}")
+    return data
+
+
+def _shipped_path(name: str) -> Path | None:
+    path = GPU_DIR / f"{name}.json"
+    return path if path.is_file() else None
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in GPU_DIR.glob("*.json"))
+
+
+def load_preset_file(path: Path | str, _seen: tuple = ()) -> GpuPreset:
+    """The preset a file describes, its ``base`` (a shipped name or a path relative to the
+    file) resolved first and the file's figures laid over it."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise ValueError(f"{path}: its base chain loops back to itself")
+    data = read_preset_file(path)
+    base_name = data.get("base")
+    kwargs: dict = {}
+    sources: dict = {}
+    if base_name:
+        base_path = _shipped_path(base_name) or (path.parent / base_name)
+        if not base_path.is_file():
+            raise ValueError(f"{path}: base {base_name!r} is not allowed (allowed: a preset file, or one of "
+                             f"{', '.join(shipped_names())})")
+        base = load_preset_file(base_path, _seen + (path.resolve(),))
+        # A base gives its figures, not its host: that is the measured machine's CPU, not the part's.
+        kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(GpuPreset)
+                  if f.name not in ("name", "description", "sources", "host")}
+        sources = {k: f"{v} (from {base.name})" if "(from " not in v else v for k, v in base.sources.items()
+                   if k != "host"}
+    for name, figure in (data.get("figures") or {}).items():
+        try:
+            kwargs[name] = figure_value(name, figure["value"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
+        sources[name] = figure["source"]
+    if data.get("host") is not None:
+        kwargs["host"] = dict(data["host"]["value"])
+        sources["host"] = data["host"]["source"]
+    missing = [n for n in ("memory_bytes", "peak_flops", "hbm_bytes_per_s") if n not in kwargs]
+    if missing:
+        raise ValueError(f"{path}: figure {missing[0]} is missing (a preset gives it, or its base does)")
+    name = data.get("name") or path.stem
+    try:
+        return GpuPreset(name=name, description=data.get("description", ""), sources=sources, **kwargs)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def _load_shipped() -> dict[str, GpuPreset]:
+    return {name: load_preset_file(GPU_DIR / f"{name}.json") for name in shipped_names()}
+
+
+GPU_PRESETS: dict[str, GpuPreset] = _load_shipped()
 
 
 def preset_for_device(device_name: str) -> str:
@@ -183,5 +362,21 @@ def preset_for_device(device_name: str) -> str:
     return "h100-sxm"
 
 
-def gpu_preset(name: str | GpuPreset) -> GpuPreset:
-    return _lookup("gpu", GPU_PRESETS, name)
+def gpu_preset(value: str | Path | GpuPreset) -> GpuPreset:
+    """A preset itself, a shipped preset by name, or a preset file by path (``--gpu NAME_OR_FILE``).
+    ValueError naming the allowed names otherwise."""
+    if isinstance(value, GpuPreset):
+        return value
+    text = str(value)
+    if text in GPU_PRESETS:
+        return GPU_PRESETS[text]
+    path = Path(text)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"gpu preset file {text} does not exist (allowed: a preset file, or one of "
+                             f"{', '.join(GPU_PRESETS)})")
+        return load_preset_file(path)
+    raise ValueError(not_allowed("gpu", text, GPU_PRESETS, show=str,
+                                 what="is neither a shipped preset nor a preset file (zerobench calibrate writes "
+                                      "one)"))
+

@@ -12,21 +12,21 @@ beside them), ``workload.json`` and ``plots/estimate_peak.png``. See docs/estima
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
-from zerobench.whatif.cells import (check_hybrid_shard_size, config_id, log_and_advance, parse_world_sizes,
-                                     select_configurations, versions, why_not)
-
+from zerobench.whatif.cells import (
+    check_hybrid_shard_size,
+    config_id,
+    configurations_to_run,
+    new_results_folder,
+    parse_world_sizes,
+    versions,
+    why_not,
+)
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
 DEFAULT_WORLD_SIZES = (8, 64, 1024)
-
-
-
-
-
 
 
 def check_against(run):
@@ -47,7 +47,6 @@ def check_against(run):
     return results
 
 
-
 def _psi(workload) -> int:
     import torch
 
@@ -60,24 +59,34 @@ def _psi(workload) -> int:
 
 def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
              fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl", full_depth: bool = False, progress=None) -> Path:
+             log=print, backend: str = "nccl", full_depth: bool = False, progress=None,
+             overrides=(), gpu=None) -> Path:
     """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
     Every argument is checked before the folder is made. ``progress``: told each
     configuration as it finishes (zerobench.commands.progress.Progress).
     ``backend``: whose own communication buffers to count (zerobench/whatif/estimate/rank.py).
     ``full_depth``: run every block even where the estimate would extrapolate from two
-    shallow copies of the model (zerobench/whatif/estimate/depth.py)."""
+    shallow copies of the model (zerobench/whatif/estimate/depth.py). ``overrides``: ``--set
+    KEY=VALUE`` applied to the workload file ([Note: overrides] in zerobench/spec/workload.py). ``gpu``: a GPU preset
+    (a name or a file): each row then says what its caching allocator may reserve there
+    (``capacity_bytes``, as predict counts it: [Note: capacity a process sees])."""
     import pandas as pd
 
-    from zerobench.engines.stages import engine_model_state_bytes, engine_stage, keeps_master_copy, paper_bytes_from_counts
-    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
+    from zerobench.engines.stages import (
+        engine_model_state_bytes,
+        engine_stage,
+        keeps_master_copy,
+        paper_bytes_from_counts,
+    )
+    from zerobench.runs.files import write_csv_atomic
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.estimate import depth
 
-    w = load_workload(workload_path)
+    w = load_workload(workload_path, overrides)
     from zerobench.spec.user_check import check_user_model
 
-    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
+    # the user's code fails here, not in a rank
+    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if rank < 0:
         raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")
@@ -89,15 +98,19 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
 
     if backend not in BACKENDS:
         raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+    preset = None
+    if gpu is not None:
+        from zerobench.instruments.vgpu.presets import gpu_preset
+
+        try:
+            preset = gpu_preset(gpu)
+        except ValueError as err:
+            raise ValueError(f"--gpu: {err}") from None
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = select_configurations(w, only, world_sizes)
-    if not cells:
-        raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be estimated: every cell of "
-                         f"its matrix is skipped (`zerobench cells {workload_path}` says why)")
-    out_dir = new_stamped_dir(results_root, f"{w.name}-estimate")
-    write_json_atomic(out_dir / "workload.json", w.to_dict())
+    cells = configurations_to_run(w, workload_path, only, world_sizes, "estimate")
+    out_dir = new_results_folder(results_root, w, "estimate")
     rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
@@ -117,14 +130,8 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                 jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=config_id(cell)))
         plans[config_id(cell)] = shallow
     found = {}
-    if progress is not None:
-        progress.set_total(len(jobs))
-    if jobs:
-        started = time.perf_counter()
-        for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend,
-                                            log_and_advance(log, progress))):
-            found[(job.label, job.world_size, job.layers)] = row
-        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
+    for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, progress)):
+        found[(job.label, job.world_size, job.layers)] = row
     for cell in cells:
         cid, shallow = config_id(cell), plans[config_id(cell)]
         results = {}
@@ -158,14 +165,23 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
                 "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
                 "paper_analytic_model_states_bytes": paper["total"],
-                **{k: v for k, v in cell.opts.items()}, **res,
+                **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
             })
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "estimate.csv", frame)
-    from zerobench.whatif.estimate.plots import plot_estimate, estimate_setting
+    from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
 
     plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
     return out_dir
+
+
+def _capacity(preset, world_size: int) -> dict:
+    """What the caching allocator may reserve on ``preset`` at this world size: the card
+    less the CUDA context and, with other ranks, one NCCL communicator (allocator.py)."""
+    if preset is None:
+        return {}
+    outside = preset.context_bytes + (preset.nccl_bytes_per_group if world_size > 1 else 0)
+    return {"gpu": preset.name, "capacity_bytes": preset.memory_bytes - outside}
 
 
 def _extrapolated(w, cell, ws, rank, shallow, a: dict | None, b: dict | None) -> dict:
@@ -180,9 +196,7 @@ def _extrapolated(w, cell, ws, rank, shallow, a: dict | None, b: dict | None) ->
     return depth.zero1_optimizer_correction(w, cell.engine, ws, min(rank, ws - 1), row)
 
 
-
-
-def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log) -> list[dict]:
+def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, progress) -> list[dict]:
     from zerobench.whatif.jobs import run_jobs
 
     args = ["--rank", str(rank), "--backend", backend]
@@ -192,40 +206,8 @@ def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log) -> l
     env.pop("LOCAL_WORLD_SIZE", None)
     if hybrid_shard_size:
         env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
-    return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process")
-
-
-def format_table(frame) -> str:
-    """Peak MiB per configuration (rows) and world size (columns); skipped cells say so."""
-    if frame.empty:
-        return "(no configuration)"
-    lines = []
-    sizes = sorted(frame["world_size"].unique())
-    width = max(len(c) for c in frame["config"]) + 2
-    lines.append("config".ljust(width) + "".join(f"{'ws' + str(s):>12}" for s in sizes))
-    for config, group in frame.groupby("config", sort=False):
-        cells = []
-        for s in sizes:
-            row = group[group["world_size"] == s].iloc[0]
-            cells.append(f"{row['peak_mem_bytes'] / 2**20:>12.2f}" if row["status"] == "ok" else f"{'skipped':>12}")
-        lines.append(config.ljust(width) + "".join(cells))
-    reasons = frame[frame["status"] != "ok"][["config", "world_size", "reason"]]
-    for _, r in reasons.iterrows():
-        lines.append(f"  skipped {r['config']} ws{r['world_size']}: {r['reason']}")
-    return "\n".join(lines)
-
-
-def format_model_states(frame) -> str:
-    """Per configuration and world size: the model states from the element counts the
-    engine holds (measured) beside the paper's formula for its stage (analytic)."""
-    ok = frame[frame["status"] == "ok"]
-    width = max([len(c) for c in ok["config"]] + [6]) + 2
-    lines = ["config".ljust(width) + f"{'ws':>6}{'stage':>7}{'measured':>12}{'analytic':>12}{'diff':>9}"]
-    for _, r in ok.iterrows():
-        measured, analytic = r["paper_model_states_bytes"], r["paper_analytic_model_states_bytes"]
-        lines.append(r["config"].ljust(width) + f"{r['world_size']:>6}{r['zero_stage']:>7}{measured / 1e9:>12.4g}"
-                     f"{analytic / 1e9:>12.4g}{100 * (measured - analytic) / analytic:>+8.2f}%")
-    return "\n".join(lines)
+    return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process",
+                    progress=progress)
 
 
 def against_run(estimates, results):

@@ -2,8 +2,9 @@
 
 Per dtype, two panels: the per-rank peak of each configuration (log-log; its analytic
 model states, the lower bound, as a short bar at each point) and the same peak as a
-ratio to DDP's at that world size. Colour names the engine, line style and marker the
-configuration within it (zerobench.analysis.figures.EngineStyles), DDP is black, and at
+ratio to DDP's at that world size. Colour names the engine, marker and line style its
+sharding, fill its activation checkpointing ([Note: one look per configuration] in
+zerobench/analysis/figures.py), DDP is black, and at
 each world size the configuration with the lowest peak is ringed: the memory end of
 the Pareto front (no step time here; ``zerobench predict`` has both).
 """
@@ -26,8 +27,16 @@ def estimate_setting(frame, workload: str):
 
 def plot_estimate(frame, path: Path, setting=None) -> Path | None:
     # matplotlib on first plot: `estimate` is often run without one
-    from zerobench.analysis.figures import (REFERENCE_ENGINE, EngineStyles, figure_title, numeric, plt, save_figure,
-                                            short_label)
+    from zerobench.analysis.figures import (
+        REFERENCE_ENGINE,
+        EngineStyles,
+        figure_title,
+        numeric,
+        plt,
+        save_figure,
+        short_label,
+    )
+    from zerobench.analysis.pareto import STYLE_OPTIONS
 
     ok = frame[frame["status"] == "ok"].copy()
     if ok.empty:
@@ -49,7 +58,7 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
         for config, group in frame_d.groupby("config", sort=False):
             group = group.sort_values("world_size")
             engine = group["engine"].iloc[0]
-            style = styles.line(engine, config)
+            style = styles.line(engine, {k: group[k].iloc[0] for k in STYLE_OPTIONS if k in group})
             ref = config == reference
             (h,) = peak_ax.plot(group["world_size"], group["peak_mib"], lw=2.4 if ref else 1.2, ms=5, **style)
             handles.setdefault(short_label(config) + (" (reference)" if ref else "")
@@ -60,8 +69,8 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
                 ratio = group["peak_mib"].to_numpy() / group["world_size"].map(ddp).to_numpy()
                 ratio_ax.plot(group["world_size"], ratio, lw=2.4 if ref else 1.2, ms=5, **style)
         lowest = frame_d.loc[frame_d.groupby("world_size")["peak_mib"].idxmin()]
-        peak_ax.scatter(lowest["world_size"], lowest["peak_mib"], s=220, facecolors="none", edgecolors="black",
-                        linewidths=1.5, zorder=5)
+        peak_ax.plot(lowest["world_size"], lowest["peak_mib"], marker="o", markersize=15, fillstyle="none",
+                     color="black", linestyle="none", markeredgewidth=1.5, zorder=5)
         for ax in (peak_ax, ratio_ax):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(frame_d["world_size"].unique()), [str(w) for w in sorted(frame_d["world_size"].unique())])
@@ -77,6 +86,13 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
         if ddp.empty:
             ratio_ax.text(0.5, 0.5, f"no {REFERENCE_ENGINE} configuration to compare with", transform=ratio_ax.transAxes,
                           ha="center", va="center", color="gray")
+    from matplotlib.lines import Line2D
+
+    handles["analytic model states, the lower bound (bar at each point)"] = Line2D(
+        [], [], color="0.35", marker="_", linestyle="none", markersize=14)
+    handles["lowest peak at its world size (ringed)"] = Line2D(
+        [], [], color="black", marker="o", fillstyle="none", linestyle="none", markersize=12)
+    handles[f"peak equal to {REFERENCE_ENGINE}'s (ratio 1)"] = Line2D([], [], color="black", linestyle="--", lw=1)
     ncol = 3 if len(handles) > 8 else 2
     legend_height = 0.18 * ((len(handles) + ncol - 1) // ncol) + 0.3
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7, frameon=False)

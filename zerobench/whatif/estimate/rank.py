@@ -35,6 +35,7 @@ import torch
 
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import BACKENDS, FakeWorld
+from zerobench.runs.schema import peak_columns
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import Workload, parse_workload
 
@@ -43,7 +44,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
     """Peak and composition of ``rank`` for ``cell`` (its world size) on a fake process group,
     with ``backend``'s own buffers (see the module docstring)."""
     started = time.perf_counter()
-    with FakeWorld(cell.world_size, rank, fake_tensors=fake, backend=backend) as world:
+    with FakeWorld(cell.world_size, rank, fake_tensors=fake, buffers_of=backend) as world:
         session = Session(w, cell, world)
         with session.tracker(timeline=False) as tracker:
             engine = session.build()
@@ -51,8 +52,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
             step = session.measured_step(engine, w.run.memory_warmup_steps, tracker)
     return {
         "status": "ok", "reason": None,
-        "peak_mem_bytes": tracker.peak_bytes,
-        **{f"peak_mem_{k}_bytes": v for k, v in tracker.peak_breakdown().items()},
+        **peak_columns(tracker.peak_bytes, tracker.peak_breakdown()),
         **step.state,
         "estimate_wall_s": time.perf_counter() - started,
     }

@@ -1,7 +1,7 @@
 """``zerobench predict``: what each engine cell would do on GPUs, at any world size.
 
 For each engine configuration of a workload and each world size, one rank runs a
-warm-up and one measured step on the virtual GPU (zerobench/vgpu) against a fake
+warm-up and one measured step on the virtual GPU (zerobench/instruments/vgpu) against a fake
 process group, with fake tensors: any model size, every cell in turn in one child
 process (zerobench/whatif/predict/rank.py; [Note: one process for many cells] in
 zerobench/whatif/jobs.py). Out come ``predict.csv`` (one row per cell and world size,
@@ -20,10 +20,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 
-from zerobench.whatif.cells import config_id, parse_world_sizes, select_configurations, versions, why_not
+from zerobench.whatif.cells import (
+    config_id,
+    configurations_to_run,
+    new_results_folder,
+    parse_world_sizes,
+    versions,
+    why_not,
+)
 
 #: --matrix: the knobs swept for the engines that have them.
 MATRIX = {
@@ -45,92 +51,108 @@ def _with_matrix(workload):
     return dataclasses.replace(workload, matrix=matrix)
 
 
-def predict(workload_path, world_sizes, gpu: str = "h100-sxm", host: str | None = None, link: str = "nvlink4-8gpu",
-            inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
-            matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
-            nccl_mib: int | None = None, record_streams: bool = False, progress=None) -> Path:
-    """Predict every configuration of the workload at ``world_sizes``; returns the folder.
-    Every argument is checked before the folder is made. ``progress``: told each cell as
-    it finishes (zerobench.commands.progress.Progress).
-    ``alloc_conf``: caching-allocator settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax;
-    ``context_mib`` / ``nccl_mib``: device memory outside the allocator (the CUDA
-    context; each NCCL communicator), in place of the preset's; ``record_streams``: as
-    ProcessGroupNCCL did before avoiding record_stream became its default. ``host``: a
-    host preset; None: the GPU preset's own, else the measured host (host.py's ``host_for``)."""
-    import pandas as pd
-
+def resolve_devices(gpu, host, link, inter_link, alloc_conf, context_mib, nccl_mib, sdpa_backend="auto") -> dict:
+    """Every device option resolved once, into what the predicting process is given: the
+    GPU preset (a name or a file, with the user's memory settings), the host preset (the
+    GPU preset's own host when ``host`` is None, else the measured one: host.py's ``host_for``), the
+    links and the allocator settings. A bad value is a ValueError naming its option and
+    the allowed values."""
     from zerobench.instruments.link import resolve_link
+    from zerobench.instruments.vgpu import sdpa
     from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
     from zerobench.instruments.vgpu.host import host_for
     from zerobench.instruments.vgpu.presets import gpu_preset
-    from zerobench.runs.files import new_stamped_dir, write_csv_atomic, write_json_atomic
-    from zerobench.spec.workload import load_workload
-    from zerobench.whatif.predict.rank import EMULATION_OPTIONS
 
-    for option, check in (("--gpu", lambda: gpu_preset(gpu)), ("--host", lambda: host_for(gpu_preset(gpu), host)),
-                          ("--link", lambda: resolve_link(link)),
-                          ("--inter-link", lambda: resolve_link(inter_link) if inter_link else None),
-                          ("--alloc-conf", lambda: AllocatorConfig.parse(alloc_conf))):
+    def named(option, check):
         try:
-            check()  # a bad name fails here, naming the option and the allowed ones
-        except ValueError as err:
+            return check()
+        except ValueError as err:  # a bad name fails here, naming the option and the allowed ones
             raise ValueError(err if str(err).startswith(option) else f"{option}: {err}") from None
+
     for name, value in (("--context-mib", context_mib), ("--nccl-mib", nccl_mib)):
         if value is not None and value < 0:
             raise ValueError(f"{name}: {value} is not allowed (allowed: ints >= 0)")
-    gpu_preset(gpu).with_memory(context_bytes=None if context_mib is None else context_mib * 2**20)
-    host_name = host_for(gpu_preset(gpu), host).name  # what the rows say they ran with
-    memory = {"alloc_conf": alloc_conf or "", "context_mib": context_mib, "nccl_mib": nccl_mib,
-              "record_streams": record_streams}
-    links = {"link": resolve_link(link), "inter_link": resolve_link(inter_link) if inter_link else None}
+    preset = named("--gpu", lambda: gpu_preset(gpu).with_memory(
+        context_bytes=None if context_mib is None else context_mib * 2**20,
+        nccl_bytes_per_group=None if nccl_mib is None else nccl_mib * 2**20))
+    host_resolved = named("--host" if host is not None else "--gpu", lambda: host_for(preset, host))
+    return {"gpu": preset, "host": host_resolved,
+            "link": named("--link", lambda: resolve_link(link)),
+            "inter_link": named("--inter-link", lambda: resolve_link(inter_link)) if inter_link else None,
+            "alloc_conf": named("--alloc-conf", lambda: AllocatorConfig.parse(alloc_conf) and (alloc_conf or "")),
+            "sdpa_backend": sdpa.check(sdpa_backend)}
+
+
+def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None, link: str = "nvlink4-8gpu",
+            inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
+            matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
+            nccl_mib: int | None = None, record_streams: bool = False, sdpa_backend: str = "auto",
+            progress=None, overrides=()) -> Path:
+    """Predict every configuration of the workload at ``world_sizes``; returns the folder.
+    Every argument is checked before the folder is made. ``progress``: told each cell as
+    it finishes (zerobench.commands.progress.Progress).
+    ``gpu``: a preset name or file; ``host``: a host preset name, or None for the GPU
+    preset's own measured host, else the measured one (host.py's ``host_for``); ``alloc_conf``: caching-allocator settings in
+    ``PYTORCH_CUDA_ALLOC_CONF`` syntax; ``context_mib`` / ``nccl_mib``: device memory
+    outside the allocator (the CUDA context; each NCCL communicator), in place of the
+    preset's; ``record_streams``: as ProcessGroupNCCL did before avoiding record_stream
+    became its default; ``sdpa_backend``: the attention backend (``auto``: torch's choice);
+    ``overrides``: ``--set KEY=VALUE`` applied to the workload file ([Note: overrides] in
+    zerobench/spec/workload.py)."""
+    import pandas as pd
+
+    from zerobench.runs.files import write_csv_atomic, write_json_atomic
+    from zerobench.spec.matrix import EMULATION_AXES
+    from zerobench.spec.workload import load_workload
+
+    devices = resolve_devices(gpu, host, link, inter_link, alloc_conf, context_mib, nccl_mib, sdpa_backend)
+    memory = {"alloc_conf": devices["alloc_conf"], "record_streams": record_streams,
+              "sdpa_backend": devices["sdpa_backend"]}
+    links = {"link": devices["link"], "inter_link": devices["inter_link"]}
     if node_size < 1:
         raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
-    w = load_workload(workload_path)
+    w = load_workload(workload_path, overrides)
     from zerobench.spec.user_check import check_user_model
 
-    check_user_model(w.model, w.data.batch_size, w.data.seed)  # the user's code fails here, not in a rank
+    # the user's code fails here, not in a rank
+    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
-    cells = select_configurations(w, only, world_sizes)
-    if not cells:
-        raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be predicted: every cell of "
-                         f"its matrix is skipped (`zerobench cells {workload_path}` says why)")
-    out_dir = new_stamped_dir(results_root, f"{w.name}-predict")
-    write_json_atomic(out_dir / "workload.json", w.to_dict())
+    cells = configurations_to_run(w, workload_path, only, world_sizes, "predict")
+    out_dir = new_results_folder(results_root, w, "predict")
+    # What the cells run on, as the predicting process reads it back: the GPU preset with
+    # every figure and its source, and the host preset.
+    write_json_atomic(out_dir / "gpu.json", devices["gpu"].to_file())
+    host_preset = devices["host"]
     from zerobench.whatif.jobs import Job
 
     # Every cell to run, in one process ([Note: one process for many cells]).
     results: dict = {}
     jobs = []
     for cell in cells:
-        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_OPTIONS)
+        # without the harness's link emulation: the virtual GPU times collectives itself
+        options = tuple(kv for kv in cell.options if kv[0] not in EMULATION_AXES)
         for ws in world_sizes:
             why = why_not(cell, ws, None)
             if why:
                 results[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
             else:
                 jobs.append(Job(cell.engine, cell.dtype, options, ws, label=config_id(cell)))
-    if progress is not None:
-        progress.set_total(len(jobs))
-    if jobs:
-        from zerobench.whatif.cells import log_and_advance
-
-        started = time.perf_counter()
-        for job, row in zip(jobs, _run_jobs(w, jobs, gpu, host, links, node_size, out_dir / "traces", memory,
-                                            log_and_advance(log, progress))):
-            results[(job.label, job.world_size)] = row
-        log(f"{len(jobs)} cells in {time.perf_counter() - started:.1f} s")
+    for job, row in zip(jobs, _run_jobs(w, jobs, out_dir / "gpu.json", host_preset, links, node_size,
+                                        out_dir / "traces", memory, log, progress)):
+        results[(job.label, job.world_size)] = row
     rows = []
     for cell in cells:
         for ws in world_sizes:
             res = results.get((config_id(cell), ws)) or {"status": "skipped",
                                                           "reason": "no result from the predicting process"}
             rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                         "gpu": gpu, "host": host_name, "link": links["link"].name or "custom",
+                         "gpu": devices["gpu"].name, "host": host_preset.name,
+                         "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
                          "node_size": node_size, "alloc_conf": memory["alloc_conf"], **versions(),
-                         **{k: v for k, v in cell.opts.items() if k not in EMULATION_OPTIONS}, **res})
+                         **{k: v for k, v in cell.opts.items() if k not in EMULATION_AXES}, **res})
     frame = pd.DataFrame(rows)
     write_csv_atomic(out_dir / "predict.csv", frame)
     from zerobench.whatif.predict.plots import plot_predict_all
@@ -143,42 +165,19 @@ def _link_json(link) -> str:
     return json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us, "name": link.name})
 
 
-def _run_jobs(w, jobs, gpu, host, links, node_size, traces: Path, memory: dict, log) -> list[dict]:
+def _run_jobs(w, jobs, gpu_file: Path, host, links, node_size, traces: Path, memory: dict, log,
+              progress) -> list[dict]:
     from zerobench.whatif.jobs import run_jobs
 
-    args = ["--gpu", gpu, *(["--host", host] if host is not None else []), "--node-size", str(node_size), "--traces", str(traces),
-            "--link", _link_json(links["link"]), "--alloc-conf", memory["alloc_conf"]]
-    for name in ("context_mib", "nccl_mib"):
-        if memory[name] is not None:
-            args += [f"--{name.replace('_', '-')}", str(memory[name])]
+    args = ["--gpu-file", str(gpu_file), "--host", json.dumps(dataclasses.asdict(host)), "--node-size",
+            str(node_size), "--traces", str(traces), "--link", _link_json(links["link"]),
+            "--alloc-conf", memory["alloc_conf"], "--sdpa-backend", memory["sdpa_backend"]]
     if memory["record_streams"]:
         args.append("--record-streams")
     if links["inter_link"] is not None:
         args += ["--inter-link", _link_json(links["inter_link"])]
     # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
-    return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process")
-
-
-def _int(value) -> str:
-    return "-" if value is None or value != value else f"{int(value)}"
-
-
-def _percent(value) -> str:
-    return "-" if value is None or value != value else f"{100 * value:.1f}"
-
-
-def format_table(frame) -> str:
-    lines = [f"{'config':<44}{'ws':>6}{'step ms':>10}{'exposed ms':>12}{'overlap':>9}{'active GiB':>12}"
-             f"{'reserved GiB':>14}{'units':>7}{'lead ms':>9}{'retries':>8}{'MFU %':>7}"]
-    for _, r in frame.iterrows():
-        if r["status"] != "ok":
-            lines.append(f"{r['config']:<44}{r['world_size']:>6}  {r['status']}: {r['reason']}")
-            continue  # a capped cell's figures are a full card's, not a prediction
-        lines.append(f"{r['config']:<44}{r['world_size']:>6}{r['step_time_s'] * 1e3:>10.2f}"
-                     f"{r['exposed_comm_s'] * 1e3:>12.2f}{r['overlap_ratio']:>9.2f}"
-                     f"{r['peak_active_bytes'] / 2**30:>12.2f}{r['peak_reserved_bytes'] / 2**30:>14.2f}"
-                     f"{r['max_unsharded_units']:>7.1f}{r['host_lead_max_s'] * 1e3:>9.2f}"
-                     f"{_int(r.get('num_alloc_retries')):>8}{_percent(r.get('mfu')):>7}")
-    return "\n".join(lines)
+    return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process",
+                    progress=progress)
 

@@ -112,21 +112,21 @@ def _with_ws_last(cell: str) -> str:
     return cell if m is None else cell[:m.start()] + cell[m.end():] + m.group(0)
 
 
-def format_against(frame: pd.DataFrame) -> str:
-    """The table: one block per cell, milliseconds per step measured and predicted, and
-    the error. (All of ``--against``'s formatting is here, in one function.)"""
-    def ms(v):
-        return "" if v is None or v != v else f"{v * 1e3:.3f}"
+def against_table(frame: pd.DataFrame, title: str = ""):
+    """The table, through the one renderer ([Note: tables at any width] in
+    zerobench/analysis/render.py): one block per cell, milliseconds per step measured and
+    predicted, and the error."""
+    from zerobench.analysis.render import Column, Table, format_column
 
-    def pct(v):
-        return "" if v is None or v != v else f"{v:+.0%}"
-
-    lines = ["| cell | ms per step | measured | predicted | error |", "|---|---|---:|---:|---:|"]
-    for cell, rows in frame.groupby("cell", sort=False):
-        for i, r in enumerate(rows.itertuples()):
-            lines.append(f"| {cell if i == 0 else ''} | {r.quantity} | {ms(r.measured_s)} | {ms(r.predicted_s)} "
-                         f"| {pct(r.error)} |")
-    return "\n".join(lines) + "\n"
+    table = Table([Column("cell", "left", "parts", role="group"), Column("ms per step", "left", "words"),
+                   Column("measured"), Column("predicted"), Column("error")],
+                  title=title or "measured beside predicted, per step:")
+    measured = format_column([None if v is None or v != v else v * 1e3 for v in frame["measured_s"]], decimals=3)
+    predicted = format_column([None if v is None or v != v else v * 1e3 for v in frame["predicted_s"]], decimals=3)
+    errors = [("" if v is None or v != v else f"{v:+.0%}") for v in frame["error"]]
+    for k, r in enumerate(frame.itertuples()):
+        table.add_row(r.cell, r.quantity, measured[k], predicted[k], errors[k])
+    return table
 
 
 def plot_against(frame: pd.DataFrame, path: Path, title: str = "") -> Path | None:
@@ -166,7 +166,9 @@ def write(frame: pd.DataFrame, out_dir: Path, title: str = "") -> list[Path]:
 
     out_dir = Path(out_dir)
     write_csv_atomic(out_dir / "against.csv", frame)
-    text = format_against(frame)
+    from zerobench.analysis.render import markdown
+
+    text = markdown(against_table(frame, title))
     write_atomic(out_dir / "against.md", lambda f: f.write(text))
     written = [out_dir / "against.csv", out_dir / "against.md"]
     plot = plot_against(frame, out_dir / "plots" / "against.png", title)
@@ -185,7 +187,9 @@ def main(argv: list[str]) -> int:
         return 2
     for path in write(frame, Path(argv[2]) if len(argv) == 3 else predict_dir, f"{run_dir.name} against {predict_dir.name}"):
         print(f"wrote {path}")
-    print(format_against(frame))
+    from zerobench.analysis.render import print_table
+
+    print_table(against_table(frame))
     return 0
 
 

@@ -73,9 +73,8 @@ def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
     """Predicted peak reserved memory against predicted step time, per world size."""
     import pandas as pd
 
-    from zerobench.analysis.figures import REFERENCE_ENGINE
-    from zerobench.analysis.pareto import plot_pareto
-    from zerobench.analysis.figures import short_label
+    from zerobench.analysis.figures import REFERENCE_ENGINE, short_label
+    from zerobench.analysis.pareto import STYLE_OPTIONS, plot_pareto
 
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
@@ -88,6 +87,7 @@ def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
         "reference": [c.startswith(f"{REFERENCE_ENGINE}-") and c.count("=") == 0 for c in ok["config"]],
         "step_ms": pd.to_numeric(ok["step_time_s"], errors="coerce").to_numpy() * 1e3,
         "reserved_gib": pd.to_numeric(ok["peak_reserved_bytes"], errors="coerce").to_numpy() / 2**30,
+        **{k: ok[k].to_numpy() for k in STYLE_OPTIONS if k in ok},  # the look of each point
     })
     points = points.sort_values("group", key=lambda g: g.str.extract(r"(\d+)")[0].astype(int), kind="stable")
     return plot_pareto(points, path, x="step_ms", y="reserved_gib", setting=setting,

@@ -53,13 +53,10 @@ import torch
 
 from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
-from zerobench.instruments.vgpu.presets import gpu_preset
+from zerobench.instruments.vgpu.host import HostPreset
+from zerobench.instruments.vgpu.presets import load_preset_file
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
-
-#: engine options that would install the harness's own link emulation: the virtual GPU
-#: times collectives itself.
-EMULATION_OPTIONS = ("emulate_link", "emulate_gbps", "emulate_latency_us")
 
 
 def timeline_metrics(spans, start: float, end: float) -> dict:
@@ -77,25 +74,37 @@ def timeline_metrics(spans, start: float, end: float) -> dict:
 
 #: How close to the capacity a reserved peak may come before the cell is reported capped.
 CAPPED_MARGIN = 20 * 2**20
-#: The virtual GPU of the cell being predicted (read after an out-of-memory error).
-current_gpu: list = []
 
 
-def predict_one(w, cell: Cell, gpu, host: str | None, link: Link, inter_link: Link | None, node_size: int,
-                trace_path: Path | None = None, alloc_conf: str | None = None,
-                record_streams: bool = False) -> dict:
-    """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
-    tensors, a fake process group: warm-up, then one measured step read off the device."""
+def virtual_gpu(gpu, host, link: Link, inter_link: Link | None, node_size: int,
+                alloc_conf: str | None = None, record_streams: bool = False, sdpa_backend: str = "auto"):
+    """The virtual GPU a cell is predicted on (zerobench/instruments/vgpu); ``host``: a host
+    preset or its name, or None for the GPU preset's own (host.py's ``host_for``)."""
     from zerobench.instruments.vgpu import VirtualGpu
     from zerobench.instruments.vgpu.host import host_for
+    from zerobench.instruments.vgpu.presets import gpu_preset
+
+    return VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link, node_size=node_size,
+                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend)
+
+
+def predict_one(w, cell: Cell, gpu, host, link: Link, inter_link: Link | None, node_size: int,
+                trace_path: Path | None = None, alloc_conf: str | None = None,
+                record_streams: bool = False, sdpa_backend: str = "auto") -> dict:
+    """The rank session of ``cell`` (rank 0 of its world size) on a virtual GPU, fake
+    tensors, a fake process group: warm-up, then one measured step read off the device."""
+    vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
+    return predict_on(w, cell, vgpu, trace_path)
+
+
+def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
+    """:func:`predict_one` on a virtual GPU made by the caller, who can read its
+    allocator when the step runs out of its memory (:func:`run_job`)."""
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
     from zerobench.spec.models import samples_to_tokens
 
     started = time.perf_counter()
-    vgpu = VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link,
-                      node_size=node_size, alloc_conf=alloc_conf, record_streams=record_streams)
-    current_gpu.append(vgpu)  # for the report of a cell that runs out of memory
     with FakeWorld(cell.world_size, 0, fake_tensors=True, gpu=vgpu) as world:
         # Only the measured step's Python calls are counted, so that it starts the same
         # whatever the process ran before: [Note: host cost].
@@ -154,19 +163,22 @@ def predict_one(w, cell: Cell, gpu, host: str | None, link: Link, inter_link: Li
     }
 
 
-def run_job(w, job, gpu, host: str | None, link: Link, inter_link: Link | None, node_size: int,
-            traces: Path | None = None, alloc_conf: str = "", record_streams: bool = False) -> dict:
+def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: int,
+            traces: Path | None = None, alloc_conf: str = "", record_streams: bool = False,
+            sdpa_backend: str = "auto") -> dict:
     """One job of ``zerobench predict`` (zerobench/whatif/jobs.py): its row, also when the
     cell runs out of the virtual GPU's memory (status ``oom``, with what it needed) or
-    cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings."""
+    cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings;
+    ``host``: a host preset (or its name)."""
     cell = job.cell()
     trace = traces / f"{cell.id}.trace.json.gz" if traces else None
-    current_gpu.clear()
+    vgpu = None
     try:
-        return predict_one(w, cell, gpu, host, link, inter_link, node_size, trace, alloc_conf, record_streams)
+        vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
+        return predict_on(w, cell, vgpu, trace)
     except torch.OutOfMemoryError as err:
         traceback.print_exc()
-        allocator = current_gpu[-1].allocator if current_gpu else None
+        allocator = vgpu.allocator if vgpu is not None else None
         first = str(err).strip().splitlines()[0]
         return {"status": "oom", "reason": f"out of memory on the virtual GPU: {first[:400]}",
                 "oom_needed_bytes": allocator.needed_bytes if allocator else None,
@@ -185,29 +197,28 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.rank")
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to predict (zerobench/whatif/jobs.py)")
-    parser.add_argument("--gpu", required=True)
-    parser.add_argument("--host", default=None, help="host preset (default: the GPU preset's, else the measured one)")
+    parser.add_argument("--gpu-file", type=Path, required=True, help="the GPU preset, as predict wrote it")
+    parser.add_argument("--host", required=True, help="JSON of the host preset")
     parser.add_argument("--link", required=True, help="JSON of the intra-node link")
     parser.add_argument("--inter-link", default=None, help="JSON of the inter-node link")
     parser.add_argument("--node-size", type=int, default=8)
     parser.add_argument("--traces", type=Path, default=None)
     parser.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF syntax")
-    parser.add_argument("--context-mib", type=int, default=None)
-    parser.add_argument("--nccl-mib", type=int, default=None)
     parser.add_argument("--record-streams", action="store_true")
+    parser.add_argument("--sdpa-backend", default="auto")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     w = parse_workload(json.loads(args.workload.read_text()), source=str(args.workload))
     link = Link(**json.loads(args.link))
     inter = Link(**json.loads(args.inter_link)) if args.inter_link else None
-    gpu = gpu_preset(args.gpu).with_memory(
-        context_bytes=None if args.context_mib is None else args.context_mib * 2**20,
-        nccl_bytes_per_group=None if args.nccl_mib is None else args.nccl_mib * 2**20)
+    # Resolved and checked by ``zerobench predict`` (resolve_devices): read back, not looked up again.
+    gpu = load_preset_file(args.gpu_file)
+    host = HostPreset(**json.loads(args.host))
 
     def run_one(job) -> dict:
-        return run_job(w, job, gpu, args.host, link, inter, args.node_size, args.traces, args.alloc_conf,
-                       args.record_streams)
+        return run_job(w, job, gpu, host, link, inter, args.node_size, args.traces, args.alloc_conf,
+                       args.record_streams, args.sdpa_backend)
 
     child_loop(args.jobs, args.out, run_one)
 

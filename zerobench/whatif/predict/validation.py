@@ -20,11 +20,18 @@ from pathlib import Path
 GiB = 2**30
 _A100 = {"gpu": "a100-80gb", "link": "nvlink3-8gpu", "inter_link": "ib-200g"}
 _H100 = {"gpu": "h100-sxm", "link": "nvlink4-8gpu", "inter_link": None}
+# The H100s of Meta's Grand Teton hosts, which torchtitan's and PyTorch's published H100
+# runs used: 96 GB of HBM2e at 2.4 TB/s, 500 W power limit (pytorch/torchtitan/docs/performance.md;
+# the preset h100-96gb-500w cites it).
+_GRAND_TETON_H100 = {"gpu": "h100-96gb-500w", "link": "nvlink4-8gpu", "inter_link": None}
 # What the published runs' software did, not a fit: torchtitan's launcher sets
 # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; the FSDP1 studies of 2023 ran a
 # ProcessGroupNCCL that record-streamed collective tensors ([Note: collective tensors]).
 _TORCHTITAN = {"alloc_conf": "expandable_segments:True"}
 _PG_NCCL_2023 = {"record_streams": True}
+# PR #129721 ran torch's nightly of June 2024, after pytorch#128539 withdrew cuDNN's SDPA
+# from the top of the H100's priority order: flash attention ([Note: SDPA backend choice]).
+_TORCH_2024_H100 = {**_TORCHTITAN, "sdpa_backend": "flash"}
 
 
 @dataclass(frozen=True)
@@ -45,19 +52,20 @@ class Published:
 PUBLISHED: tuple[Published, ...] = (
     Published("pr129721", "PyTorch PR #129721: Llama 3 8B, fully_shard, 8x H100, batch 1, seq 8192, no AC",
               "workloads/pr129721-llama3-8b-h100.toml", 8, "torch-fsdp2-bf16",
-              {"tokens_per_s": 6130, "peak_reserved_bytes": 77.29 * GiB, "mfu": 0.359}, software=_TORCHTITAN),
-    Published("torchtitan-8b-op-ac", "torchtitan docs/performance.md: Llama 3 8B, FSDP2, 64x A100 80 GB, "
+              {"tokens_per_s": 6130, "peak_reserved_bytes": 77.29 * GiB, "mfu": 0.359}, dict(_GRAND_TETON_H100),
+              _TORCH_2024_H100),
+    Published("torchtitan-8b-op-ac", "pytorch/torchtitan/docs/performance.md: Llama 3 8B, FSDP2, 64x A100 80 GB, "
               "batch 1, seq 8192, op-level selective AC", "workloads/torchtitan-llama3-8b-a100.toml", 64,
               "torch-fsdp2-bf16-activation_checkpointing=ops", {"tokens_per_s": 2973, "mfu": 0.582}, dict(_A100),
               _TORCHTITAN),
-    Published("torchtitan-8b-layer-ac", "torchtitan docs/performance.md: the same, layer-level selective AC "
+    Published("torchtitan-8b-layer-ac", "pytorch/torchtitan/docs/performance.md: the same, layer-level selective AC "
               "(every second block)", "workloads/torchtitan-llama3-8b-a100.toml", 64,
               "torch-fsdp2-bf16-activation_checkpointing=every:2", {"tokens_per_s": 2904, "mfu": 0.568}, dict(_A100),
               _TORCHTITAN),
-    Published("torchtitan-13b", "torchtitan docs/performance.md: Llama 2 13B, FSDP2, 64x A100 80 GB, batch 2, "
+    Published("torchtitan-13b", "pytorch/torchtitan/docs/performance.md: Llama 2 13B, FSDP2, 64x A100 80 GB, batch 2, "
               "seq 4096, no AC", "workloads/torchtitan-llama2-13b-a100.toml", 64, "torch-fsdp2-bf16",
               {"tokens_per_s": 2162, "mfu": 0.611}, dict(_A100), _TORCHTITAN),
-    Published("torchtitan-70b", "torchtitan docs/performance.md: Llama 3 70B, FSDP2, 64x A100 80 GB, batch 1, "
+    Published("torchtitan-70b", "pytorch/torchtitan/docs/performance.md: Llama 3 70B, FSDP2, 64x A100 80 GB, batch 1, "
               "seq 8192, full AC", "workloads/torchtitan-llama3-70b-a100.toml", 64,
               "torch-fsdp2-bf16-activation_checkpointing=full", {"tokens_per_s": 331, "mfu": 0.517}, dict(_A100),
               _TORCHTITAN),

@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zerobench.runs.files import write_atomic
 from zerobench.analysis.profiling import intervals as iv
 from zerobench.analysis.profiling.analyze import find_traces
 from zerobench.analysis.profiling.collective_table import collectives
 from zerobench.analysis.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
 from zerobench.analysis.profiling.trace import Trace, load_trace
+from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
 
 from .schedule import ENGINES, Knobs, Schedule, Unit
@@ -190,9 +190,9 @@ def _knobs(config: dict, on_gpu: bool) -> Knobs:
 
 def _measured(run_dir: Path, cell_id: str) -> dict:
     out = {}
-    res = run_dir / "results.csv"
-    if res.exists():
-        df = RunFolder(run_dir).results()  # old folders' column names read as today's
+    folder = RunFolder(run_dir)
+    if folder.results_path.exists():
+        df = folder.results()  # old folders' column names read as today's
         df = df[df["cell_id"] == cell_id]
         for col, key in (("step_time_s", "step_time_s"), ("exposed_comm_s", "exposed_comm_s"),
                          ("step_trace_s", "step_trace_s"), ("compute_s", "compute_s"), ("idle_s", "idle_s"),
@@ -264,7 +264,7 @@ def extract_run(run_dir, cells: list[str] | None = None) -> dict[str, Path]:
         except ValueError as e:
             print(f"zerobench simulate: skipping {cell_id}: {e}")
             continue
-        path = run_dir / "schedules" / f"{cell_id}.json"
+        path = RunFolder(run_dir).schedule_path(cell_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         text = s.to_json()
         write_atomic(path, lambda f: f.write(text))
@@ -275,8 +275,16 @@ def extract_run(run_dir, cells: list[str] | None = None) -> dict[str, Path]:
 def load_schedules(run_dir, cells: list[str] | None = None) -> dict[str, Schedule]:
     """The run's schedules, extracted from its traces where not stored yet."""
     run_dir = Path(run_dir)
-    folder = run_dir / "schedules"
-    have = {p.name[:-5]: p for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+    stored = RunFolder(run_dir).schedules_dir
+    have = {p.name[:-5]: p for p in sorted(stored.glob("*.json"))} if stored.exists() else {}
+    if cells:
+        known = sorted(set(have) | {c for c, _, _ in find_traces(run_dir)})
+        unknown = [c for c in cells if c not in known]
+        if unknown:
+            from zerobench.choices import not_allowed
+
+            raise ValueError(not_allowed("--cell", unknown[0], known, show=str,
+                                         what=f"is not a profiled cell of {run_dir}"))
     if not have or (cells and not set(cells) <= set(have)):
         have.update(extract_run(run_dir, cells))
     if cells:

@@ -17,7 +17,9 @@ Program order, as in impl/fsdp/runtime.py and PyTorch FSDP1:
 * forward, unit ``i`` (root first): all-gather it unless held; with forward prefetch
   also issue the next ``prefetch_depth`` units' all-gathers; wait; compute; free it
   when the strategy reshards after forward (FULL_SHARD, HYBRID_SHARD, fully_shard with
-  ``reshard_after_forward``; never the root, which backward needs at once);
+  ``reshard_after_forward``; under impl and FSDP1 never the root, which backward needs
+  at once; fully_shard's root too, gathered again first thing in backward: [Note:
+  fully_shard's root]);
 * backward, units in reverse: all-gather unless held; BACKWARD_PRE prefetches the next
   unit(s) in backward order before the compute, BACKWARD_POST after it; compute; free
   (sharded strategies); reduce the gradient (reduce-scatter; all-reduce for NO_SHARD;
@@ -30,6 +32,17 @@ Program order, as in impl/fsdp/runtime.py and PyTorch FSDP1:
 * with ``blocking_collectives`` (PyTorch's FSDPs on CPU, whose ``async_op=False``
   calls wait there), the thread waits for each collective as it issues it: a prefetch
   then only moves a wait earlier, it hides nothing.
+
+[Note: fully_shard's root]
+fully_shard exempts the root from ``reshard_after_forward`` only when that argument is
+left to its default (``None``: torch's ``_lazy_init`` then keeps the root unsharded,
+since backward needs it at once). zerobench's torch-fsdp2 engine passes it explicitly,
+so its root reshards after forward like every block and is
+gathered again at the start of backward, when its outputs get their gradients: twice
+as many all-gathers per step as units, the root's included (tests/test_simulate_contract.py
+counts them in the engine's own step). The model kept that root, one all-gather short:
+every fully_shard cell of the validation was predicted 1-4 % low, and more for a model
+whose root (embeddings and head) outweighs a block.
 
 DDP and ZeRO: no all-gathers in forward or backward; gradients are put into buckets
 of ``bucket_mb`` in backward order and each full bucket is all-reduced (DDP, ZeRO-1)
@@ -169,10 +182,10 @@ class _Rank:
 
     # ---- FSDP
     def frees_after_forward(self, u: int) -> bool:
-        if u == 0:
-            return False  # the root: backward starts with it
-        if self.k.reshard_after_forward is not None:
+        if self.k.reshard_after_forward is not None:  # fully_shard: See [Note: fully_shard's root]
             return bool(self.k.reshard_after_forward) and self.k.sharding_strategy != "NO_SHARD"
+        if u == 0:
+            return False  # impl and FSDP1: the root stays unsharded, backward starts with it
         return self.k.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
 
     def fsdp_step(self) -> None:
@@ -191,6 +204,11 @@ class _Rank:
             self.compute(units[i].forward_s, f"forward {units[i].name}")
             if sharded and self.frees_after_forward(i):
                 self.free(i, self.t)
+        if sharded and self.frees_after_forward(0):
+            # The root's outputs get the first gradients: a root resharded after forward
+            # is gathered again before anything else of backward. See [Note: fully_shard's root].
+            self.all_gather(0, self.t, prefetch=False, ticketed=True)
+            self.wait_for(0)
         order = list(range(n_units - 1, -1, -1))
         for pos, i in enumerate(order):
             nxt = order[pos + 1: pos + 1 + k.prefetch_depth]

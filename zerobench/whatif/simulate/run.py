@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zerobench.instruments.link import PRESETS, Link, resolve_link
+from zerobench.instruments.link import PRESETS, Link
 
 from .model import simulate
 from .schedule import Schedule
-from .validate import compare, cross_validate, emulation_margin, measured_link, validation_summary, write_validation
+from .validate import compare, cross_validate, emulation_margin, measured_link, write_validation
 
 
 def tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:
@@ -62,6 +62,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     import pandas as pd
 
     from zerobench.runs.files import write_csv_atomic
+    from zerobench.runs.folder import RunFolder
 
     from .extract import load_schedules
 
@@ -69,7 +70,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
     schedules = load_schedules(run, cells)
     if not schedules:
         raise FileNotFoundError(f"{run}: no profiled cells to simulate (run with `zerobench run --profile`)")
-    out = run / "simulate" / tag(link, world_sizes, compute_scale, async_collectives)
+    out = RunFolder(run).simulate_dir(tag(link, world_sizes, compute_scale, async_collectives))
     where = _measured_on(run)  # every plot title names the workload and the measured device
     rows, mrows = [], []
     for cell_id, s in schedules.items():
@@ -108,7 +109,7 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
                         mrows.append({"cell_id": cell_id, "setting": name, "gbps": lk.bandwidth_gbps, "world_size": ws,
                                       **r.row()})
     if cross:
-        cross_validate(schedules, run / "simulate" / "cross")
+        cross_validate(schedules, RunFolder(run).simulate_dir("cross"))
     pred = pd.DataFrame(rows)
     write_csv_atomic(out / "predictions.csv", pred)
     if "measured_step_s" in pred:
