@@ -123,18 +123,11 @@ def results_root(text: str) -> Path:
 def check_results_folder(path: Path, option: str = "--results") -> None:
     """ArgumentError naming ``option`` when result folders cannot be made under ``path``
     (a file there, or no write permission): checked before any work."""
-    import os
 
     if path.exists() and not path.is_dir():
         raise ArgumentError(f"{option}: {path} is not a folder (allowed: a folder to make result folders in, "
                             f"default {DEFAULT_RESULTS})")
-    parent = path
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # the first existing ancestor: the folders below it will be made
-    if not parent.is_dir():
-        raise ArgumentError(f"{option}: {parent} is not a folder, so {path} cannot be made")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ArgumentError(f"{option}: {parent} is not writable, so no result folder can be made in {path}")
+    _check_ancestor(path, option, f"{path} cannot be made", f"no result folder can be made in {path}")
 
 
 def output_file(text: str) -> Path:
@@ -147,14 +140,22 @@ def output_file(text: str) -> Path:
 def check_writable(path: Path, option: str) -> None:
     """ArgumentError naming ``option`` when a file cannot be written at ``path``: checked
     before any work, so a long command does not fail at its end."""
-    import os
 
     if path.is_dir():
         raise ArgumentError(f"{option}: {path} is a folder (allowed: a file path)")
-    parent = path.parent
+    _check_ancestor(path.parent, option, f"{path} cannot be written", f"{path} cannot be written")
+
+
+def _check_ancestor(path: Path, option: str, not_a_folder: str, not_writable: str) -> None:
+    """ArgumentError naming ``option`` unless the first existing ancestor of ``path`` (the
+    folders below it will be made) is a writable folder; the messages end with what then
+    cannot be done."""
+    import os
+
+    parent = path
     while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # the first existing ancestor: the folders below it will be made
+        parent = parent.parent
     if not parent.is_dir():
-        raise ArgumentError(f"{option}: {parent} is not a folder, so {path} cannot be written")
+        raise ArgumentError(f"{option}: {parent} is not a folder, so {not_a_folder}")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ArgumentError(f"{option}: {parent} is not writable, so {path} cannot be written")
+        raise ArgumentError(f"{option}: {parent} is not writable, so {not_writable}")

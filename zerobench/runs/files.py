@@ -75,3 +75,13 @@ def _default(value):
     if hasattr(value, "item"):  # numpy / torch scalars
         return value.item()
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def print_and_write(text: str, out: str | Path | None = None) -> None:
+    """A report printed, and written atomically to ``out`` as well when one is given (a
+    command's ``--out``)."""
+    import sys
+
+    sys.stdout.write(text)
+    if out:
+        write_atomic(out, lambda f: f.write(text))

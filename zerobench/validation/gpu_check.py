@@ -272,8 +272,16 @@ def _step_ms(target: Target, prefetch: bool, gather_cycles: int, compute_cycles:
     torch.manual_seed(0)
     model = _wrap(_Model(units, 256, compute_cycles, m, host_waits=True).to(target.device), target,
                   forward_prefetch=prefetch, backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
-    x = torch.randn(8, 256, device=target.device)
-    model(x).sum().backward()  # warm-up (and the first-iteration order record)
+    return timed_steps(target, model, torch.randn(8, 256, device=target.device), gather_cycles, steps)
+
+
+def timed_steps(target: Target, model: nn.Module, x: torch.Tensor, gather_cycles: int,
+                steps: int) -> tuple[float, int]:
+    """After one warm-up step (and the first-iteration order record): the shortest of
+    ``steps`` steps of ``model`` timed by device events, each all-gather delayed by
+    ``gather_cycles``, and the all-gathers per step."""
+    m = target.module
+    model(x).sum().backward()
     times = []
     with _DelayedGathers(gather_cycles, m) as delayed:
         for _ in range(steps):

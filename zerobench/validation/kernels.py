@@ -163,11 +163,9 @@ def main(argv=None) -> int:
         return 2
     frame = kernel_table(measured, preset, args.before)
     text = to_markdown(frame, by_class(frame))
-    sys.stdout.write(text)
-    if args.out:
-        from zerobench.runs.files import write_atomic
+    from zerobench.runs.files import print_and_write
 
-        write_atomic(args.out, lambda f: f.write(text))
+    print_and_write(text, args.out)
     return 0
 
 

@@ -7,8 +7,9 @@ preset and its own measured host, and prints each recorded figure beside the vir
 is held to. Exit 0 when every figure is within its bar, 1 otherwise.
 
 [Note: replaying the H200 check]
-The check program is kept below as it was (``_Old*``, ``_old_*``: the model, the wrapping,
-the delayed gathers and the two measurements, unchanged but for names), because the
+The check program is kept below as it was (``_Old*``, ``_old_*``: the model and the two
+measurements, unchanged but for names; the wrapping and the delayed gathers are
+gpu_check.py's ``_wrap`` and ``timed_steps``, unchanged since), because the
 recorded figures are what that program measured, and the checks in gpu_check.py have
 since changed what they measure ([Note: GPU checks]). So is one behaviour of impl it ran
 with: ``FlatParamHandle`` made each unit's unsharded parameters over its freed storage with
@@ -51,10 +52,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from zerobench.validation.gpu_check import Target, cycles_per_ms
+from zerobench.validation.gpu_check import Target, _wrap, cycles_per_ms, timed_steps
 
 RECORDED = Path(__file__).resolve().parents[2] / "results" / "gpu" / "h200-20261126"
 RELATIVE_BAR = 0.15
@@ -100,65 +100,14 @@ class _OldModel(nn.Module):
         return x
 
 
-def _old_wrap(model: nn.Module, target: Target, **kwargs):
-    from impl.fsdp import FullyShardedDataParallel as FSDP
-    from impl.fsdp import ShardingStrategy
-
-    if getattr(target, "groups", None) is None:
-        target.groups = (dist.group.WORLD, dist.new_group([0]))
-    wrap = dict(process_group=target.groups, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
-                device_id=target.device_id, **kwargs)
-    for i, u in enumerate(model.units):
-        model.units[i] = FSDP(u, **wrap)
-    return FSDP(model, **wrap)
-
-
-class _OldDelayedGathers:
-    def __init__(self, cycles: int, module):
-        self.cycles = cycles
-        self.module = module
-        self.count = 0
-
-    def __enter__(self):
-        from impl.fsdp import collectives
-
-        self._real = collectives.all_gather_flat
-
-        def slow(output, input, group, group_size):
-            self.count += 1
-            if self.cycles:
-                self.module._sleep(self.cycles)
-            return self._real(output, input, group, group_size)
-
-        collectives.all_gather_flat = slow
-        return self
-
-    def __exit__(self, *exc):
-        from impl.fsdp import collectives
-
-        collectives.all_gather_flat = self._real
-
-
 def _old_step_ms(target, prefetch, gather_cycles, compute_cycles, units, steps=3):
     from impl.fsdp import BackwardPrefetch
 
     m = target.module
     torch.manual_seed(0)
-    model = _old_wrap(_OldModel(units, 256, compute_cycles, m).to(target.device), target, forward_prefetch=prefetch,
-                      backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
-    x = torch.randn(8, 256, device=target.device)
-    model(x).sum().backward()
-    times = []
-    with _OldDelayedGathers(gather_cycles, m) as delayed:
-        for _ in range(steps):
-            m.synchronize()
-            start, end = m.Event(enable_timing=True), m.Event(enable_timing=True)
-            start.record()
-            model(x).sum().backward()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    return min(times), delayed.count // steps
+    model = _wrap(_OldModel(units, 256, compute_cycles, m).to(target.device), target, forward_prefetch=prefetch,
+                  backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
+    return timed_steps(target, model, torch.randn(8, 256, device=target.device), gather_cycles, steps)
 
 
 def old_overlap_check(target: Target, gather_ms=2.0, compute_ms=4.0, units=24, steps=3) -> dict:
@@ -181,7 +130,7 @@ def _old_forward_peak(target, limit, depth, compute_cycles, units, unit_mb) -> d
     m = target.module
     width = int((unit_mb * 2**20 / 4) ** 0.5)
     torch.manual_seed(0)
-    model = _old_wrap(_OldModel(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
+    model = _wrap(_OldModel(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
                       limiter_depth=depth)
     x = torch.randn(4, width, device=target.device)
     with torch.no_grad():

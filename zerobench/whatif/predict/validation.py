@@ -162,11 +162,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     frame = validate(args.results, args.only)
     text = to_markdown(frame)
-    sys.stdout.write(text)
-    if args.out:
-        from zerobench.runs.files import write_atomic
+    from zerobench.runs.files import print_and_write
 
-        write_atomic(args.out, lambda f: f.write(text))
+    print_and_write(text, args.out)
     return 0
 
 
