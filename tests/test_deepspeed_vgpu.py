@@ -97,3 +97,22 @@ def test_estimate_and_predict_agree_on_memory(quickstart, name, world_size, opti
     assert 1.0 <= ratio < 1.03, (predicted["peak_allocated_bytes"], estimated["peak_mem_bytes"])
     assert predicted["peak_reserved_bytes"] >= predicted["peak_active_bytes"] >= predicted["peak_allocated_bytes"]
     assert predicted["step_time_s"] >= predicted["compute_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_zero3_cell_leaves_the_process_as_a_fresh_one_counts_it(quickstart):
+    """ZeRO-3 replaces ``F.linear`` with its own and DeepSpeed runs dynamo's patches of
+    torch's optimizers: after a ZeRO-3 prediction the next cell of the process runs torch's
+    ``F.linear``, and the host counts of a program are those stored, as a fresh process
+    counts them (their Python calls price the predicted host)."""
+    import json
+
+    import torch
+
+    from zerobench.validation.calibrate.host import count_programs
+
+    linear = torch.nn.functional.linear
+    _predict(quickstart, _cell("deepspeed-zero3", 2, reduce_bucket_size=100_000))
+    assert torch.nn.functional.linear is linear
+    stored = json.loads(open("zerobench/instruments/vgpu/host_counts.json").read())["counts"]
+    assert count_programs(("plain_mlp8",))["plain_mlp8"] == stored["plain_mlp8"]

@@ -200,6 +200,10 @@ class FakeWorld(World):
         dist.init_process_group("fake", world_size=self.size, rank=self.rank, store=FakeStore())
         stack = contextlib.ExitStack()
         stack.callback(_destroy_process_group)
+        # A cell leaves torch as it found it: DeepSpeed's ZeRO-3 replaces F.linear with its
+        # own and says so ("this will persist unless manually reset"), and the next cell
+        # of the same process (estimate's and predict's jobs) would run it.
+        stack.callback(setattr, torch.nn.functional, "linear", torch.nn.functional.linear)
         try:
             if self.fake_tensors:
                 stack.enter_context(fake_tensor_mode())

@@ -120,6 +120,20 @@ def cublas_workspace_bytes(compute_capability: str, config: str | None = None) -
     return 4096 * 8 * 1024 if str(compute_capability) == "9.0" else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
+def _dynamo_patched() -> None:
+    """Puts torch in the state ``torch.compile`` leaves it in, once per process, before
+    Python calls are counted: dynamo's ``TorchPatcher`` wraps every optimizer's
+    ``_init_group`` (and ``jit.trace``, fused optimizer functions) in ``disable``, and turns
+    off ``torch.distributions``' argument validation by default. A process that compiled
+    something, or ran DeepSpeed, is in that state and one that did not is not; the wrappers
+    are Python calls, so without this a step's count, and its predicted host time, would
+    depend on what the process ran before. A fresh GPU host runs a few calls fewer per
+    optimizer step (the wrappers), microseconds in a step of milliseconds."""
+    from torch._dynamo.eval_frame import TorchPatcher
+
+    TorchPatcher.patch()  # functools.cache: once
+
+
 def current() -> "VirtualGpu | None":
     """The installed virtual GPU, if any."""
     return _active[-1] if _active else None
@@ -584,6 +598,7 @@ class VirtualGpu(Layer, Listener):
         _active.append(self)
         stack.callback(_active.pop)
         if self.python is not None:  # last: installing is not the program ([Note: host cost])
+            _dynamo_patched()
             self.host.watch_python(self.python.calls, self.host_preset.python_call_s, self._python_charged)
             self._events.python = self.python
             self.python.install()
