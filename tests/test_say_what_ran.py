@@ -109,3 +109,32 @@ dtype = ["fp32"]
     assert "NO_SHARD" in rows.loc["torch-fsdp1-ws1-fp32", "note"]
     assert pd.isna(rows.loc["torch-fsdp2-ws1-fp32", "note"])  # fully_shard ran what it was asked
     assert "ran" not in json.loads((run / "cells" / "torch-fsdp2-ws1-fp32.json").read_text())
+
+
+@pytest.mark.parametrize("command", ["predict", "estimate"])
+def test_a_prediction_and_an_estimate_say_what_ran_in_the_row_and_under_the_table(tmp_path, command, capsys):
+    """The virtual GPU and the estimator run the same engines: their rows carry the note,
+    and their tables say it under the rows."""
+    from zerobench.cli import main
+
+    (tmp_path / "w.toml").write_text("""
+name = "ran"
+[model]
+kind = "mlp"
+depth = 2
+width = 32
+[data]
+batch_size = 4
+[matrix]
+engine = ["torch-fsdp1", "torch-fsdp2"]
+world_size = [1]
+dtype = ["fp32"]
+""")
+    assert main([command, str(tmp_path / "w.toml"), "--world-sizes", "1,2", "--results", str(tmp_path / "r")]) == 0
+    (folder,) = (tmp_path / "r").iterdir()
+    rows = pd.read_csv(folder / f"{command}.csv").set_index(["config", "world_size"])
+    assert rows.loc[("torch-fsdp1-fp32", 1), "note"].startswith("ran sharding_strategy=NO_SHARD")
+    assert pd.isna(rows.loc[("torch-fsdp1-fp32", 2), "note"])  # two ranks shard
+    assert pd.isna(rows.loc[("torch-fsdp2-fp32", 1), "note"])
+    out = capsys.readouterr().out
+    assert "torch-fsdp1-fp32 at ws1: ran sharding_strategy=NO_SHARD" in out

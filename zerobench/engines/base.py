@@ -145,7 +145,8 @@ def no_decay_groups(module: nn.Module) -> list[dict[str, Any]]:
 # The cell's config keeps what the matrix asked (it names the cell and lines it up with
 # baselines); what ran is read from the wrapped module after wrap (Engine.ran), kept in
 # the cell record under ``ran`` and said in its note ("ran sharding_strategy=NO_SHARD:
-# ..."), which the results table shows in the cell's row. ``Engine.notes`` says before a
+# ..."), which the results table shows in the cell's row; predict's and estimate's rows
+# carry the same note, printed under their tables (zerobench/whatif/cells.py, ran_notes). ``Engine.notes`` says before a
 # cell runs what the engine will ignore of it; ``Engine.ran`` says what it changed.
 
 
@@ -154,6 +155,17 @@ def ran_note(ran: dict[str, dict[str, Any]]) -> str | None:
     cell record's ``ran``), or None."""
     parts = [f"ran {axis}={item['value']}: {item['why']}" for axis, item in ran.items()]
     return "; ".join(parts) or None
+
+
+def ran_record(engine: "Engine") -> dict[str, dict[str, Any]]:
+    """``engine.ran()`` as a cell record keeps it: ``{axis: {"value": ..., "why": ...}}``."""
+    return {axis: {"value": value, "why": why} for axis, (value, why) in engine.ran().items()}
+
+
+def row_note(cell_note: str | None, ran: dict[str, dict[str, Any]]) -> str | None:
+    """A row's note: what the engine ignored of the cell (``Cell.note``, from
+    :meth:`Engine.notes`) and what it ran instead (:func:`ran_note`), or None."""
+    return "; ".join(filter(None, (cell_note, ran_note(ran)))) or None
 
 
 class Engine:

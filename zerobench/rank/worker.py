@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing import errors as elastic_errors
 
-from zerobench.engines.base import ran_note
+from zerobench.engines.base import ran_record, row_note
 from zerobench.instruments.memory import StorageTracker, measure_exact_step
 from zerobench.rank import devices
 from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
@@ -291,7 +291,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         started = time.perf_counter()
         session = Session(workload, cell, world)
         engine = session.build()
-        ran = {axis: {"value": value, "why": why} for axis, (value, why) in engine.ran().items()}
+        ran = ran_record(engine)
         rank_record = timing_pass(session, engine)
         if ran:
             rank_record["ran"] = ran  # See [Note: say what ran] (zerobench/engines/base.py)
@@ -326,7 +326,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
             if ran:
                 cell_record["ran"] = ran
             # what the engine ignored here (Engine.notes), and what it ran instead (Engine.ran)
-            note = "; ".join(filter(None, (cell.note, ran_note(ran))))
+            note = row_note(cell.note, ran)
             if note:
                 cell_record["note"] = note
             folder.write_cell(cell_record)

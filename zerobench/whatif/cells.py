@@ -123,3 +123,14 @@ def new_results_folder(results_root, w, tool: str):
     out_dir = new_stamped_dir(results_root, f"{w.name}-{tool}")
     write_json_atomic(out_dir / WORKLOAD_FILE, w.to_dict())
     return out_dir
+
+
+def ran_notes(frame) -> list[str]:
+    """A table's notes for the rows whose engine ignored a setting or ran something else
+    than the row says ([Note: say what ran] in zerobench/engines/base.py), one line per
+    configuration and note: ``config at ws1, ws2: note``."""
+    if "note" not in frame.columns:
+        return []
+    noted = frame[(frame["status"] == "ok") & frame["note"].notna() & (frame["note"].astype(str) != "")]
+    return [f"{config} at {', '.join(f'ws{int(s)}' for s in group['world_size'])}: {note}"
+            for (config, note), group in noted.groupby(["config", "note"], sort=False)]

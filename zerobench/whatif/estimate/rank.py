@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from zerobench.engines.base import ran_record, row_note
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import BACKENDS, FakeWorld
 from zerobench.runs.schema import peak_columns
@@ -48,10 +49,11 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
         session = Session(w, cell, world)
         with session.tracker(timeline=False) as tracker:
             engine = session.build()
+            ran = ran_record(engine)  # [Note: say what ran] (zerobench/engines/base.py)
             session.warm_up(engine, w.run.memory_warmup_steps)
             step = session.measured_step(engine, w.run.memory_warmup_steps, tracker)
     return {
-        "status": "ok", "reason": None,
+        "status": "ok", "reason": None, "note": row_note(cell.note, ran),
         **peak_columns(tracker.peak_bytes, tracker.peak_breakdown()),
         **step.state,
         "estimate_wall_s": time.perf_counter() - started,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zerobench.analysis.render import Column, Table, bytes_unit, decimals_for, format_column, print_table
+from zerobench.whatif.cells import ran_notes
 
 PAPER_CONVENTION = "the ZeRO paper's mixed-precision convention, 2 + 2 + K bytes per element"
 
@@ -38,6 +39,7 @@ def peak_table(frame) -> Table:
     for (config, reason), group in skipped.groupby(["config", skipped["reason"].fillna("")], sort=False):
         sizes_text = ", ".join(f"ws{int(s)}" for s in group["world_size"])
         table.notes.append(f"{group.iloc[0]['status']} {config} at {sizes_text}: {reason}")
+    table.notes += ran_notes(frame)
     return table
 
 

@@ -100,6 +100,7 @@ def predict_one(w, cell: Cell, gpu, host, link: Link, inter_link: Link | None, n
 def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
     """:func:`predict_one` on a virtual GPU made by the caller, who can read its
     allocator when the step runs out of its memory (:func:`run_job`)."""
+    from zerobench.engines.base import ran_record, row_note
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
     from zerobench.spec.models import samples_to_tokens
@@ -111,6 +112,7 @@ def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
         with vgpu.python_uncounted():
             session = Session(w, cell, world)
             engine = session.build()
+            ran = ran_record(engine)  # [Note: say what ran] (zerobench/engines/base.py)
             session.warm_up(engine, max(w.run.memory_warmup_steps, 1))
         world.synchronize()
         world.reset_peak_memory_stats()
@@ -142,7 +144,7 @@ def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
         reason = (f"reserved memory reached the {capacity / 2**30:.2f} GiB the allocator may hold "
                   f"({allocator['num_alloc_retries']} allocator retries): the figures are a full card's")
     return {
-        "status": status, "reason": reason,
+        "status": status, "reason": reason, "note": row_note(cell.note, ran),
         "step_time_s": step_s,
         **timeline_metrics(vgpu.trace.spans, t1 - step_s, t1),
         **allocator,

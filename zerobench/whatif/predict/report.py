@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from zerobench.analysis.render import Column, Table, bytes_unit, format_column, print_table
+from zerobench.whatif.cells import ran_notes
 
 
 def _values(frame, column) -> list:
@@ -94,7 +95,7 @@ def predict_table(frame, model_kind: str | None = None) -> Table:
             reason = "" if reason is None or reason != reason else f": {reason}"
             table.add_row(r["config"], int(r["world_size"]), *[""] * 9, f"{r['status']}{reason}",
                           style="yellow")
-    table.notes += mfu_notes(frame, model_kind)
+    table.notes += ran_notes(frame) + mfu_notes(frame, model_kind)
     return table
 
 
