@@ -78,11 +78,9 @@ def test_the_note_names_each_setting_that_ran_otherwise():
     assert note == "ran sharding_strategy=NO_SHARD: one rank"
 
 
-@pytest.mark.slow
-def test_a_run_says_what_ran_in_the_record_and_the_row(tmp_path):
-    from zerobench.cli import main
-
-    (tmp_path / "w.toml").write_text("""
+def _fsdp_at_one_rank(path):
+    """A workload of FSDP1 and fully_shard at world size 1, a small MLP, a short run."""
+    path.write_text("""
 name = "ran"
 [model]
 kind = "mlp"
@@ -99,6 +97,13 @@ engine = ["torch-fsdp1", "torch-fsdp2"]
 world_size = [1]
 dtype = ["fp32"]
 """)
+
+
+@pytest.mark.slow
+def test_a_run_says_what_ran_in_the_record_and_the_row(tmp_path):
+    from zerobench.cli import main
+
+    _fsdp_at_one_rank(tmp_path / "w.toml")
     assert main(["run", str(tmp_path / "w.toml"), "--results", str(tmp_path / "r"), "--no-plots"]) == 0
     (run,) = (tmp_path / "r").iterdir()
     record = json.loads((run / "cells" / "torch-fsdp1-ws1-fp32.json").read_text())
@@ -117,19 +122,7 @@ def test_a_prediction_and_an_estimate_say_what_ran_in_the_row_and_under_the_tabl
     and their tables say it under the rows."""
     from zerobench.cli import main
 
-    (tmp_path / "w.toml").write_text("""
-name = "ran"
-[model]
-kind = "mlp"
-depth = 2
-width = 32
-[data]
-batch_size = 4
-[matrix]
-engine = ["torch-fsdp1", "torch-fsdp2"]
-world_size = [1]
-dtype = ["fp32"]
-""")
+    _fsdp_at_one_rank(tmp_path / "w.toml")
     assert main([command, str(tmp_path / "w.toml"), "--world-sizes", "1,2", "--results", str(tmp_path / "r")]) == 0
     (folder,) = (tmp_path / "r").iterdir()
     rows = pd.read_csv(folder / f"{command}.csv").set_index(["config", "world_size"])
