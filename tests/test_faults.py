@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.runs import TINY, another_run_registered
 from zerobench.cli import main
 from zerobench.harness import active, launch, preflight
 from zerobench.harness.reference import ReferenceFailed, reference_losses
@@ -29,23 +30,6 @@ from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = textwrap.dedent("""
-    name = "tiny"
-    [model]
-    kind = "mlp"
-    depth = 1
-    width = 8
-    [data]
-    batch_size = 2
-    warmup_steps = 1
-    steps = 2
-    [run]
-    timeout_s = 120
-    memory_pass = false
-    [matrix]
-    engine = ["ddp"]
-    world_size = [1]
-""")
 #: every cell skipped before any rank starts (HYBRID_SHARD needs two ranks)
 SKIPPED = textwrap.dedent("""
     name = "skipped"
@@ -194,22 +178,11 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
 
 
 def test_another_active_run_is_seen_and_recorded(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import sys, time
-        from zerobench.harness import active
-        with active.register(sys.argv[1]):
-            print("registered", flush=True)
-            time.sleep(60)
-    """), str(tmp_path / "other-run")], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ)
-    try:
-        assert holder.stdout.readline().strip() == "registered"
+    with another_run_registered(tmp_path / "other-run") as holder:
         seen = active.others()
         assert [(r["pid"], r["run_dir"]) for r in seen] == [(holder.pid, str(tmp_path / "other-run"))]
         workload = parse_workload({"name": "w"})
         assert run_metadata(workload, [Cell("ddp", 2, "fp32")], "cpu")["concurrent_runs"] == seen
-    finally:
-        holder.kill()
-        holder.wait()
     assert active.others() == []  # a SIGKILLed run holds no lock: it is gone from the registry
     assert list((tmp_path / "active").iterdir()) == []
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.helpers.runs import TINY
 from zerobench.analysis.summary import folder_notes, with_reference_ratios
 from zerobench.cli import main
 from zerobench.harness import active
@@ -93,23 +93,7 @@ def test_the_step_time_ratio_carries_the_spread_of_every_pair_of_steps():
 
 def test_a_real_run_records_the_machine_load_in_its_cells_and_meta(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(active.ACTIVE_DIR_ENV, str(tmp_path / "active"))
-    (tmp_path / "w.toml").write_text(textwrap.dedent("""
-        name = "tiny"
-        [model]
-        depth = 1
-        width = 8
-        [data]
-        batch_size = 2
-        warmup_steps = 1
-        steps = 2
-        [run]
-        timeout_s = 120
-        memory_pass = false
-        reference = false
-        [matrix]
-        engine = ["ddp"]
-        world_size = [1]
-    """))
+    (tmp_path / "w.toml").write_text(TINY.replace("[matrix]", "reference = false\n[matrix]"))
     assert main(["run", str(tmp_path / "w.toml"), "--results", str(tmp_path / "r"), "--no-plots"]) == 0
     (run,) = (tmp_path / "r").iterdir()
     cell = json.loads((run / "cells" / "ddp-ws1-fp32.json").read_text())["machine_load"]

@@ -343,12 +343,16 @@ def _labels_sit_beside_their_own_points(fig) -> None:
                     assert not box.contains(x, y), (name, line.get_gid())
 
 
+def _replotted(tmp_path, curated: str, figures):
+    """The pareto figure of a copy of results/curated/CURATED, plotted again here."""
+    folder = tmp_path / curated
+    shutil.copytree(ROOT / "results" / "curated" / curated, folder, ignore=shutil.ignore_patterns("plots"))
+    plot_folder(folder)
+    return figures["pareto.png"]
+
+
 def test_pareto_plots_one_marker_per_strategy_and_labels_beside_their_points(tmp_path, figures):
-    run = tmp_path / "run"
-    shutil.copytree(ROOT / "results" / "curated" / "20261121-165230-quickstart", run,
-                    ignore=shutil.ignore_patterns("plots"))
-    plot_folder(run)
-    fig = figures["pareto.png"]
+    fig = _replotted(tmp_path, "20261121-165230-quickstart", figures)
     points = _points(fig)
     marker = {label: {line.get_marker() for line in lines} for label, lines in points.items()}
     color = {label: {str(line.get_color()) for line in lines} for label, lines in points.items()}
@@ -368,11 +372,7 @@ def test_pareto_plots_one_marker_per_strategy_and_labels_beside_their_points(tmp
 
 
 def test_predict_pareto_labels_sit_beside_their_own_points(tmp_path, figures):
-    folder = tmp_path / "predict"
-    shutil.copytree(ROOT / "results" / "curated" / "20261124-085132-llama3-8b-zero-predict", folder,
-                    ignore=shutil.ignore_patterns("plots"))
-    plot_folder(folder)
-    fig = figures["pareto.png"]
+    fig = _replotted(tmp_path, "20261124-085132-llama3-8b-zero-predict", figures)
     _labels_sit_beside_their_own_points(fig)
     hollow = [label for label, lines in _points(fig).items() if "ckpt full" in label]
     assert hollow and all(line.get_fillstyle() == "none" for label in hollow for line in _points(fig)[label])

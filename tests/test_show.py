@@ -6,15 +6,12 @@ committed ones under results/ (and every width) are tests/test_render.py's."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.runs import another_run_registered
 from tests.helpers.tables import whole
 from zerobench.cli import main
 from zerobench.harness import active
@@ -87,20 +84,9 @@ def test_a_run_stopped_before_its_first_cell_is_not_a_failed_one(tmp_path, capsy
 
 def test_a_run_in_progress_says_so_instead_of_interrupted(tmp_path, capsys):
     run = interrupted_run(tmp_path / "results", finished=1)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import sys, time
-        from zerobench.harness import active
-        with active.register(sys.argv[1]):
-            print("registered", flush=True)
-            time.sleep(60)
-    """), str(run)], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ)
-    try:
-        assert holder.stdout.readline().strip() == "registered"
+    with another_run_registered(run) as holder:
         assert main(["show", str(run)]) == 0
         out = capsys.readouterr().out
-    finally:
-        holder.kill()
-        holder.wait()
     assert f"running: 2 of 3 cell(s) still to run (pid {holder.pid}" in " ".join(out.split())
     assert "interrupted" not in out
 
