@@ -16,28 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.runs import TINY as TINY_DDP
 from zerobench.cli import main
 from zerobench.harness import active, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
-TINY = textwrap.dedent("""
-    name = "tiny"
-    [model]
-    kind = "mlp"
-    depth = 1
-    width = 8
-    [data]
-    batch_size = 2
-    warmup_steps = 1
-    steps = 2
-    [run]
-    timeout_s = 120
-    memory_pass = false
-    [matrix]
-    engine = ["ddp", "impl-fsdp"]
-    world_size = [1]
-""")
+#: the tiny workload with an impl cell beside DDP
+TINY = TINY_DDP.replace('engine = ["ddp"]', 'engine = ["ddp", "impl-fsdp"]')
 
 
 @pytest.fixture(autouse=True)
