@@ -344,7 +344,7 @@ def _labels_sit_beside_their_own_points(fig) -> None:
 
 
 def _replotted(tmp_path, curated: str, figures):
-    """The pareto figure of a copy of results/curated/CURATED, plotted again here."""
+    """The pareto figure of a copy of the curated run ``curated`` (under results/curated/), plotted again here."""
     folder = tmp_path / curated
     shutil.copytree(ROOT / "results" / "curated" / curated, folder, ignore=shutil.ignore_patterns("plots"))
     plot_folder(folder)
