@@ -173,3 +173,60 @@ def test_calibrate_measures_collectives_over_the_ranks_it_is_given():
     assert found["world_size"] == 2
     assert {r["kind"] for r in found["rows"]} == {"all_gather", "reduce_scatter", "all_reduce"}
     assert all(r["busbw_gbps"] > 0 for r in found["rows"])
+
+
+# -- calibrate on a CUDA device, faked (tests/helpers/fake_cuda.py) ---------------------------
+
+
+def test_the_host_section_gives_init_process_group_a_cuda_device_with_its_index():
+    """results/gpu/h200-20261128/calibrate/host-section-error.log: the host section handed
+    ``torch.device("cuda")`` to ``init_process_group(device_id=...)``, and torch refused it
+    (``Please use a device_id with index.``). Here torch's own check runs on a faked CUDA
+    device: the section must reach it with ``cuda:0``."""
+    from tests.helpers.fake_cuda import StoppedAfterInit, one_cuda_device
+    from zerobench.validation.calibrate import host
+
+    # tensors may go to an unindexed ``cuda`` here (real torch allows it), so that the one
+    # place the H200 refused is where this refuses too
+    with one_cuda_device(stop_after_init=True, refuse_unindexed=False) as fake, pytest.raises(StoppedAfterInit):
+        host.measure(torch.device("cuda"), budget_s=0.2, count=False)
+    assert fake.process_groups == [torch.device("cuda", 0)]
+
+
+def test_calibrate_on_cuda_gives_every_section_an_indexed_device_and_keeps_a_failed_one_as_a_note(tmp_path, capsys):
+    """``zerobench calibrate --device cuda`` on a faked CUDA device, every tensor refused on an
+    unindexed one: the host section reaches ``init_process_group`` with ``cuda:0``; the fake
+    stops it there (what follows needs FSDP on a real GPU), and that stop is what a failing
+    section looks like: a note and an entry in measurements.json's ``failed``, exit 1."""
+    from tests.helpers.fake_cuda import one_cuda_device
+    from zerobench.cli import main
+
+    with one_cuda_device(stop_after_init=True) as fake:
+        code = main(["calibrate", "--device", "cuda", "--section", "host", "--results", str(tmp_path)])
+    assert code == 1
+    assert fake.process_groups == [torch.device("cuda", 0)]
+    assert fake.devices and all(d.index == 0 for d in fake.devices)
+    (folder,) = tmp_path.iterdir()
+    measured = json.loads((folder / "measurements.json").read_text())
+    assert [f["section"] for f in measured["failed"]] == ["host"]
+    assert "StoppedAfterInit" in measured["failed"][0]["error"] and "Traceback" in measured["failed"][0]["traceback"]
+    assert measured["notes"][0].startswith("host: failed (StoppedAfterInit")
+    assert "section(s) failed: host" in capsys.readouterr().err
+
+
+def test_a_failing_section_keeps_the_others_each_saved_as_it_finishes(monkeypatch):
+    """A section that raises is recorded and the next one still runs; the measurements are
+    saved after every section, so a crash later loses nothing measured before it."""
+    from zerobench.validation.calibrate import calibrate, host
+
+    def crash(device, budget_s):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(host, "measure", crash)
+    saved = []
+    measured = calibrate(torch.device("cpu"), ("gemm", "host", "optimizer"), log=lambda *_: None,
+                         budget_scale=0.02, save=lambda found: saved.append(json.loads(json.dumps(found))))
+    assert [sorted({r["kernel"] for r in s["kernels"]}) for s in saved] == [["gemm"], ["gemm"], ["gemm", "optimizer"]]
+    assert [[f["section"] for f in s["failed"]] for s in saved] == [[], ["host"], ["host"]]
+    assert measured["failed"][0]["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert "host" not in measured

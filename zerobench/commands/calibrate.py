@@ -8,7 +8,9 @@ DIR/preset.json (the preset built from it, each figure citing its measurement), 
 `zerobench predict --gpu DIR/preset.json` and `zerobench estimate --gpu ...` take.
 `--from FOLDER` builds the preset from measurements already taken (a folder calibrate
 wrote, or results/gpu/h200-20261126) without measuring. Exits 2, before measuring or
-writing anything, on a bad option or `--device cuda` without a CUDA device.
+writing anything, on a bad option or `--device cuda` without a CUDA device; exits 1 when
+a section failed (its error is in measurements.json's "failed", the other sections kept:
+the file is written after every section).
 docs/vgpu.md, "Calibrating a GPU".
 """
 
@@ -60,6 +62,7 @@ def _check(args) -> list:
 def main(args) -> int:
     sections = _check(args)
     import json
+    import sys
 
     import torch
 
@@ -78,21 +81,30 @@ def main(args) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ArgumentError("--device cuda: no CUDA device here (torch.cuda.is_available() is False; "
                                 "allowed: --device cpu, which runs the code path on tiny shapes)")
-        device = torch.device(args.device)
-        measured = calibrate.calibrate(device, sections, ranks=args.ranks)
+        device = calibrate.device_of(args.device)
         folder = new_stamped_dir(args.results, f"calibrate-{device.type}")
-        write_json_atomic(folder / "measurements.json", measured)
         where = str(folder / "measurements.json")
-    base = calibrate.base_for(measured.get("env", {}), args.base)
-    name = args.name or f"{base.name}-calibrated"
-    preset = preset_from_measurements(measured, base, name, where)
-    out = args.out or folder / "preset.json"
-    write_json_atomic(out, preset)
-    load_preset_file(out)  # what was written reads back as a preset
+        measured = calibrate.calibrate(device, sections, ranks=args.ranks,
+                                       save=lambda found: write_json_atomic(folder / "measurements.json", found))
+    failed = [f["section"] for f in measured.get("failed", [])]
     for note in measured.get("notes", []):
         print(f"note: {note}")
     print(f"measurements: {where}")
+    base = calibrate.base_for(measured.get("env", {}), args.base)
+    name = args.name or f"{base.name}-calibrated"
+    try:
+        preset = preset_from_measurements(measured, base, name, where)
+    except ValueError as err:  # the measurements are kept; what they could not give is said
+        print(f"zerobench calibrate: no preset: {err}", file=sys.stderr)
+        return 1
+    out = args.out or folder / "preset.json"
+    write_json_atomic(out, preset)
+    load_preset_file(out)  # what was written reads back as a preset
     print(f"preset: {out} (zerobench predict WORKLOAD --gpu {out})")
     print(json.dumps({k: v["value"] for k, v in preset["figures"].items()
                       if k.endswith("efficiency") or k.startswith("attention") or k == "sustained_ratio"}))
+    if failed:
+        print(f"zerobench calibrate: section(s) failed: {', '.join(failed)} (their errors: {where}, \"failed\"); "
+              "the preset is built from the others", file=sys.stderr)
+        return 1
     return 0

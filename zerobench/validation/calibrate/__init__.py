@@ -12,9 +12,17 @@ session's files read as measurements).
 [Note: calibrate's sections]
 Calibrate runs each section within its budget (``BUDGETS``, seconds, 260 in all: under
 5 minutes on one GPU with the process's start), printing the budget, then a line per
-row. What the budget leaves out is a note in the measurements file, not an error. The
-measurements (``measurements.json``: raw rows, nothing fitted) and the preset built from
-them (``preset.json``, through
+row. What the budget leaves out is a note in the measurements file, not an error. A
+section that raises is one too: its error (type, message, traceback) goes to the
+measurements' ``failed`` list and its notes, the sections after it still run, and the
+measurements are handed to ``save`` after every section, so that what was measured
+before a crash is kept (the command writes the file atomically each time, and exits 1
+when a section failed). The H200's first calibrate lost four measured sections to the
+host section's crash (results/gpu/h200-20261128/calibrate/host-section-error.log).
+Every CUDA device calibrate makes names its index (:func:`device_of`): torch refuses an
+unindexed one as ``init_process_group``'s ``device_id``, and NVML needs the index too.
+The measurements (``measurements.json``: raw rows, nothing fitted) and the preset built
+from them (``preset.json``, through
 :func:`zerobench.instruments.vgpu.calibration.preset_from_measurements`) go to one
 folder; ``calibrate --from FOLDER`` rebuilds a preset from a folder of measurements
 without measuring, which is how the shipped ``h200`` is made from
@@ -26,9 +34,13 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch
+
+from zerobench.validation.calibrate.devices import device_of
 
 #: Sections in the order they run, and each one's budget in seconds.
 BUDGETS = {"gemm": 45.0, "attention": 35.0, "memory": 25.0, "optimizer": 30.0, "host": 45.0, "collectives": 50.0,
@@ -52,35 +64,57 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def calibrate(device: torch.device, sections=SECTIONS, log=print, budget_scale: float = 1.0,
-              ranks: int | None = None) -> dict:
-    """Measure ``sections`` on ``device``; returns the measurements (calibration.py's format)."""
+def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_scale: float = 1.0,
+              ranks: int | None = None, save: Callable[[dict], None] | None = None) -> dict:
+    """Measure ``sections`` on ``device``; returns the measurements (calibration.py's format).
+    ``save(measurements)`` is called after each section, failed or not ([Note: calibrate's
+    sections])."""
     from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
-    from zerobench.validation.calibrate import collectives, kernels, sustained
 
+    device = device_of(device)
+    bad = [s for s in sections if s not in BUDGETS]
+    if bad:
+        raise ValueError(f"sections: {bad[0]!r} is not allowed (allowed: {', '.join(SECTIONS)})")
     size = "full" if device.type == "cuda" else "tiny"
-    grid = kernels.grids(size, device)
-    out: dict = {"format": MEASUREMENT_FORMAT, "env": environment(device), "kernels": [], "notes": []}
+    out: dict = {"format": MEASUREMENT_FORMAT, "env": environment(device), "kernels": [], "notes": [], "failed": []}
     total = sum(BUDGETS[s] for s in sections) * budget_scale
     log(f"calibrate on {out['env']['name']} ({device}), {len(sections)} sections, {total:.0f} s budget")
     for section in sections:
         budget = BUDGETS[section] * budget_scale
         log(f"{section}: up to {budget:.0f} s")
         started = time.monotonic()
-        if section in grid:
-            rows, notes = kernels.measure(grid[section], device, started + budget, log)
-            out["kernels"] += rows
-            out["notes"] += [f"{section}: {n}" for n in notes]
-        elif section == "host":
-            from zerobench.validation.calibrate import host
-
-            out["host"] = host.measure(device, budget)
-        elif section == "collectives":
-            out["collectives"] = collectives.measure(device, size, budget, log, ranks)
-        elif section == "sustained":
-            out["sustained"] = sustained.measure(device, size, budget, log)
-        log(f"{section}: {time.monotonic() - started:.1f} s")
+        try:
+            _measure_section(section, out, device, size, budget, started, log, ranks)
+        except Exception as err:  # noqa: BLE001 - a section's failure is recorded; the others still run
+            message = f"{type(err).__name__}: {str(err).strip()}"
+            out["failed"].append({"section": section, "error": message, "traceback": traceback.format_exc()})
+            out["notes"].append(f"{section}: failed ({message.splitlines()[0][:200]})")
+            log(f"{section}: FAILED after {time.monotonic() - started:.1f} s: {message.splitlines()[0]}")
+        else:
+            log(f"{section}: {time.monotonic() - started:.1f} s")
+        if save is not None:
+            save(out)
     return out
+
+
+def _measure_section(section: str, out: dict, device: torch.device, size: str, budget: float, started: float,
+                     log, ranks: int | None) -> None:
+    """One section's measurements, added to ``out``."""
+    from zerobench.validation.calibrate import collectives, kernels, sustained
+
+    grid = kernels.grids(size, device)
+    if section in grid:
+        rows, notes = kernels.measure(grid[section], device, started + budget, log)
+        out["kernels"] += rows
+        out["notes"] += [f"{section}: {n}" for n in notes]
+    elif section == "host":
+        from zerobench.validation.calibrate import host
+
+        out["host"] = host.measure(device, budget)
+    elif section == "collectives":
+        out["collectives"] = collectives.measure(device, size, budget, log, ranks)
+    elif section == "sustained":
+        out["sustained"] = sustained.measure(device, size, budget, log)
 
 
 def read_measurements(folder: Path) -> dict:

@@ -31,6 +31,7 @@ from collections import Counter
 import torch
 
 from zerobench.instruments.vgpu.host import COUNTING, KINDS, PROGRAMS
+from zerobench.validation.calibrate.devices import device_of
 
 #: Steps run before the one counted or the ones timed (host.json's three).
 WARMUP_STEPS = 3
@@ -169,7 +170,7 @@ def measure(device: str | torch.device = "cuda", budget_s: float = 60.0, count: 
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    device = torch.device(device)
+    device = device_of(device)  # init_process_group(device_id=...) needs cuda:N, not cuda
     if budget_s <= 0:
         raise ValueError(f"budget_s: {budget_s!r} is not allowed (allowed: seconds > 0)")
     if dist.is_initialized():
