@@ -230,3 +230,32 @@ def test_a_failing_section_keeps_the_others_each_saved_as_it_finishes(monkeypatc
     assert [[f["section"] for f in s["failed"]] for s in saved] == [[], ["host"], ["host"]]
     assert measured["failed"][0]["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert "host" not in measured
+
+
+# -- calibrate on the H200's figures (results/gpu/h200-20261128/calibrate) ------------------
+
+H200_CALIBRATE = Path("results/gpu/h200-20261128/calibrate")
+
+
+def test_pcie_is_fitted_from_a_host_to_device_copy_and_priced_as_the_link_ran():
+    """The H200's pinned 256 MiB host-to-device copy ran at 55 GB/s: PCIe Gen5 x16 (64 GB/s a
+    direction, raw) doing fine. Priced as a device-to-device copy it had made
+    ``pcie_efficiency`` 0.023 (1.47 GB/s: CPU offload 40 times too slow); priced as what it
+    is, the copy across PCIe, the preset's PCIe rate is the measured one."""
+    from zerobench.instruments.vgpu.calibration import model_row
+    from zerobench.validation.calibrate import read_measurements
+
+    measured = read_measurements(H200_CALIBRATE / "four-sections")
+    (copy,) = [r for r in measured["kernels"] if r["kernel"] == "h2d"]
+    nbytes = copy["params"]["numel"] * 2
+    rate = nbytes / copy["seconds"]
+    assert 50e9 < rate < 60e9  # what the H200 measured
+    file = preset_from_measurements(measured, gpu_preset("h200"), "h200-calibrated", "test")
+    preset = dataclasses.replace(gpu_preset("h200"), pcie_efficiency=file["figures"]["pcie_efficiency"]["value"])
+    assert 0.8 < preset.pcie_efficiency < 0.95  # Gen5 x16 after encoding and packet headers: about 0.89 of raw
+    assert preset.bandwidth("pcie") == pytest.approx(rate, rel=0.01)
+    assert preset.bandwidth("pcie") == pytest.approx(gpu_preset("h200").bandwidth("pcie"), rel=0.1)
+    assert model_row(copy, preset)["seconds"] == pytest.approx(copy["seconds"], rel=0.01)
+    assert model_row(copy, preset)["class_bytes"]["copy"] == nbytes  # once across the link, not read and written
+    bigger = {"kernel": "h2d", "params": {"numel": 1 << 30, "dtype": "bf16"}}  # a 2 GiB offloaded shard
+    assert model_row(bigger, preset)["seconds"] == pytest.approx((2 << 30) / rate, rel=0.02)

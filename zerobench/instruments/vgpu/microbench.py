@@ -74,8 +74,12 @@ def gemm_flops(p: dict) -> int:
     return 2 * p["m"] * p["n"] * p["k"]
 
 
-def prepare(row: dict, device: torch.device | str) -> Callable[[], object]:
-    """The row's tensors on ``device``, and a function that runs its kernel once."""
+def prepare(row: dict, device: torch.device | str, pin: bool | None = None) -> Callable[[], object]:
+    """The row's tensors on ``device``, and a function that runs its kernel once. ``pin``:
+    whether ``h2d``'s host buffer is made with ``pin_memory=True`` (default: on a CUDA
+    device). The virtual GPU's pricing passes True: a pinned buffer is what its dispatch
+    mode takes for host memory, so the copy crosses PCIe there as it does on the GPU
+    (without it, the "host" buffer would be device memory and the copy an HBM one)."""
     kernel, p = row["kernel"], row["params"]
     device = torch.device(device)
     if kernel not in KERNELS:
@@ -92,7 +96,7 @@ def prepare(row: dict, device: torch.device | str) -> Callable[[], object]:
         dst = torch.empty_like(src)
         return lambda: dst.copy_(src)
     if kernel == "h2d":
-        src = torch.randn(p["numel"], dtype=dtype, pin_memory=device.type == "cuda")
+        src = torch.randn(p["numel"], dtype=dtype, pin_memory=device.type == "cuda" if pin is None else pin)
         dst = torch.empty(p["numel"], dtype=dtype, device=device)
         return lambda: dst.copy_(src, non_blocking=True)
     if kernel == "cast":
