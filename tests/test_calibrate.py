@@ -124,9 +124,22 @@ def test_calibrate_runs_its_code_path_on_a_cpu_and_the_preset_it_writes_loads(tm
     from zerobench.validation.calibrate import SECTIONS, calibrate
 
     lines = []
-    measured = calibrate(torch.device("cpu"), SECTIONS, log=lines.append, budget_scale=0.05)
+    # the kernel sections at their full budgets, which tiny rows stay well within even on a
+    # loaded machine (none left out), then the timed loops of the others at a tenth of theirs
+    kernel_sections = ("gemm", "attention", "memory", "optimizer")
+    measured = calibrate(torch.device("cpu"), kernel_sections, log=lines.append)
+    others = calibrate(torch.device("cpu"), [s for s in SECTIONS if s not in kernel_sections], log=lines.append,
+                       budget_scale=0.1)
+    measured.update({k: others[k] for k in ("host", "collectives", "sustained")})
+    assert measured["notes"] == [] and measured["failed"] == others["failed"] == []
     kinds = {r["kernel"] for r in measured["kernels"]}
     assert kinds >= {"gemm", "attention", "copy", "cast", "pointwise", "rms_norm", "cross_entropy", "optimizer"}
+    assert {r["params"].get("layout") for r in measured["kernels"] if r["kernel"] == "gemm"} == \
+        {None, "forward", "input_grad", "weight_grad"}  # the GPU grid's code: plain GEMMs and a layer's three
+    attention = [r["params"] for r in measured["kernels"] if r["kernel"] == "attention"]
+    assert {(p["seq"], p["head_dim"], p["direction"]) for p in attention} == \
+        {(s, d, w) for s in (64, 128) for d in (16, 32) for w in ("forward", "backward")}
+    assert all(r["batches"] == 3 and r["repeats"] >= 2 for r in measured["kernels"])
     assert {r["params"]["optimizer"] for r in measured["kernels"] if r["kernel"] == "optimizer"} == \
         {"adamw", "adam", "sgd"}
     assert measured["collectives"] == {"skipped": "one rank (--ranks): nothing to measure"}
@@ -139,6 +152,9 @@ def test_calibrate_runs_its_code_path_on_a_cpu_and_the_preset_it_writes_loads(tm
     assert loaded.name == "cpu-test" and loaded.host["add_inplace_us"] > 0
     assert loaded.matmul_efficiency < gpu_preset("h200").matmul_efficiency  # a CPU is no H200
     assert loaded.sources["copy_efficiency"].startswith("test: copy")
+    table = loaded.measured_kernels  # every GEMM and attention row, for the cost model's per-shape prices
+    assert len(table["gemm"]) == sum(r["kernel"] == "gemm" for r in measured["kernels"])
+    assert len(table["attention"]) == len(attention) and all(r["timing"] == "batch" for r in table["attention"])
 
 
 def test_calibrate_refuses_cuda_without_one_and_writes_nothing(tmp_path, capsys):
@@ -259,3 +275,96 @@ def test_pcie_is_fitted_from_a_host_to_device_copy_and_priced_as_the_link_ran():
     assert model_row(copy, preset)["class_bytes"]["copy"] == nbytes  # once across the link, not read and written
     bigger = {"kernel": "h2d", "params": {"numel": 1 << 30, "dtype": "bf16"}}  # a 2 GiB offloaded shard
     assert model_row(bigger, preset)["seconds"] == pytest.approx((2 << 30) / rate, rel=0.02)
+
+
+# -- the GEMMs and attention calibrate times (item 1 of issue 38) ----------------------------
+
+
+def test_a_layers_three_gemms_are_timed_as_f_linears_autograd_runs_them():
+    """[Note: GEMM layouts]: for each layer, F.linear's forward and backward run aten.mm on
+    exactly the shapes and operand strides of calibrate's forward, input_grad and
+    weight_grad rows (logged under a dispatch mode)."""
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from zerobench.instruments.vgpu import microbench
+    from zerobench.validation.calibrate.kernels import layer_gemms
+
+    def operands(tensors):
+        return [(tuple(t.shape), t.stride()) for t in tensors]
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.mms = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.mm.default:
+                self.mms.append(operands(args))
+            return func(*args, **(kwargs or {}))
+
+    tokens, fan_in, fan_out = 48, 32, 16
+    x = torch.randn(tokens, fan_in, requires_grad=True)
+    weight = torch.randn(fan_out, fan_in, requires_grad=True)
+    with Log() as log:
+        y = F.linear(x, weight)
+        y.backward(torch.randn_like(y))
+    rows = layer_gemms([("w", fan_in, fan_out)], tokens, "fp32")
+    assert [r["params"]["layout"] for r in rows] == ["forward", "input_grad", "weight_grad"]
+    timed = []
+    for row in rows:
+        with Log() as one:
+            microbench.prepare(row, "cpu")()
+        timed += one.mms
+        p = row["params"]
+        assert one.mms[0][0][0] == (p["m"], p["k"]) and one.mms[0][1][0] == (p["k"], p["n"])
+    assert sorted(timed) == sorted(log.mms)
+
+
+def test_the_gpu_grid_times_a_models_layers_and_attention_over_sequences_and_head_sizes():
+    from zerobench.validation.calibrate import kernels
+
+    grid = kernels.grids("full", torch.device("cpu"))  # the rows only: nothing runs
+    layers = [r["params"] for r in grid["gemm"] if r["params"].get("layout")]
+    assert {(p["layer"], p["layout"]) for p in layers} >= {("blocks.0.attention.wk", "weight_grad"),
+                                                            ("head", "forward")}
+    assert {(p["m"], p["n"], p["k"]) for p in layers if p["layout"] == "weight_grad"} >= {(1024, 4096, 8192),
+                                                                                            (128256, 4096, 8192)}
+    attention = [r["params"] for r in grid["attention"]]
+    for backend in ("cudnn", "flash", "efficient"):
+        assert {(p["seq"], p["head_dim"], p["direction"]) for p in attention if p["backend"] == backend} == \
+            {(s, d, w) for s in (1024, 4096, 8192) for d in (64, 128) for w in ("forward", "backward")}
+    assert {p["batch"] * p["seq"] for p in attention} == {8192} and {p["heads"] * p["head_dim"] for p in attention} \
+        == {4096}
+
+
+def test_the_preset_keeps_every_measured_gemm_and_attention_row_with_its_own_efficiency():
+    """[Note: measured kernels in a preset]: the H200's layer GEMMs, each in its layout, in
+    the shipped h200; a row's efficiency is what it alone fits, and the class figure is
+    still fitted over all of them."""
+    preset = gpu_preset("h200")
+    rows = preset.measured_kernels["gemm"]
+    wk = {r["layout"]: r for r in rows if r["layer"] == "wk/wv"}
+    assert set(wk) == {"forward", "input_grad", "weight_grad"}
+    assert (wk["forward"]["m"], wk["forward"]["n"], wk["forward"]["k"]) == (8192, 1024, 4096)
+    assert wk["input_grad"]["seconds"] > wk["forward"]["seconds"]  # equal FLOPs, as measured: 110 against 102 us
+    assert wk["input_grad"]["efficiency"] < wk["forward"]["efficiency"]
+    efficiencies = [r["efficiency"] for r in rows]
+    assert min(efficiencies) < preset.matmul_efficiency < max(efficiencies)
+    (cudnn,) = [r for r in preset.measured_kernels["attention"] if r["direction"] == "forward"]
+    assert cudnn["efficiency"] == pytest.approx(preset.attention_cudnn[0], abs=1e-6)
+
+
+@pytest.mark.parametrize("table,message", [
+    ({"conv": []}, r"measured_kernels: 'conv' is not allowed \(allowed: gemm, attention\)"),
+    ({"gemm": [{"m": 1, "n": 1, "k": 1, "dtype": "bf16", "seconds": 1e-3, "efficiency": 0.5}]},
+     r"measured_kernels.gemm: a row without layout \(allowed: rows with m, n, k, dtype, layout"),
+    ({"gemm": [{"m": 1, "n": 1, "k": 1, "dtype": "bf16", "layout": None, "seconds": 0, "efficiency": 0.5}]},
+     r"measured_kernels.gemm: seconds 0 is not allowed \(allowed: > 0\)"),
+])
+def test_a_bad_measured_kernels_table_is_refused_naming_the_row(table, message, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": "zerobench-gpu-preset/1", "base": "h200",
+                                "measured_kernels": {"value": table, "source": "x"}}))
+    with pytest.raises(ValueError, match=message):
+        load_preset_file(path)

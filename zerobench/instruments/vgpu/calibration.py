@@ -93,9 +93,10 @@ def _floor(preset: GpuPreset, kind: str) -> float:
     return preset.gemm_floor_s if kind == "gemm" else preset.kernel_floor_s
 
 
-def _fit(rows: list[dict], unit: GpuPreset, what: str) -> tuple[float, list[str]]:
+def _fit(rows: list[dict], unit: GpuPreset, what: str, at_most_peak: bool = True) -> tuple[float, list[str]]:
     """The efficiency that makes the model's total time over ``rows`` the measured total
-    (see the Note); ``what`` names the figure in errors."""
+    (see the Note); ``what`` names the figure in errors. ``at_most_peak=False`` lets it
+    exceed 1 (one row's own figure, where the model's shape factor is what is off)."""
     work = measured = 0.0
     names = []
     for row in rows:
@@ -110,7 +111,7 @@ def _fit(rows: list[dict], unit: GpuPreset, what: str) -> tuple[float, list[str]
     if work <= 0 or measured <= 0:
         raise ValueError(f"{what}: the measured rows ({'; '.join(names)}) leave no time to fit")
     efficiency = work / measured
-    if efficiency > 1.0:
+    if efficiency > 1.0 and at_most_peak:
         raise ValueError(f"{what}: the measured rows ({'; '.join(names)}) ran faster than the peak allows "
                          f"({efficiency:.3f} of it): the base preset's peak is too low for this device")
     return efficiency, names
@@ -183,6 +184,7 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
     if sustained.get("idle_power_w"):
         put("idle_power_w", round(float(sustained["idle_power_w"]), 1),
             f"{where}: board power with a context and nothing running (median of the idle samples)")
+    table = measured_kernels(rows, unit)
     merged = {**base.to_file()["figures"], **figures}
     out = {"format": PRESET_FORMAT, "name": name,
            "description": description or (base.description if name == base.name
@@ -190,7 +192,32 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
            "figures": {k: merged[k] for k in FIGURES if k in merged}}
     if measured.get("host"):
         out["host"] = {"value": measured["host"], "source": f"{where}: host costs per call (microseconds)"}
+    if table:
+        counts = ", ".join(f"{len(v)} {k}" for k, v in table.items())
+        out["measured_kernels"] = {"value": table, "source": f"{where}: {counts} rows as measured, each with the "
+                                                             "efficiency it alone fits"}
     return out
+
+
+#: The parameters a row of ``measured_kernels`` keeps, by kernel ([Note: measured kernels in a preset]).
+_TABLE_PARAMS = {"gemm": ("m", "n", "k", "dtype", "layout", "layer"),
+                 "attention": ("backend", "direction", "batch", "heads", "seq", "head_dim", "causal", "dtype")}
+
+
+def measured_kernels(rows: list[dict], unit: GpuPreset) -> dict:
+    """Every measured GEMM and attention row for the preset's ``measured_kernels``: its
+    parameters, seconds, how it was timed, and the efficiency it alone fits on ``unit``
+    ([Note: measured kernels in a preset] in presets.py)."""
+    table: dict = {}
+    for row in rows:
+        keys = _TABLE_PARAMS.get(row["kernel"])
+        if keys is None:
+            continue
+        efficiency, _ = _fit([row], unit, microbench.describe(row), at_most_peak=False)
+        table.setdefault(row["kernel"], []).append(
+            {**{k: row["params"].get(k) for k in keys}, "seconds": row["seconds"],
+             "timing": "batch" if row.get("batches") else "per call", "efficiency": round(efficiency, 6)})
+    return table
 
 
 def _overlay(base: GpuPreset, figures: dict) -> GpuPreset:

@@ -6,7 +6,9 @@ what is predicted are the same operators on the same shapes.
 
 A measured row names its kernel and its parameters:
 
-* ``gemm``: ``m, n, k, dtype``: ``torch.mm`` of ``[m, k]`` by ``[k, n]``;
+* ``gemm``: ``m, n, k, dtype``: ``torch.mm`` of ``[m, k]`` by ``[k, n]``, both contiguous;
+  with ``layout`` (:data:`GEMM_LAYOUTS`), one of the three GEMMs of ``F.linear`` in a
+  training step, with the operands' strides autograd gives them ([Note: GEMM layouts]);
 * ``attention``: ``backend`` (cudnn, flash, efficient, math), ``direction`` (forward,
   backward), ``batch, heads, seq, head_dim, causal, dtype``: ``F.scaled_dot_product_attention``
   under ``torch.nn.attention.sdpa_kernel(backend)``; backward is the gradient of q, k and
@@ -40,6 +42,23 @@ EFFICIENCY_OF = {"copy": "copy_efficiency", "cast": "cast_efficiency", "h2d": "p
                  "pointwise": "elementwise_efficiency", "rms_norm": "elementwise_efficiency",
                  "cross_entropy": "elementwise_efficiency", "optimizer": "optimizer_efficiency"}
 
+#: The GEMMs of ``F.linear(x, weight)`` in training ([Note: GEMM layouts]).
+GEMM_LAYOUTS = ("forward", "input_grad", "weight_grad")
+
+# [Note: GEMM layouts]
+# For x [T, in] and weight [out, in], F.linear's forward and autograd's backward run
+# three GEMMs (aten.mm, or addmm with a bias; logged on torch 2.13 by
+# tests/test_calibrate.py), each ``[m, k] @ [k, n]``:
+#   forward      y = x @ weight.t()     m=T,   n=out, k=in   the second operand a transposed view
+#   input_grad   dx = dy @ weight       m=T,   n=in,  k=out  both contiguous
+#   weight_grad  dW = dy.t() @ x        m=out, n=in,  k=T    the first operand a transposed view
+# (weight_grad's mm gives dW in the weight's own layout: mm_mat2_backward computes
+# (x.t() @ dy).t() as dy.t() @ x when the weight is transposed in the forward). cuBLAS
+# picks other kernels for a transposed operand, and the three have different shapes: a
+# layer's three GEMMs, of equal FLOPs, run at different rates (the H200, Llama 3 8B's wk at
+# 8192 tokens: forward 674, input_grad 625, weight_grad 664 TFLOP/s; results/gpu/
+# h200-20261126/micro.json). Calibrate times each layer GEMM in its own layout.
+
 #: One block of Llama 3 8B (d 4096, 8 KV heads of 128, FFN 14336): its parameters' shapes.
 LLAMA3_8B_BLOCK = ((4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (14336, 4096), (4096, 14336),
                    (14336, 4096), (4096,), (4096,))
@@ -49,7 +68,8 @@ def describe(row: dict) -> str:
     """A short name of a measured row, for tables and logs."""
     k, p = row["kernel"], row["params"]
     if k == "gemm":
-        return f"mm {p['m']}x{p['n']}x{p['k']} {p['dtype']}"
+        layout = f" {p['layout']}" if p.get("layout") else ""
+        return f"mm {p['m']}x{p['n']}x{p['k']} {p['dtype']}{layout}"
     if k == "attention":
         return (f"sdpa {p['backend']} {p['direction']} ({p['batch']},{p['heads']},{p['seq']},{p['head_dim']})"
                 f"{' causal' if p.get('causal') else ''} {p['dtype']}")
@@ -86,9 +106,7 @@ def prepare(row: dict, device: torch.device | str, pin: bool | None = None) -> C
         raise ValueError(f"kernel {kernel!r} is not allowed (allowed: {', '.join(KERNELS)})")
     dtype = DTYPES[p["dtype"]]
     if kernel == "gemm":
-        a = torch.randn(p["m"], p["k"], dtype=dtype, device=device)
-        b = torch.randn(p["k"], p["n"], dtype=dtype, device=device)
-        return lambda: torch.mm(a, b)
+        return _gemm(p, dtype, device)
     if kernel == "attention":
         return _attention(p, dtype, device)
     if kernel == "copy":
@@ -117,6 +135,21 @@ def prepare(row: dict, device: torch.device | str, pin: bool | None = None) -> C
         target = torch.randint(0, vocabulary, (tokens,), device=device)
         return lambda: F.cross_entropy(logits, target)
     return _optimizer(p, dtype, device)
+
+
+def _gemm(p: dict, dtype, device) -> Callable[[], object]:
+    """``[m, k] @ [k, n]`` with the operands' strides of its layout ([Note: GEMM layouts])."""
+    m, n, k = p["m"], p["n"], p["k"]
+    layout = p.get("layout")
+    if layout == "forward":  # x @ weight.t(): the weight [n, k], transposed
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device).t()
+    elif layout == "weight_grad":  # dy.t() @ x: dy [k, m], transposed
+        a, b = torch.randn(k, m, dtype=dtype, device=device).t(), torch.randn(k, n, dtype=dtype, device=device)
+    elif layout in (None, "input_grad"):
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+    else:
+        raise ValueError(f"gemm layout {layout!r} is not allowed (allowed: {', '.join(GEMM_LAYOUTS)}, or none)")
+    return lambda: torch.mm(a, b)
 
 
 def _attention(p: dict, dtype, device) -> Callable[[], object]:

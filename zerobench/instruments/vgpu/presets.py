@@ -40,6 +40,33 @@ A preset may also carry ``"host"``: host.json-shaped measurements of the host's 
 turns into a host preset; ``predict --gpu`` uses it unless ``--host`` is given. A base
 passes on its figures, not its host.
 
+[Note: measured kernels in a preset]
+A preset may carry ``"measured_kernels"``: ``{"value": {"gemm": [...], "attention":
+[...]}, "source": ...}``, every GEMM and attention kernel calibrate timed, one row each,
+for pricing a shape by what that shape (or its nearest measured neighbour) ran at rather
+than by one efficiency per class. ``zerobench calibrate`` writes it
+(calibration.py); a base passes it on, as its figures (the rows are the part's). Rows:
+
+* ``gemm``: ``m, n, k, dtype`` (``torch.mm`` of ``[m, k]`` by ``[k, n]``), ``layout``:
+  ``forward``, ``input_grad``, ``weight_grad`` (the three GEMMs of ``F.linear`` in
+  training, with autograd's transposed operands: [Note: GEMM layouts] in microbench.py)
+  or null (both operands contiguous), ``layer`` (the layer it was timed for, or null);
+* ``attention``: ``backend`` (cudnn, flash, efficient), ``direction`` (forward,
+  backward), ``batch, heads, seq, head_dim, causal, dtype``: causal SDPA on ``[batch,
+  heads, seq, head_dim]``;
+* each with ``seconds`` (per call, in a burst: the median of batches of calls back to
+  back between two CUDA events when ``timing`` is ``batch``, or of calls each between
+  its own two events when ``per call``: [Note: timing a kernel] in
+  zerobench/validation/calibrate/kernels.py) and ``efficiency``: the class figure this
+  row alone fits ([Note: calibrating on kernels] in calibration.py), for a GEMM the
+  ``matmul_efficiency`` that makes the tile model give this row's time, for attention
+  the fraction of the dense peak at the FLOPs the cost model counts (half when causal).
+  ``seconds`` is what was measured; ``efficiency`` depends on the cost model of the
+  commit that built the preset (its source says which measurements).
+
+The class figures (``matmul_efficiency``, ``attention_<backend>``) are still fitted over
+all rows of their class, and priced from unless a cost model reads these rows.
+
 Fractions measured on one part carry over to a part of the same die (H100 SXM from the
 H200: the same GH100 at the same clocks and 700 W), as fractions of that part's own peaks;
 for other parts the file says what was assumed. ``zerobench calibrate`` measures a GPU and
@@ -128,6 +155,8 @@ class GpuPreset:
     """NCCL's own buffers for one communicator (a process group that runs a collective)."""
     host: dict | None = None
     """host.json-shaped measurements of the host's costs (microseconds), or None."""
+    measured_kernels: dict | None = None
+    """GEMMs and attention as calibrate timed them, row by row ([Note: measured kernels in a preset]), or None."""
     description: str = ""
     sources: dict = field(default_factory=dict, compare=False)
     """figure -> where its value comes from (documentation; not part of the model)."""
@@ -221,7 +250,7 @@ class GpuPreset:
         """Every model figure of this preset in its file's form (values only, JSON types)."""
         out = {}
         for f in dataclasses.fields(self):
-            if f.name in ("name", "description", "sources", "host", "clocks"):
+            if f.name in NOT_FIGURES:
                 continue
             value = getattr(self, f.name)
             if f.name == "peak_flops":
@@ -237,12 +266,18 @@ class GpuPreset:
         out = {"format": PRESET_FORMAT, "name": self.name, "description": self.description, "figures": figures}
         if self.host is not None:
             out["host"] = {"value": self.host, "source": self.sources.get("host", "")}
+        if self.measured_kernels is not None:
+            out["measured_kernels"] = {"value": self.measured_kernels,
+                                       "source": self.sources.get("measured_kernels", "")}
         return out
 
 
+#: Fields of a preset that are not figures: names, documentation, and what a file gives
+#: beside its figures (``host``, ``measured_kernels``).
+NOT_FIGURES = ("name", "description", "sources", "host", "clocks", "measured_kernels")
 #: Figures a preset file may give, and the dataclass field each one sets.
 FIGURES = tuple(f.name for f in dataclasses.fields(GpuPreset)
-                if f.name not in ("name", "description", "sources", "host", "clocks"))
+                if f.name not in NOT_FIGURES)
 
 
 def figure_value(name: str, value):
@@ -286,7 +321,35 @@ def read_preset_file(path: Path) -> dict:
                              or not host.get("source")):
         raise ValueError(f"{path}: host must be {{\"value\": {{host.json's keys: microseconds}}, \"source\": "
                          f"...}}, got {host!r}")
+    _check_measured_kernels(path, data.get("measured_kernels"))
     return data
+
+
+#: The keys every row of ``measured_kernels`` has, by kernel ([Note: measured kernels in a preset]).
+MEASURED_KERNEL_KEYS = {"gemm": ("m", "n", "k", "dtype", "layout", "seconds", "efficiency"),
+                        "attention": ("backend", "direction", "batch", "heads", "seq", "head_dim", "causal", "dtype",
+                                      "seconds", "efficiency")}
+
+
+def _check_measured_kernels(path, measured) -> None:
+    if measured is None:
+        return
+    value = measured.get("value") if isinstance(measured, dict) else None
+    if not isinstance(value, dict) or not measured.get("source"):
+        raise ValueError(f"{path}: measured_kernels must be {{\"value\": {{\"gemm\": [rows], \"attention\": "
+                         f"[rows]}}, \"source\": ...}}, got {type(measured).__name__}")
+    for kernel, rows in value.items():
+        if kernel not in MEASURED_KERNEL_KEYS:
+            raise ValueError(f"{path}: measured_kernels: {kernel!r} is not allowed "
+                             f"(allowed: {', '.join(MEASURED_KERNEL_KEYS)})")
+        for row in rows if isinstance(rows, list) else [rows]:
+            missing = [k for k in MEASURED_KERNEL_KEYS[kernel] if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise ValueError(f"{path}: measured_kernels.{kernel}: a row without {missing[0]} (allowed: rows "
+                                 f"with {', '.join(MEASURED_KERNEL_KEYS[kernel])})")
+            if not row["seconds"] > 0:
+                raise ValueError(f"{path}: measured_kernels.{kernel}: seconds {row['seconds']!r} is not allowed "
+                                 "(allowed: > 0)")
 
 
 def _shipped_path(name: str) -> Path | None:
@@ -316,7 +379,7 @@ def load_preset_file(path: Path | str, _seen: tuple = ()) -> GpuPreset:
         base = load_preset_file(base_path, _seen + (path.resolve(),))
         # A base gives its figures, not its host: that is the measured machine's CPU, not the part's.
         kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(GpuPreset)
-                  if f.name not in ("name", "description", "sources", "host")}
+                  if f.name not in ("name", "description", "sources", "host")}  # measured_kernels passed on
         sources = {k: f"{v} (from {base.name})" if "(from " not in v else v for k, v in base.sources.items()
                    if k != "host"}
     for name, figure in (data.get("figures") or {}).items():
@@ -328,6 +391,9 @@ def load_preset_file(path: Path | str, _seen: tuple = ()) -> GpuPreset:
     if data.get("host") is not None:
         kwargs["host"] = dict(data["host"]["value"])
         sources["host"] = data["host"]["source"]
+    if data.get("measured_kernels") is not None:
+        kwargs["measured_kernels"] = data["measured_kernels"]["value"]
+        sources["measured_kernels"] = data["measured_kernels"]["source"]
     missing = [n for n in ("memory_bytes", "peak_flops", "hbm_bytes_per_s") if n not in kwargs]
     if missing:
         raise ValueError(f"{path}: figure {missing[0]} is missing (a preset gives it, or its base does)")

@@ -7,7 +7,10 @@ results/gpu/h200-20261126``).
 The session ran its own scripts before calibrate existed; what they measured maps onto
 calibrate's kernels (zerobench/instruments/vgpu/microbench.py) one to one:
 
-* every ``gemm`` row (``m``, ``n``, ``k``, bf16) a ``gemm``;
+* every ``gemm`` row (``m``, ``n``, ``k``, bf16) a ``gemm``; a layer's rows (``role``
+  fwd, dx, dw) in their layouts (forward, input_grad, weight_grad: [Note: GEMM layouts] in
+  microbench.py), which is how the session's script ran them (``F.linear(x, w)``,
+  ``torch.mm(dy, w)``, ``torch.mm(dy.t(), x)``), each call between its own two events;
 * ``sdpa fwd causal`` / ``sdpa bwd causal``: attention (1, 32, 8192, 128), causal, bf16,
   on torch's default backend, which on that H200 (sm90, torch 2.11, cuDNN 9.19) is cuDNN
   ([Note: SDPA backend choice] in zerobench/instruments/vgpu/sdpa.py);
@@ -33,6 +36,8 @@ from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
 #: Compute capability by part (NVIDIA's CUDA GPUs table): the session did not record it.
 COMPUTE_CAPABILITY = {"H100": "9.0", "H200": "9.0", "GH200": "9.0", "A100": "8.0"}
 T, D, FF, V = 8192, 4096, 14336, 128256
+#: The session's names of a layer's three GEMMs, and their layouts (microbench.GEMM_LAYOUTS).
+LAYOUTS = {"fwd": "forward", "dx": "input_grad", "dw": "weight_grad"}
 ATTENTION = {"batch": 1, "heads": 32, "seq": 8192, "head_dim": 128, "causal": True, "dtype": "bf16"}
 
 
@@ -44,6 +49,8 @@ def _row(source: dict) -> dict | None:
     name, kind = source["name"], source["kind"]
     if kind == "gemm":
         kernel, params = "gemm", {"m": source["m"], "n": source["n"], "k": source["k"], "dtype": "bf16"}
+        if source.get("role") in LAYOUTS:
+            params.update(layout=LAYOUTS[source["role"]], layer=source.get("layer"))
     elif kind == "attention":
         params = {**ATTENTION, "direction": "forward" if source.get("role") == "fwd" else "backward"}
         kernel = "attention"
