@@ -368,3 +368,62 @@ def test_a_bad_measured_kernels_table_is_refused_naming_the_row(table, message, 
                                 "measured_kernels": {"value": table, "source": "x"}}))
     with pytest.raises(ValueError, match=message):
         load_preset_file(path)
+
+
+# -- scripts/gpu-calibrate: the one prepared GPU command -----------------------------------------
+
+
+@pytest.mark.slow  # every section on tiny shapes within 30 s, then the kernel table
+def test_gpu_calibrate_runs_every_section_into_one_folder_with_its_budget_printed(tmp_path):
+    """The script's CPU path (``--device cpu``): the same calibrate code on tiny shapes,
+    each section's budget printed as it starts, scaled to fit ``--within``; measurements,
+    preset, log and kernel table in the one folder."""
+    import subprocess
+
+    out = tmp_path / "out"
+    done = subprocess.run(["scripts/gpu-calibrate", "--device", "cpu", "--within", "30", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    log = (out / "calibrate.log").read_text()
+    budgets = [line for line in log.splitlines() if ": up to " in line]
+    assert [line.split(":")[0] for line in budgets] == ["gemm", "attention", "memory", "optimizer", "host",
+                                                        "sustained"]
+    assert sum(float(line.split("up to ")[1].split(" s")[0]) for line in budgets) <= 30 + 6  # rounding each up
+    (folder,) = out.glob("*-calibrate-cpu")
+    measured = json.loads((folder / "measurements.json").read_text())
+    assert {r["kernel"] for r in measured["kernels"]} >= {"gemm", "attention", "copy", "optimizer"}
+    assert measured["host"]["add_inplace_us"] > 0 and measured["sustained"]["windows"]
+    assert measured["failed"] == []
+    load_preset_file(folder / "preset.json")
+    assert (out / "kernels.md").read_text().startswith("| class | rows |")
+
+
+def test_gpu_calibrate_refuses_a_bad_option_before_measuring(tmp_path):
+    import subprocess
+
+    for argv, message in ((["--device", "tpu"], "--device 'tpu' is not allowed (allowed: cuda, cpu)"),
+                          (["--within", "5"], "--within '5' is not allowed (allowed: whole seconds >= 10)"),
+                          (["--fast"], "unknown option --fast")):
+        done = subprocess.run(["scripts/gpu-calibrate", *argv, str(tmp_path / "out")], capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibrate_within_scales_the_budgets_and_leaves_out_what_it_cannot_start(monkeypatch):
+    """``--within``: the budgets shrink to fit, and a section is not started with less than
+    MIN_SECTION_S left (a note, not a failure)."""
+    import zerobench.validation.calibrate as calibrate_package
+
+    clock = [0.0]
+    monkeypatch.setattr(calibrate_package.time, "monotonic", lambda: clock[0])
+    given = []
+
+    def measure(section, out, device, size, budget, started, log, ranks):
+        given.append((section, round(budget, 3)))
+        clock[0] += budget * 2  # a section that overruns its budget
+
+    monkeypatch.setattr(calibrate_package, "_measure_section", measure)
+    measured = calibrate_package.calibrate("cpu", ("gemm", "attention", "memory"), log=lambda *_: None, within=21.0)
+    scale = 21.0 / (45 + 35 + 25)
+    assert given == [("gemm", round(45 * scale, 3)), ("attention", round(21.0 - 45 * scale * 2, 3))]
+    assert measured["notes"] == ["memory: left out: the run's 21 s had passed"] and measured["failed"] == []

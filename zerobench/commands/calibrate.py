@@ -38,6 +38,9 @@ def arguments(p) -> None:
     p.add_argument("--out", type=Path, metavar="FILE", help="where to write the preset (default: DIR/preset.json)")
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
                    help="folder to make the calibrate folder in (default results)")
+    p.add_argument("--within", type=float, default=None, metavar="SECONDS",
+                   help="the seconds the measuring may take: the sections' budgets scaled down to fit "
+                        "(default: their sum, 260 s for every section)")
     p.add_argument("--ranks", type=int, default=None,
                    help="cpu only: processes for the collectives section (default 1: skipped)")
 
@@ -50,6 +53,8 @@ def _check(args) -> list:
         raise ArgumentError(f"--section: {bad[0]!r} is not allowed (allowed: {', '.join(SECTIONS)})")
     if args.device not in ("cuda", "cpu"):
         raise ArgumentError(f"--device: {args.device!r} is not allowed (allowed: cuda, cpu)")
+    if args.within is not None and not args.within > 0:
+        raise ArgumentError(f"--within: {args.within} is not allowed (allowed: seconds > 0)")
     if args.ranks is not None and args.ranks < 1:
         raise ArgumentError(f"--ranks: {args.ranks} is not allowed (allowed: ints >= 1)")
     if args.source is not None and not args.source.is_dir():
@@ -84,7 +89,7 @@ def main(args) -> int:
         device = calibrate.device_of(args.device)
         folder = new_stamped_dir(args.results, f"calibrate-{device.type}")
         where = str(folder / "measurements.json")
-        measured = calibrate.calibrate(device, sections, ranks=args.ranks,
+        measured = calibrate.calibrate(device, sections, ranks=args.ranks, within=args.within,
                                        save=lambda found: write_json_atomic(folder / "measurements.json", found))
     failed = [f["section"] for f in measured.get("failed", [])]
     for note in measured.get("notes", []):

@@ -19,6 +19,10 @@ measurements are handed to ``save`` after every section, so that what was measur
 before a crash is kept (the command writes the file atomically each time, and exits 1
 when a section failed). The H200's first calibrate lost four measured sections to the
 host section's crash (results/gpu/h200-20261128/calibrate/host-section-error.log).
+``within`` (``--within``) is a deadline for the whole run: the budgets are scaled down
+to fit it, and a section with less than ``MIN_SECTION_S`` left is not started (a note);
+scripts/gpu-calibrate runs the kernel, host and sustained sections within 180 s, so that
+one command measures a GPU in under 4 minutes (docs/gpu.md).
 Every CUDA device calibrate makes names its index (:func:`device_of`): torch refuses an
 unindexed one as ``init_process_group``'s ``device_id``, and NVML needs the index too.
 The measurements (``measurements.json``: raw rows, nothing fitted) and the preset built
@@ -46,6 +50,8 @@ from zerobench.validation.calibrate.devices import device_of
 BUDGETS = {"gemm": 45.0, "attention": 35.0, "memory": 25.0, "optimizer": 30.0, "host": 45.0, "collectives": 50.0,
            "sustained": 30.0}
 SECTIONS = tuple(BUDGETS)
+#: The least time a section is started with when the whole run has a deadline (seconds).
+MIN_SECTION_S = 2.0
 
 
 def environment(device: torch.device) -> dict:
@@ -65,10 +71,13 @@ def environment(device: torch.device) -> dict:
 
 
 def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_scale: float = 1.0,
-              ranks: int | None = None, save: Callable[[dict], None] | None = None) -> dict:
+              ranks: int | None = None, save: Callable[[dict], None] | None = None,
+              within: float | None = None) -> dict:
     """Measure ``sections`` on ``device``; returns the measurements (calibration.py's format).
-    ``save(measurements)`` is called after each section, failed or not ([Note: calibrate's
-    sections])."""
+    ``save(measurements)`` is called after each section, failed or not; ``within``: the
+    seconds the whole run may take, the budgets scaled down to fit when they add up to
+    more, and no section started with less than ``MIN_SECTION_S`` of it left ([Note:
+    calibrate's sections])."""
     from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
 
     device = device_of(device)
@@ -77,10 +86,22 @@ def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_s
         raise ValueError(f"sections: {bad[0]!r} is not allowed (allowed: {', '.join(SECTIONS)})")
     size = "full" if device.type == "cuda" else "tiny"
     out: dict = {"format": MEASUREMENT_FORMAT, "env": environment(device), "kernels": [], "notes": [], "failed": []}
+    if within is not None and not within > 0:
+        raise ValueError(f"within: {within!r} is not allowed (allowed: seconds > 0)")
+    began = time.monotonic()
     total = sum(BUDGETS[s] for s in sections) * budget_scale
+    if within is not None and total > within:
+        budget_scale *= within / total
+        total = within
     log(f"calibrate on {out['env']['name']} ({device}), {len(sections)} sections, {total:.0f} s budget")
     for section in sections:
         budget = BUDGETS[section] * budget_scale
+        if within is not None:
+            budget = min(budget, within - (time.monotonic() - began))
+            if budget < MIN_SECTION_S:
+                out["notes"].append(f"{section}: left out: the run's {within:.0f} s had passed")
+                log(f"{section}: left out ({within:.0f} s passed)")
+                continue
         log(f"{section}: up to {budget:.0f} s")
         started = time.monotonic()
         try:
