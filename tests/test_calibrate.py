@@ -427,3 +427,32 @@ def test_calibrate_within_scales_the_budgets_and_leaves_out_what_it_cannot_start
     scale = 21.0 / (45 + 35 + 25)
     assert given == [("gemm", round(45 * scale, 3)), ("attention", round(21.0 - 45 * scale * 2, 3))]
     assert measured["notes"] == ["memory: left out: the run's 21 s had passed"] and measured["failed"] == []
+
+
+def test_calibrate_from_the_h200s_two_runs_merges_them_into_one_preset(tmp_path, capsys):
+    """results/gpu/h200-20261128/calibrate: the kernel sections in one run, the sustained
+    rate in another; ``--from`` twice builds one preset of both."""
+    from zerobench.cli import main
+
+    out = tmp_path / "h200.json"
+    assert main(["calibrate", "--from", str(H200_CALIBRATE / "four-sections"), "--from",
+                 str(H200_CALIBRATE / "collectives-sustained"), "--out", str(out)]) == 0
+    preset = load_preset_file(out)
+    assert 0.8 < preset.pcie_efficiency < 0.95  # the h2d row of the first
+    assert preset.sources["sustained_ratio"].startswith(f"{H200_CALIBRATE / 'four-sections'} + ")
+    assert "at 663.2 TFLOP/s over 5 back-to-back windows" in preset.sources["sustained_ratio"]  # the second's
+    assert preset.attention_cudnn == pytest.approx((0.471, 0.372), abs=1e-3)  # seq 4096 only: the old grid
+    assert len(preset.measured_kernels["gemm"]) == 13
+
+
+def test_calibrate_from_refuses_measurements_of_two_devices(tmp_path, capsys):
+    from zerobench.cli import main
+
+    other = tmp_path / "a100"
+    other.mkdir()
+    measured = json.loads((H200_CALIBRATE / "four-sections" / "measurements.json").read_text())
+    (other / "measurements.json").write_text(json.dumps({**measured, "env": {**measured["env"], "name": "A100"}}))
+    assert main(["calibrate", "--from", str(H200_CALIBRATE / "four-sections"), "--from", str(other),
+                 "--out", str(tmp_path / "p.json")]) == 2
+    assert "measurements of different devices (A100, NVIDIA H200) are not allowed" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

@@ -29,8 +29,9 @@ def arguments(p) -> None:
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (tiny shapes: the code path, no GPU figures)")
     p.add_argument("--section", action="append", metavar="NAME",
                    help=f"only this section (repeatable): {', '.join(SECTIONS)}")
-    p.add_argument("--from", dest="source", type=Path, metavar="FOLDER",
-                   help="build the preset from this folder's measurements instead of measuring")
+    p.add_argument("--from", dest="source", type=Path, metavar="FOLDER", action="append",
+                   help="build the preset from this folder's measurements instead of measuring (repeatable: "
+                        "the folders of one GPU's calibrate runs, section by section, merged)")
     p.add_argument("--base", metavar="NAME_OR_FILE",
                    help="the preset whose data-sheet figures the measurements are laid over "
                         "(default: the shipped preset closest to the device's name)")
@@ -57,8 +58,9 @@ def _check(args) -> list:
         raise ArgumentError(f"--within: {args.within} is not allowed (allowed: seconds > 0)")
     if args.ranks is not None and args.ranks < 1:
         raise ArgumentError(f"--ranks: {args.ranks} is not allowed (allowed: ints >= 1)")
-    if args.source is not None and not args.source.is_dir():
-        raise ArgumentError(f"--from: {args.source}: no such folder")
+    for source in args.source or []:
+        if not source.is_dir():
+            raise ArgumentError(f"--from: {source}: no such folder")
     if args.out is not None and args.out.suffix != ".json":
         raise ArgumentError(f"--out: {args.out} is not allowed (allowed: a .json file)")
     return [s for s in SECTIONS if s in sections]
@@ -79,8 +81,8 @@ def main(args) -> int:
     if args.base:
         calibrate.base_for({}, args.base)  # a bad --base fails before anything runs
     if args.source is not None:
-        measured = calibrate.read_measurements(args.source)
-        where = str(args.source)
+        measured = calibrate.merge_measurements([calibrate.read_measurements(f) for f in args.source])
+        where = " + ".join(str(f) for f in args.source)
         folder = None if args.out is not None else new_stamped_dir(args.results, "calibrate-from")
     else:
         if args.device == "cuda" and not torch.cuda.is_available():

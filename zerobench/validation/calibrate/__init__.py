@@ -151,6 +151,29 @@ def read_measurements(folder: Path) -> dict:
                      "measurements.json, or one with the H200 session's micro.json)")
 
 
+def merge_measurements(parts: list[dict]) -> dict:
+    """Several measurements of one GPU as one (``calibrate --from A --from B``: a calibrate
+    run per few sections, as the H200's of 2026-11-28): the kernel rows, notes and
+    failures of all, the environment of the first that names the device, and each of
+    ``host``, ``collectives`` and ``sustained`` from the last that has it."""
+    if len(parts) == 1:
+        return parts[0]
+    names = {p.get("env", {}).get("name") for p in parts} - {None, "cpu"}
+    if len(names) > 1:
+        raise ValueError(f"--from: measurements of different devices ({', '.join(sorted(names))}) are not allowed "
+                         "(allowed: folders measured on one GPU)")
+    out = {"format": parts[0].get("format"), "env": next((p["env"] for p in parts if p.get("env", {}).get("name")),
+                                                         parts[0].get("env", {})),
+           "kernels": [r for p in parts for r in p.get("kernels", [])],
+           "notes": [n for p in parts for n in p.get("notes", [])],
+           "failed": [f for p in parts for f in p.get("failed", [])]}
+    for key in ("host", "collectives", "sustained"):
+        found = [p[key] for p in parts if p.get(key)]
+        if found:
+            out[key] = found[-1]
+    return out
+
+
 def base_for(env: dict, base: str | None):
     """The preset the measured figures are laid over: ``--base``, or the shipped one closest
     to the device's name."""
