@@ -230,6 +230,21 @@ def test_calibrate_on_cuda_gives_every_section_an_indexed_device_and_keeps_a_fai
     assert "section(s) failed: host" in capsys.readouterr().err
 
 
+def test_the_kernel_sections_make_every_tensor_on_an_indexed_cuda_device():
+    """calibrate's kernel and sustained sections on a faked ``cuda`` (tiny shapes, the CPU
+    doing the work): every tensor they make is asked for on ``cuda:0``, none on an
+    unindexed ``cuda``, and every section runs through."""
+    from tests.helpers.fake_cuda import one_cuda_device
+    from zerobench.validation.calibrate import calibrate
+
+    with one_cuda_device() as fake:
+        measured = calibrate("cuda", ("gemm", "attention", "memory", "optimizer", "sustained"), log=lambda *_: None,
+                             budget_scale=0.05, size="tiny")
+    assert measured["failed"] == [], measured["failed"]
+    assert measured["env"]["name"] == "Fake GPU" and {r["kernel"] for r in measured["kernels"]} >= {"gemm", "attention"}
+    assert len(fake.devices) > 20 and set(fake.devices) == {torch.device("cuda", 0)}
+
+
 def test_a_failing_section_keeps_the_others_each_saved_as_it_finishes(monkeypatch):
     """A section that raises is recorded and the next one still runs; the measurements are
     saved after every section, so a crash later loses nothing measured before it."""

@@ -11,8 +11,8 @@ While :func:`one_cuda_device` is entered, torch believes there is one CUDA devic
   made over gloo (this build has no NCCL), bound to that device;
 * ``torch.cuda``'s calls that need a driver (``is_available``, ``current_device``,
   ``device_count``, ``synchronize``, ``get_device_name``, ``get_device_properties``, ``Stream``, ``Event``,
-  ``stream``, ``empty_cache``) answer as for one idle device, its streams and events
-  the CPU's stubs;
+  ``stream``, ``empty_cache``) answer as for one idle device: its streams the CPU's
+  stubs, its events timed on the host's clock;
 * a ``TorchFunctionMode`` puts every tensor asked for on ``cuda`` on the CPU instead, and
   refuses a CUDA device without an index wherever a tensor is made or moved (``device=``,
   ``.to(...)``), unless told not to: every device calibrate makes has one;
@@ -27,6 +27,7 @@ ends the code under test right after its process group is made (raising
 from __future__ import annotations
 
 import contextlib
+import time
 from types import SimpleNamespace
 from unittest import mock
 
@@ -80,6 +81,29 @@ class _OnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Event:
+    """A CUDA event on the host's clock: recorded when ``record`` is called (the faked
+    device runs everything at once), ``elapsed_time`` in milliseconds as CUDA's."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream=None):
+        pass
+
+    def elapsed_time(self, end: "_Event") -> float:
+        return (end.at - self.at) * 1e3
+
+
 #: What ``torch.cuda.get_device_properties`` answers for the faked device.
 _PROPERTIES = SimpleNamespace(name="Fake GPU", total_memory=80 << 30, multi_processor_count=132, major=9, minor=0)
 
@@ -120,7 +144,7 @@ def one_cuda_device(stop_after_init: bool = False, refuse_unindexed: bool = True
         patch(mock.patch.object(cuda, "get_device_name", lambda device=None: "Fake GPU"))
         patch(mock.patch.object(cuda, "get_device_properties", lambda device=None: _PROPERTIES))
         patch(mock.patch.object(cuda, "Stream", torch.cpu.Stream))
-        patch(mock.patch.object(cuda, "Event", torch.cpu.Event))
+        patch(mock.patch.object(cuda, "Event", _Event))
         patch(mock.patch.object(cuda, "stream", torch.cpu.stream))
         patch(mock.patch.object(torch.Tensor, "record_stream", lambda self, stream: None))
         patch(mock.patch.object(dist, "init_process_group", fake.init_process_group(dist.init_process_group)))

@@ -72,19 +72,22 @@ def environment(device: torch.device) -> dict:
 
 def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_scale: float = 1.0,
               ranks: int | None = None, save: Callable[[dict], None] | None = None,
-              within: float | None = None) -> dict:
+              within: float | None = None, size: str | None = None) -> dict:
     """Measure ``sections`` on ``device``; returns the measurements (calibration.py's format).
     ``save(measurements)`` is called after each section, failed or not; ``within``: the
     seconds the whole run may take, the budgets scaled down to fit when they add up to
     more, and no section started with less than ``MIN_SECTION_S`` of it left ([Note:
-    calibrate's sections])."""
+    calibrate's sections]). ``size``: the grids' (kernels.grids): ``full`` on a GPU,
+    ``tiny`` elsewhere, unless given."""
     from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
 
     device = device_of(device)
     bad = [s for s in sections if s not in BUDGETS]
     if bad:
         raise ValueError(f"sections: {bad[0]!r} is not allowed (allowed: {', '.join(SECTIONS)})")
-    size = "full" if device.type == "cuda" else "tiny"
+    size = size or ("full" if device.type == "cuda" else "tiny")
+    if size not in ("full", "tiny"):
+        raise ValueError(f"size: {size!r} is not allowed (allowed: full, tiny)")
     out: dict = {"format": MEASUREMENT_FORMAT, "env": environment(device), "kernels": [], "notes": [], "failed": []}
     if within is not None and not within > 0:
         raise ValueError(f"within: {within!r} is not allowed (allowed: seconds > 0)")
