@@ -429,19 +429,23 @@ def test_calibrate_within_scales_the_budgets_and_leaves_out_what_it_cannot_start
     MIN_SECTION_S left (a note, not a failure)."""
     import zerobench.validation.calibrate as calibrate_package
 
-    clock = [0.0]
+    clock, overrun = [0.0], [2.0]
     monkeypatch.setattr(calibrate_package.time, "monotonic", lambda: clock[0])
     given = []
 
-    def measure(section, out, device, size, budget, started, log, ranks):
+    def measure(section, out, device, size, budget, *rest):
         given.append((section, round(budget, 3)))
-        clock[0] += budget * 2  # a section that overruns its budget
+        clock[0] += budget * overrun[0]  # a section that takes its budget, or more
 
     monkeypatch.setattr(calibrate_package, "_measure_section", measure)
     measured = calibrate_package.calibrate("cpu", ("gemm", "attention", "memory"), log=lambda *_: None, within=21.0)
     scale = 21.0 / (45 + 35 + 25)
     assert given == [("gemm", round(45 * scale, 3)), ("attention", round(21.0 - 45 * scale * 2, 3))]
     assert measured["notes"] == ["memory: left out: the run's 21 s had passed"] and measured["failed"] == []
+    # a section whose scaled budget is under MIN_SECTION_S still runs while the run has time left
+    clock[0], given[:], overrun[0] = 0.0, [], 1.0
+    measured = calibrate_package.calibrate("cpu", ("gemm", "attention", "memory"), log=lambda *_: None, within=4.0)
+    assert [g[0] for g in given] == ["gemm", "attention"] and given[1][1] < calibrate_package.MIN_SECTION_S
 
 
 def test_calibrate_from_the_h200s_two_runs_merges_them_into_one_preset(tmp_path, capsys):
@@ -471,3 +475,30 @@ def test_calibrate_from_refuses_measurements_of_two_devices(tmp_path, capsys):
                  "--out", str(tmp_path / "p.json")]) == 2
     assert "measurements of different devices (A100, NVIDIA H200) are not allowed" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_calibrate_times_a_workloads_own_layers_in_their_three_layouts(tmp_path, capsys):
+    """``--workload``: the gemm section times the workload's linear layers at its tokens per
+    step (the quickstart MLP: 512 x 512 over a batch of 16, bf16) instead of Llama 3 8B's."""
+    from zerobench.cli import main
+
+    assert main(["calibrate", "--device", "cpu", "--section", "gemm", "--workload", "workloads/quickstart.toml",
+                 "--results", str(tmp_path)]) == 0
+    (folder,) = tmp_path.iterdir()
+    rows = [r["params"] for r in json.loads((folder / "measurements.json").read_text())["kernels"]]
+    layers = {(p["layout"], p["m"], p["n"], p["k"], p["dtype"]) for p in rows if p.get("layer") == "blocks.0.linear"}
+    assert layers == {("forward", 16, 512, 512, "bf16"), ("input_grad", 16, 512, 512, "bf16"),
+                      ("weight_grad", 512, 512, 16, "bf16")}
+    assert not any(p.get("layer", "").startswith("blocks.0.attention") for p in rows)
+
+
+def test_calibrate_refuses_a_bad_workload_before_measuring(tmp_path, capsys):
+    from zerobench.cli import main
+
+    assert main(["calibrate", "--device", "cpu", "--workload", str(tmp_path / "nowhere.toml"),
+                 "--results", str(tmp_path)]) == 2
+    assert "--workload " in capsys.readouterr().err
+    assert main(["calibrate", "--workload", "workloads/quickstart.toml", "--from", str(H200_SESSION),
+                 "--out", str(tmp_path / "p.json")]) == 2
+    assert "--workload: not allowed with --from" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -39,6 +39,9 @@ def arguments(p) -> None:
     p.add_argument("--out", type=Path, metavar="FILE", help="where to write the preset (default: DIR/preset.json)")
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
                    help="folder to make the calibrate folder in (default results)")
+    p.add_argument("--workload", type=Path, metavar="FILE",
+                   help="time the GEMMs of this workload's linear layers at its tokens per step, in the three "
+                        "layouts training runs (default: a Llama 3 8B block's at 8192 tokens on a GPU)")
     p.add_argument("--within", type=float, default=None, metavar="SECONDS",
                    help="the seconds the measuring may take: the sections' budgets scaled down to fit "
                         "(default: their sum, 260 s for every section)")
@@ -54,6 +57,8 @@ def _check(args) -> list:
         raise ArgumentError(f"--section: {bad[0]!r} is not allowed (allowed: {', '.join(SECTIONS)})")
     if args.device not in ("cuda", "cpu"):
         raise ArgumentError(f"--device: {args.device!r} is not allowed (allowed: cuda, cpu)")
+    if args.workload is not None and args.source is not None:
+        raise ArgumentError("--workload: not allowed with --from (allowed: one of them: --from measures nothing)")
     if args.within is not None and not args.within > 0:
         raise ArgumentError(f"--within: {args.within} is not allowed (allowed: seconds > 0)")
     if args.ranks is not None and args.ranks < 1:
@@ -88,10 +93,19 @@ def main(args) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ArgumentError("--device cuda: no CUDA device here (torch.cuda.is_available() is False; "
                                 "allowed: --device cpu, which runs the code path on tiny shapes)")
+        layers = None
+        if args.workload is not None:  # parsed and its model's shapes read before anything is measured
+            from zerobench.spec.workload import WorkloadError, load_workload
+            from zerobench.validation.calibrate.kernels import workload_layers
+
+            try:
+                layers = workload_layers(load_workload(args.workload))
+            except (OSError, WorkloadError, ValueError) as err:
+                raise ArgumentError(f"--workload {args.workload}: {err}") from None
         device = calibrate.device_of(args.device)
         folder = new_stamped_dir(args.results, f"calibrate-{device.type}")
         where = str(folder / "measurements.json")
-        measured = calibrate.calibrate(device, sections, ranks=args.ranks, within=args.within,
+        measured = calibrate.calibrate(device, sections, ranks=args.ranks, within=args.within, layers=layers,
                                        save=lambda found: write_json_atomic(folder / "measurements.json", found))
     failed = [f["section"] for f in measured.get("failed", [])]
     for note in measured.get("notes", []):

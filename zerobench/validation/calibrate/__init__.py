@@ -72,13 +72,14 @@ def environment(device: torch.device) -> dict:
 
 def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_scale: float = 1.0,
               ranks: int | None = None, save: Callable[[dict], None] | None = None,
-              within: float | None = None, size: str | None = None) -> dict:
+              within: float | None = None, size: str | None = None, layers: tuple | None = None) -> dict:
     """Measure ``sections`` on ``device``; returns the measurements (calibration.py's format).
     ``save(measurements)`` is called after each section, failed or not; ``within``: the
     seconds the whole run may take, the budgets scaled down to fit when they add up to
     more, and no section started with less than ``MIN_SECTION_S`` of it left ([Note:
     calibrate's sections]). ``size``: the grids' (kernels.grids): ``full`` on a GPU,
-    ``tiny`` elsewhere, unless given."""
+    ``tiny`` elsewhere, unless given; ``layers``: the linear layers whose GEMMs the gemm
+    section times (kernels.workload_layers), instead of Llama 3 8B's."""
     from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
 
     device = device_of(device)
@@ -100,15 +101,16 @@ def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_s
     for section in sections:
         budget = BUDGETS[section] * budget_scale
         if within is not None:
-            budget = min(budget, within - (time.monotonic() - began))
-            if budget < MIN_SECTION_S:
+            left = within - (time.monotonic() - began)
+            budget = min(budget, left)
+            if left < MIN_SECTION_S:
                 out["notes"].append(f"{section}: left out: the run's {within:.0f} s had passed")
                 log(f"{section}: left out ({within:.0f} s passed)")
                 continue
         log(f"{section}: up to {budget:.0f} s")
         started = time.monotonic()
         try:
-            _measure_section(section, out, device, size, budget, started, log, ranks)
+            _measure_section(section, out, device, size, budget, started, log, ranks, layers)
         except Exception as err:  # noqa: BLE001 - a section's failure is recorded; the others still run
             message = f"{type(err).__name__}: {str(err).strip()}"
             out["failed"].append({"section": section, "error": message, "traceback": traceback.format_exc()})
@@ -122,11 +124,11 @@ def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_s
 
 
 def _measure_section(section: str, out: dict, device: torch.device, size: str, budget: float, started: float,
-                     log, ranks: int | None) -> None:
+                     log, ranks: int | None, layers: tuple | None = None) -> None:
     """One section's measurements, added to ``out``."""
     from zerobench.validation.calibrate import collectives, kernels, sustained
 
-    grid = kernels.grids(size, device)
+    grid = kernels.grids(size, device, layers)
     if section in grid:
         rows, notes = kernels.measure(grid[section], device, started + budget, log)
         out["kernels"] += rows

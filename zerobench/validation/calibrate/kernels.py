@@ -96,6 +96,25 @@ def attention_grid(backends, seqs, head_dims, tokens: int, width: int, dtype: st
             for direction in ("forward", "backward")]
 
 
+def workload_layers(workload) -> tuple[list[tuple[str, int, int]], int, str]:
+    """A workload's linear layers (built on the meta device: shapes only), the tokens one
+    rank's step runs through them (batch size x sequence length; the batch size for a
+    model without tokens) and the dtype it trains in (bf16 when its matrix has it, fp16,
+    else fp32): the GEMMs calibrate times for ``--workload``."""
+    from zerobench.spec.models import construct, samples_to_tokens
+
+    with torch.device("meta"):
+        model = construct(workload.model)
+    shapes = linear_shapes(model)
+    if not shapes:
+        raise ValueError(f"--workload {workload.name}: its model has no nn.Linear layer (allowed: a workload whose "
+                         "model has some)")
+    tokens = workload.data.batch_size * max(samples_to_tokens(workload.model), 1)
+    dtypes = workload.matrix.get("dtype", ["fp32"])
+    dtype = next((d for d in ("bf16", "fp16") if d in dtypes), "fp32")
+    return shapes, tokens, dtype
+
+
 def llama3_8b_block():
     """One block and the output layer of Llama 3 8B (zerobench/spec's preset), on the meta device."""
     from zerobench.spec.models import construct
@@ -112,8 +131,19 @@ ATTENTION_SEQS = (1024, 4096, 8192)
 ATTENTION_HEAD_DIMS = (64, 128)
 
 
-def grids(size: str, device: torch.device) -> dict[str, list[dict]]:
-    """The rows each section measures: ``full`` on a GPU, ``tiny`` to run the code path on a CPU."""
+def grids(size: str, device: torch.device, layers: tuple[list, int, str] | None = None) -> dict[str, list[dict]]:
+    """The rows each section measures: ``full`` on a GPU, ``tiny`` to run the code path on a
+    CPU. ``layers``: (shapes, tokens, dtype) whose GEMMs the gemm section times in their
+    three layouts, after its square ones, instead of Llama 3 8B's (:func:`workload_layers`)."""
+    grid = _grids(size)
+    if layers is not None:
+        shapes, tokens, dtype = layers
+        plain = [r for r in grid["gemm"] if not r["params"].get("layout")]
+        grid["gemm"] = plain[:2] + layer_gemms(shapes, tokens, dtype) + plain[2:]
+    return grid
+
+
+def _grids(size: str) -> dict[str, list[dict]]:
     if size == "tiny":  # small, yet long enough on a CPU that the GPU's kernel floors are a small part
         return {
             "gemm": [_gemm(m, n, k, "fp32") for m, n, k in ((256, 256, 256), (256, 128, 192))]
