@@ -413,6 +413,25 @@ def test_gpu_calibrate_runs_every_section_into_one_folder_with_its_budget_printe
     assert (out / "kernels.md").read_text().startswith("| class | rows |")
 
 
+@pytest.mark.slow  # calibrate on tiny shapes, killed part way
+def test_gpu_calibrate_cut_part_way_keeps_the_sections_it_finished_and_builds_their_preset(tmp_path):
+    """A calibrate still running at the script's cut is killed; the sections it finished
+    are in measurements.json (written after each), and the preset is built from them."""
+    import os
+    import subprocess
+
+    out = tmp_path / "out"
+    done = subprocess.run(["scripts/gpu-calibrate", "--device", "cpu", "--within", "120", str(out)],
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "GPU_CALIBRATE_CUT_S": "14"})
+    assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "calibrate cut at 14 s; the preset from the sections it finished" in done.stdout
+    (folder,) = out.glob("*-calibrate-cpu")
+    measured = json.loads((folder / "measurements.json").read_text())
+    assert {r["kernel"] for r in measured["kernels"]} >= {"gemm"} and "sustained" not in measured
+    preset = load_preset_file(folder / "preset.json")
+    assert preset.measured_kernels["gemm"]
+
+
 def test_gpu_calibrate_refuses_a_bad_option_before_measuring(tmp_path):
     import subprocess
 
