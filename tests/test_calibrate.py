@@ -290,6 +290,8 @@ def test_pcie_is_fitted_from_a_host_to_device_copy_and_priced_as_the_link_ran():
     assert model_row(copy, preset)["class_bytes"]["copy"] == nbytes  # once across the link, not read and written
     bigger = {"kernel": "h2d", "params": {"numel": 1 << 30, "dtype": "bf16"}}  # a 2 GiB offloaded shard
     assert model_row(bigger, preset)["seconds"] == pytest.approx((2 << 30) / rate, rel=0.02)
+    back = {"kernel": "d2h", "params": copy["params"]}  # calibrate times the other direction too now
+    assert model_row(back, preset)["seconds"] == pytest.approx(copy["seconds"], rel=0.01)
 
 
 # -- the GEMMs and attention calibrate times (item 1 of issue 38) ----------------------------

@@ -15,6 +15,8 @@ A measured row names its kernel and its parameters:
   v alone;
 * ``copy``: ``numel, dtype``: ``dst.copy_(src)``; ``cast``: ``shape, dtype, to``:
   ``x.to(to)``; ``h2d``: ``numel, dtype``: a pinned host buffer copied to the device;
+  ``d2h``: the other way, a device buffer copied into a pinned host buffer (CPU offload's
+  two directions);
 * ``pointwise``: ``shape, dtype``: ``F.silu(a) * b`` (SwiGLU's gate);
 * ``rms_norm``: ``shape, dtype``: ``F.rms_norm`` over the last dimension with a weight;
 * ``cross_entropy``: ``shape`` ``[tokens, vocabulary]``, ``dtype``: ``F.cross_entropy``;
@@ -32,13 +34,13 @@ import torch
 import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-KERNELS = ("gemm", "attention", "copy", "cast", "h2d", "pointwise", "rms_norm", "cross_entropy", "optimizer")
+KERNELS = ("gemm", "attention", "copy", "cast", "h2d", "d2h", "pointwise", "rms_norm", "cross_entropy", "optimizer")
 #: The kernel class (kernel_classes.py) each measured kernel calibrates.
-CLASS_OF = {"gemm": "gemm", "attention": "attention", "copy": "copy", "cast": "copy", "h2d": "copy",
+CLASS_OF = {"gemm": "gemm", "attention": "attention", "copy": "copy", "cast": "copy", "h2d": "copy", "d2h": "copy",
             "pointwise": "elementwise", "rms_norm": "elementwise", "cross_entropy": "elementwise",
             "optimizer": "optimizer"}
 #: The preset figure each memory-bound kernel's rate sets.
-EFFICIENCY_OF = {"copy": "copy_efficiency", "cast": "cast_efficiency", "h2d": "pcie_efficiency",
+EFFICIENCY_OF = {"copy": "copy_efficiency", "cast": "cast_efficiency", "h2d": "pcie_efficiency", "d2h": "pcie_efficiency",
                  "pointwise": "elementwise_efficiency", "rms_norm": "elementwise_efficiency",
                  "cross_entropy": "elementwise_efficiency", "optimizer": "optimizer_efficiency"}
 
@@ -76,7 +78,7 @@ def describe(row: dict) -> str:
     if k == "optimizer":
         numel = sum(_numel(s) for s in p["shapes"])
         return f"{p['optimizer']} foreach step {numel / 1e6:.0f}M {p['dtype']}"
-    if k in ("copy", "h2d"):
+    if k in ("copy", "h2d", "d2h"):
         return f"{k} {p['numel'] * DTYPES[p['dtype']].itemsize / 2**20:.0f} MiB"
     if k == "cast":
         return f"cast {p['dtype']}->{p['to']} {list(p['shape'])}"
@@ -96,7 +98,7 @@ def gemm_flops(p: dict) -> int:
 
 def prepare(row: dict, device: torch.device | str, pin: bool | None = None) -> Callable[[], object]:
     """The row's tensors on ``device``, and a function that runs its kernel once. ``pin``:
-    whether ``h2d``'s host buffer is made with ``pin_memory=True`` (default: on a CUDA
+    whether ``h2d``'s and ``d2h``'s host buffer is made with ``pin_memory=True`` (default: on a CUDA
     device). The virtual GPU's pricing passes True: a pinned buffer is what its dispatch
     mode takes for host memory, so the copy crosses PCIe there as it does on the GPU
     (without it, the "host" buffer would be device memory and the copy an HBM one)."""
@@ -116,6 +118,10 @@ def prepare(row: dict, device: torch.device | str, pin: bool | None = None) -> C
     if kernel == "h2d":
         src = torch.randn(p["numel"], dtype=dtype, pin_memory=device.type == "cuda" if pin is None else pin)
         dst = torch.empty(p["numel"], dtype=dtype, device=device)
+        return lambda: dst.copy_(src, non_blocking=True)
+    if kernel == "d2h":
+        src = torch.randn(p["numel"], dtype=dtype, device=device)
+        dst = torch.empty(p["numel"], dtype=dtype, pin_memory=device.type == "cuda" if pin is None else pin)
         return lambda: dst.copy_(src, non_blocking=True)
     if kernel == "cast":
         x = torch.randn(*p["shape"], dtype=dtype, device=device)

@@ -174,6 +174,7 @@ def _grids(size: str) -> dict[str, list[dict]]:
             {"kernel": "rms_norm", "params": {"shape": [8192, 4096], "dtype": bf16}},
             {"kernel": "cross_entropy", "params": {"shape": [4096, 128256], "dtype": "fp32"}},
             {"kernel": "h2d", "params": {"numel": 1 << 27, "dtype": bf16}},
+            {"kernel": "d2h", "params": {"numel": 1 << 27, "dtype": bf16}},
         ],
         "optimizer": [{"kernel": "optimizer", "params": {"optimizer": o, "shapes": [list(s) for s in
                                                                                       microbench.LLAMA3_8B_BLOCK],
