@@ -89,9 +89,9 @@ def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_s
     size = size or ("full" if device.type == "cuda" else "tiny")
     if size not in ("full", "tiny"):
         raise ValueError(f"size: {size!r} is not allowed (allowed: full, tiny)")
-    out: dict = {"format": MEASUREMENT_FORMAT, "env": environment(device), "kernels": [], "notes": [], "failed": []}
     if within is not None and not within > 0:
         raise ValueError(f"within: {within!r} is not allowed (allowed: seconds > 0)")
+    out: dict = {"format": MEASUREMENT_FORMAT, "env": environment(device), "kernels": [], "notes": [], "failed": []}
     began = time.monotonic()
     total = sum(BUDGETS[s] for s in sections) * budget_scale
     if within is not None and total > within:
