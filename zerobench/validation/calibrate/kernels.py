@@ -134,12 +134,13 @@ ATTENTION_HEAD_DIMS = (64, 128)
 def grids(size: str, device: torch.device, layers: tuple[list, int, str] | None = None) -> dict[str, list[dict]]:
     """The rows each section measures: ``full`` on a GPU, ``tiny`` to run the code path on a
     CPU. ``layers``: (shapes, tokens, dtype) whose GEMMs the gemm section times in their
-    three layouts, after its square ones, instead of Llama 3 8B's (:func:`workload_layers`)."""
+    three layouts instead of Llama 3 8B's (:func:`workload_layers`), first, so that a
+    budget running out leaves out the other shapes before them."""
     grid = _grids(size)
     if layers is not None:
         shapes, tokens, dtype = layers
         plain = [r for r in grid["gemm"] if not r["params"].get("layout")]
-        grid["gemm"] = plain[:2] + layer_gemms(shapes, tokens, dtype) + plain[2:]
+        grid["gemm"] = layer_gemms(shapes, tokens, dtype) + plain
     return grid
 
 
