@@ -10,7 +10,7 @@ While :func:`one_cuda_device` is entered, torch believes there is one CUDA devic
   ``ValueError: Please use a device_id with index.``, as on the H200). The group is then
   made over gloo (this build has no NCCL), bound to that device;
 * ``torch.cuda``'s calls that need a driver (``is_available``, ``current_device``,
-  ``device_count``, ``synchronize``, ``get_device_name``, ``get_device_properties``, ``Stream``, ``Event``,
+  ``device_count``, ``set_device``, ``synchronize``, ``get_device_name``, ``get_device_properties``, ``Stream``, ``Event``,
   ``stream``, ``empty_cache``) answer as for one idle device: its streams the CPU's
   stubs, its events timed on the host's clock;
 * a ``TorchFunctionMode`` puts every tensor asked for on ``cuda`` on the CPU instead, and
@@ -114,6 +114,11 @@ class FakeCuda:
         self.process_groups: list = []  # device_id of each init_process_group
         self.devices: list[torch.device] = []  # every CUDA device a tensor was asked for on
 
+    def set_device(self, device) -> None:
+        """``torch.cuda.set_device``: the one device there is, named with its index."""
+        if not (isinstance(device, int) and device == 0 or _cuda(device) == torch.device("cuda", 0)):
+            raise ValueError(f"set_device({device!r}): the faked CUDA has one device, cuda:0")
+
     def init_process_group(self, real):
         def init(backend=None, *args, device_id=None, **kwargs):
             self.process_groups.append(device_id)
@@ -139,6 +144,7 @@ def one_cuda_device(stop_after_init: bool = False, refuse_unindexed: bool = True
         patch(mock.patch.object(cuda, "is_available", lambda: True))
         patch(mock.patch.object(cuda, "device_count", lambda: 1))
         patch(mock.patch.object(cuda, "current_device", lambda: 0))
+        patch(mock.patch.object(cuda, "set_device", fake.set_device))
         patch(mock.patch.object(cuda, "synchronize", lambda device=None: None))
         patch(mock.patch.object(cuda, "empty_cache", lambda: None))
         patch(mock.patch.object(cuda, "get_device_name", lambda device=None: "Fake GPU"))

@@ -83,6 +83,8 @@ def calibrate(device: str | torch.device, sections=SECTIONS, log=print, budget_s
     from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
 
     device = device_of(device)
+    if device.type == "cuda":  # what follows the current device (a mesh, NCCL, FSDP1) measures this one
+        torch.cuda.set_device(device)
     bad = [s for s in sections if s not in BUDGETS]
     if bad:
         raise ValueError(f"sections: {bad[0]!r} is not allowed (allowed: {', '.join(SECTIONS)})")
