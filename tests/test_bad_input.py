@@ -248,6 +248,10 @@ def test_did_you_mean_suggests_only_what_is_close():
     assert closest("true", [True, False]) == [True]
     assert did_you_mean("x", []) == ""
     assert not_allowed("a.b", "nope", []) == "a.b: 'nope' is not allowed (allowed: none)"
+    parts = ["h200", "h100-sxm", "h100-nvl", "h100-pcie"]
+    assert did_you_mean("h100", parts, show=str) == "; did you mean one of h100-sxm, h100-nvl, h100-pcie?"
+    assert did_you_mean("h10", ["h100-sxm", "h100"], show=str) == "; did you mean h100?"  # one character short
+    assert did_you_mean("wo", [f"wo{i}x" for i in range(6)], show=str).endswith("wo3x, ...?")
 
 
 # -- every field of a workload: a value of the wrong type, one out of its range, a misspelt key

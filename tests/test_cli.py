@@ -247,3 +247,58 @@ def test_the_help_pointer_check_catches_a_missing_section():
     headings = re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(), flags=re.M)
     assert "quick-start" in {_anchor(h) for h in headings}
     assert "the-first-hour" not in {_anchor(h) for h in headings}  # what --help once pointed to
+
+
+def test_every_help_fits_80_columns_and_every_option_says_what_it_does(monkeypatch):
+    """`NAME --help` under COLUMNS=80: no line past 80 columns (descriptions are refilled,
+    choices shown by a metavar), and no option without a help text."""
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        text = command.format_help()
+        assert [line for line in text.splitlines() if len(line) > 80] == [], name
+        silent = [a.option_strings for a in command._actions if a.option_strings and not a.help]
+        assert silent == [], name
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["rnu"], "did you mean 'run'?"),
+    (["run", "quickstart", "--reuslts", "x"], "did you mean --results?"),
+    (["run", "quickstart", "--wrold-sizes", "4"], "did you mean --set matrix.world_size=4?"),
+    (["run", "quickstart", "--steps=3"], "did you mean --set data.steps=3?"),
+    (["predict", "quickstart", "--wrold-sizes", "4"], "did you mean --world-sizes?"),
+    (["predict", "quickstart", "--gpu", "h100"], "did you mean one of h100-nvl, h100-sxm, h100-pcie, h100-96gb-500w?"),
+    (["show", "lastest"], "did you mean latest?"),
+])
+def test_a_misspelt_command_option_or_folder_gets_a_suggestion(argv, hint, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert hint in err, err
+    assert f"zerobench {argv[0]}: error:" in err or argv == ["rnu"], err  # the command's own parser refuses
+
+
+def test_a_misspelt_folder_beside_real_ones_is_suggested(tmp_path, capsys):
+    (tmp_path / "20261121-165230-quickstart").mkdir()
+    with pytest.raises(ArgumentError, match=r"did you mean .*20261121-165230-quickstart\?"):
+        resolve_folder(tmp_path / "20261121-165230-quickstrat", "FOLDER", kinds=ALL_KINDS)
+
+
+def test_engines_lists_shared_axes_once_and_fits_the_terminal(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["engines"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("activation_checkpointing =") == 1
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_engines_into_a_closed_pipe_ends_quietly():
+    proc = subprocess.run(f"{sys.executable} -m zerobench engines | head -1", shell=True, capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.stdout.strip() == "every engine"
+    assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

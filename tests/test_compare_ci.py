@@ -132,7 +132,7 @@ def test_a_pass_prints_at_most_one_line_per_cell(tmp_path, capsys):
     assert cli(base, new) == 0                                      # time worse, not gated: a pass
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("PASS")
-    body = lines[1:-1]
+    body = [line for line in lines[:-1] if "ddp-ws2" in line]  # under the header (one line, or three)
     assert len(body) == len(cells) and all(line.strip().split(":")[0] in cells for line in body)
     assert all("step_time_s +50.00%" in line and "worse (not gated)" in line for line in body)
     capsys.readouterr()
@@ -161,3 +161,30 @@ def test_python_m_zerobench_compare_is_the_same_command(tmp_path, folder, code):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == code, proc.stdout + proc.stderr
     assert ("PASS" if code == 0 else str(tmp_path / folder)) in proc.stdout + proc.stderr
+
+
+def test_a_pass_fits_the_log_one_line_per_cell_and_one_for_metrics_the_baseline_lacks(tmp_path, capsys, monkeypatch):
+    """[Note: a pass fits a CI log]: a slower run (reported, not gated) whose results have
+    columns the baseline does not: every line fits COLUMNS, each cell is one line, and the
+    new metrics are one line whatever their number."""
+    from tests.helpers.compare_runs import make_run, write_run
+    from zerobench.runs.schema import METRICS
+
+    cells = tuple(f"torch-fsdp1-ws2-fp32-sharding_strategy=SHARD_GRAD_OP-backward_prefetch=post-n{i}" for i in range(3))
+    base = write_run(tmp_path / "base", *make_run(run_id="base", cells=cells, step_mad=0.001))
+    results, steps = make_run(run_id="new", cells=cells, step_median=0.2)
+    added = [m.name for m in METRICS if m.kind == "deterministic" and m.name not in results.columns][:6]
+    assert len(added) == 6
+    for metric in added:
+        results[metric] = 1024.0
+    new = write_run(tmp_path / "new", results, steps)
+    monkeypatch.setenv("COLUMNS", "72")
+    assert cli(base, new) == 0
+    out = capsys.readouterr().out.splitlines()
+    wide = [line for line in out if len(line) > 72]
+    assert all(len(line.split()) <= 3 and str(tmp_path) in line for line in wide), wide  # a path, kept whole
+    assert sum(line.startswith("  torch-fsdp1-") for line in out) == len(cells)  # each cell once
+    at = next(i for i, line in enumerate(out) if "not in the baseline" in line)
+    assert out[at + 1].strip().startswith(added[0]) and out[at + 1].endswith(" more"), out  # six in 72: counted
+    assert out[at + 2].startswith("PASS"), out  # the summary follows (wrapped at the width by rich)
+    assert any(line.startswith("PASS") for line in out)

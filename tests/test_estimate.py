@@ -227,3 +227,15 @@ def test_estimate_prints_its_tables_in_mib_and_one_wall_time(tmp_path, capsys, m
     assert re.search(r"estimate: .*estimate\.csv \(4 cells, [\d.]+ s wall\)", out)
     assert "per-rank peak MiB" in out and "model states per rank, MiB" in out and "GB" not in out
     assert all(len(line) <= 80 for line in out.splitlines() if not line.startswith(("[", "estimate: ", "plot: ")))
+
+
+def test_a_workload_named_for_its_tool_names_its_folder_once(tmp_path):
+    from types import SimpleNamespace
+
+    from zerobench.whatif.cells import new_results_folder
+
+    named = SimpleNamespace(name="llama3-8b-estimate", to_dict=lambda: {"name": "llama3-8b-estimate"})
+    plain = SimpleNamespace(name="llama3-8b", to_dict=lambda: {"name": "llama3-8b"})
+    assert new_results_folder(tmp_path, named, "estimate").name.endswith("-llama3-8b-estimate")
+    assert not new_results_folder(tmp_path, named, "estimate").name.endswith("-estimate-estimate")
+    assert new_results_folder(tmp_path, plain, "predict").name.endswith("-llama3-8b-predict")

@@ -32,15 +32,45 @@ REFERENCE_ENGINE = "ddp"
 
 
 def save_figure(fig, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:
-    """Lay ``fig`` out (unless ``tight`` is False: the caller did), write it to ``path``
-    (format from the suffix, png by default) and close it."""
+    """Lay ``fig`` out (unless ``tight`` is False: the caller did), pull its axes in where
+    a legend or a label would cross the figure's edge (:func:`fit_inside`), write it to
+    ``path`` (format from the suffix, png by default) and close it."""
     path = Path(path)
     if tight:
         fig.tight_layout()
+    fit_inside(fig)
     fmt = path.suffix.lstrip(".") or "png"
     write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=dpi), mode="wb")
     plt.close(fig)
     return path
+
+
+def fit_inside(fig, pad_px: float = 4.0) -> None:
+    """Shrink the subplots' area by as much as any legend, label or text of an axes
+    reaches past the figure's edge, on each side: tight_layout leaves a legend placed
+    beside its axes (``bbox_to_anchor=(1.01, 1)``) out of its sums, and the figure would
+    cut it (tests/test_plot_layout.py checks every plot for that)."""
+    if not fig.axes:
+        return
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    edge = fig.bbox
+    reach = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible() and ax.get_subplotspec() is not None]
+    reach = [b for b in reach if b is not None]
+    if not reach:
+        return
+    width, height = edge.width, edge.height
+    over_left = max(0.0, edge.x0 + pad_px - min(b.x0 for b in reach)) / width
+    over_right = max(0.0, max(b.x1 for b in reach) - edge.x1 + pad_px) / width
+    over_bottom = max(0.0, edge.y0 + pad_px - min(b.y0 for b in reach)) / height
+    over_top = max(0.0, max(b.y1 for b in reach) - edge.y1 + pad_px) / height
+    if not any((over_left, over_right, over_bottom, over_top)):
+        return
+    params = fig.subplotpars
+    left, right = params.left + over_left, params.right - over_right
+    bottom, top = params.bottom + over_bottom, params.top - over_top
+    if right - left > 0.2 and top - bottom > 0.2:  # room left for the data: else leave it as drawn
+        fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top)
 
 
 # [Note: plot titles]

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.analysis.figures import REFERENCE_ENGINE, EngineStyles, Setting, figure_title, numeric, plt, save_figure
+from zerobench.analysis.figures import (
+    REFERENCE_ENGINE,
+    EngineStyles,
+    Setting,
+    figure_title,
+    fit_inside,
+    numeric,
+    plt,
+    save_figure,
+)
 
 
 def pareto_front(frame: pd.DataFrame, x: str, y: str) -> pd.Series:
@@ -91,6 +100,7 @@ def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: st
     fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False)
     top = figure_title(fig, what + "; lower left is better, DDP the reference", setting)
     fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.2) / fig.get_figheight(), 1, top))
+    fit_inside(fig)  # the panels where they will stay, before labels are placed against them
     place_labels(fig, labels)
     return save_figure(fig, path, tight=False)
 
@@ -104,9 +114,10 @@ _OFFSETS = tuple((round(r * dx), round(r * dy)) for r in (22, 40, 62, 90)
 
 def place_labels(fig, labels) -> None:
     """Annotate each (ax, text, x, y) with a leader line to its point, the text at the first
-    offset of :data:`_OFFSETS` where it overlaps no label placed before and no point drawn
-    on the axes, and stays inside them (the least crowded place otherwise): a label never
-    sits on another configuration's point, and its line says whose it is."""
+    offset of :data:`_OFFSETS` where it overlaps no label placed before, no point drawn on
+    the axes and none of their tick or axis labels, and stays inside them (the least
+    crowded place otherwise, never past the figure's edge when anywhere else will do): a
+    label never sits on another configuration's point, and its line says whose it is."""
     renderer = fig.canvas.get_renderer()
     placed = []
     markers = {}
@@ -119,6 +130,10 @@ def place_labels(fig, labels) -> None:
             for px, py in ax.transData.transform(artist.get_xydata()):
                 boxes.append((px - half, py - half, px + half, py + half))
         markers[id(ax)] = boxes
+    edge = fig.bbox
+    axis_texts = [t.get_window_extent(renderer) for ax in fig.axes  # every panel's: a label may cross into the next
+                  for t in (ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(), *ax.get_yticklabels())
+                  if t.get_visible() and t.get_text()]
     for ax, text, x, y in sorted(labels, key=lambda item: (id(item[0]), item[2])):
         frame = ax.get_window_extent(renderer)
         best, best_cost = None, None
@@ -130,7 +145,9 @@ def place_labels(fig, labels) -> None:
             box = note.get_window_extent(renderer)
             cost = (3 * sum(box.overlaps(other) for other in placed)  # a label on a label: unreadable
                     + 2 * sum(_overlaps(box, m) for m in markers[id(ax)])  # on a point: whose is it?
-                    + (0 if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1) else 2))
+                    + (0 if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1) else 2)
+                    + 3 * sum(box.overlaps(t) for t in axis_texts)  # on a tick or an axis label
+                    + (0 if edge.contains(box.x0, box.y0) and edge.contains(box.x1, box.y1) else 10))  # cut off
             if best is None or cost < best_cost:
                 if best is not None:
                     best.remove()

@@ -118,11 +118,15 @@ def _ok(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return results[(results["status"] == "ok") & numeric(results[column]).notna().to_numpy()]
 
 
-def _panels(ok: pd.DataFrame):
-    """One horizontal-bar panel per (world size, dtype): (figure, [(ax, title, frame, cells)])."""
+def _panels(ok: pd.DataFrame, legend_rows: int = 4, footnote_in: float = 0.0):
+    """One horizontal-bar panel per (world size, dtype): (figure, [(ax, title, frame, cells)]).
+    The figure is tall enough for its bars, for each panel's legend (``legend_rows``
+    entries beside it) and for a footnote of ``footnote_in`` inches under it."""
     groups = list(_groups(ok))
     n_cells = max(f["cell_id"].nunique() for _, f in groups)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.8 + 0.45 * n_cells * len(groups)), squeeze=False)
+    bars = 0.45 * n_cells * len(groups)
+    legends = (0.16 * legend_rows + 0.3) * len(groups)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 1.8 + max(bars, legends) + footnote_in), squeeze=False)
     return fig, [(ax, title, frame, list(dict.fromkeys(frame["cell_id"])))
                  for ax, (title, frame) in zip(axes[:, 0], groups)]
 
@@ -226,8 +230,13 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
     ok = _ok(results, "peak_mem_bytes")
     if ok.empty:
         return None
+    import textwrap
+
     split = all(column in ok for column, _, _ in OTHER_PARTS.values())
-    fig, panels = _panels(ok)
+    note = textwrap.fill(OTHER_EXPLAINED, 11 * 15)
+    footnote_in = 0.16 * (note.count("\n") + 1) + 0.1
+    fig, panels = _panels(ok, legend_rows=len(PEAK_ROLE_COLUMNS) + (len(OTHER_PARTS) if split else 1) + 2,
+                          footnote_in=footnote_in)
     for ax, title, frame, cells in panels:
         for y, cell in enumerate(cells):
             ranks = frame[frame["cell_id"] == cell]
@@ -253,11 +262,8 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
         if ref is not None:
             ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
         _finish_panel(ax, title, cells, "peak live tensor memory (MiB), composition on the rank with the highest peak")
-    import textwrap
-
-    note = textwrap.fill(OTHER_EXPLAINED, int(fig.get_figwidth() * 15))
     fig.text(0.01, 0.005, note, fontsize=7.5, va="bottom", ha="left", color="0.25")
-    bottom = (0.16 * (note.count("\n") + 1) + 0.1) / fig.get_figheight()
+    bottom = footnote_in / fig.get_figheight()
     fig.tight_layout(rect=(0, bottom, 1, figure_title(fig, "peak memory per cell and what it is made of", setting)))
     return save_figure(fig, path, dpi=110, tight=False)
 
@@ -306,7 +312,7 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
         top.set_xlabel("step", fontsize=8)
         top.set_ylabel("loss")
         top.grid(alpha=0.3)
-        top.legend(fontsize=7, loc="upper right")
+        top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curve, not on it
         worst = []
         for cell in cells:
             frame = mean[mean["cell_id"] == cell]
@@ -327,13 +333,14 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
             bottom.text(level, 1.01, f" {dtype} rounding of the loss", transform=bottom.get_xaxis_transform(),
                         fontsize=7, va="bottom")
         bottom.set_xscale("log")
-        bottom.set_xlim(floor / 2, max([w for w in worst if w == w] + [rounding or 0, 1e-6]) * 30)
+        # two decades past the largest bar: room for its value label inside the panel
+        bottom.set_xlim(floor / 2, max([w for w in worst if w == w] + [rounding or 0, 1e-6]) * 300)
         bottom.set_yticks(list(y), [short_label(c) for c in cells], fontsize=7)
         bottom.invert_yaxis()
         bottom.set_xlabel("largest |mean loss over ranks - reference| over the measured steps", fontsize=8)
         bottom.grid(axis="x", alpha=0.3)
-        bottom.legend(*styles.legend_handles(markers=False), fontsize=6, loc="lower right", title="engine",
-                      title_fontsize=6)
+        bottom.legend(*styles.legend_handles(markers=False), fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      title="engine", title_fontsize=6)  # beside the bars: never over their values
     return _save(fig, path, "losses: the reference (top) and how far each cell strays from it (bottom)", setting)
 
 
@@ -403,14 +410,14 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
             if mine:
                 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5)
     for ax in axes[-1]:
-        ax.set_xlabel("fraction of the measured step (memory pass); shaded: the phases of the panel's first line, "
-                      "thin vertical lines: where the others' phases start", fontsize=8)
+        ax.set_xlabel("fraction of the measured step (memory pass)", fontsize=8)
     from matplotlib.patches import Patch
 
     handles, names = styles.legend_handles(markers=False, lines=True)
     if any_phases:
         handles += [Patch(color=color) for color in PHASES.values()]
-        names += [f"{phase} phase" for phase in PHASES]
+        names += [f"{phase} phase (shaded: as the panel's first line ran it; thin vertical lines: where the "
+                  f"others' start)" if i == 0 else f"{phase} phase" for i, phase in enumerate(PHASES)]
     else:
         names.append("phases not recorded (a run made before the memory pass kept them)")
         handles.append(Patch(color="white"))

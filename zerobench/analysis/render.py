@@ -180,6 +180,12 @@ def _fill(pieces: list[str], width: int) -> list[str]:
     return lines
 
 
+def wrap_id(text: str, width: int, breaks: str = "-") -> list[str]:
+    """An identifier (a cell id) in lines of at most ``width``, each cut after one of
+    ``breaks``, as a table's key column wraps it."""
+    return _fill(_parts(text, breaks), width)
+
+
 def wrap_cell(text: str, column: Column, width: int) -> list[str]:
     """The lines of one cell at ``width``."""
     if len(text) <= width and "\n" not in text:

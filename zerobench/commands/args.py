@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from zerobench.choices import did_you_mean
 from zerobench.runs.kinds import FOLDER_KINDS, folder_kind
 
 LATEST = "latest"
@@ -90,7 +91,7 @@ def resolve_folder(text: str | Path, option: str, kinds=("run",), results: Path 
         raise ArgumentError(f"{option}: {err}") from None
     if wanted is False or path.exists():
         if not path.exists():
-            raise ArgumentError(f"{option}: {text}: no such folder")
+            raise ArgumentError(f"{option}: {text}: no such folder{_near_names(path, kinds, results)}")
         if not path.is_dir():
             raise ArgumentError(f"{option}: {text}: not a folder (allowed: {_kinds_text(kinds)}, or "
                                 f"{_latest_forms(kinds)})")
@@ -110,6 +111,18 @@ def resolve_folder(text: str | Path, option: str, kinds=("run",), results: Path 
         raise ArgumentError(f"{option}: {text} names {newest}, {_a(kind)} {kind} folder (allowed: "
                             f"{_kinds_text(kinds)}; {forms} names the newest one)")
     return newest
+
+
+def _near_names(path: Path, kinds, results: Path) -> str:
+    """"; did you mean latest?" for a misspelt ``latest`` form, or a folder close to the
+    one named: beside it, or under ``results`` for a bare name; "" when none is close."""
+    parent = path.parent if str(path) != path.name else Path(results)
+    try:
+        beside = {p.name: str(p) for p in sorted(parent.iterdir()) if p.is_dir()}
+    except OSError:
+        beside = {}
+    shown = {form: form for form in _latest_forms(kinds).split(", ")} | beside
+    return did_you_mean(path.name, list(shown), show=lambda name: shown.get(name, name))
 
 
 def results_root(text: str) -> Path:

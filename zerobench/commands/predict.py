@@ -28,7 +28,8 @@ def arguments(p) -> None:
     p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
     p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
     p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS)
+    p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
+                   help=f"folder to make the prediction's folder in (default: {DEFAULT_RESULTS})")
     p.add_argument("--matrix", action="store_true", help="sweep prefetch x limiter x reshard")
     p.add_argument("--config", action="append", help="only this configuration id (repeatable)")
     p.add_argument("--alloc-conf", default="", help="caching-allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax: "

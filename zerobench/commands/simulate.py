@@ -16,10 +16,12 @@ def arguments(p) -> None:
 
     p.add_argument("run", help="run folder recorded with --profile (or holding schedules/), or `latest:run`")
     p.add_argument("--cell", action="append", metavar="ID", help="only this cell (repeatable)")
-    p.add_argument("--link", choices=sorted(PRESETS), help="link preset (default: the emulated link the cell ran on)")
+    p.add_argument("--link", choices=sorted(PRESETS), metavar="PRESET",
+                   help=f"link preset: {', '.join(sorted(PRESETS))} (default: the emulated link the cell ran on)")
     p.add_argument("--gbps", type=float, help="link bus bandwidth in GB/s (overrides the preset's)")
     p.add_argument("--latency-us", type=float, help="per-collective latency in microseconds")
-    p.add_argument("--inter-link", choices=sorted(PRESETS), help="HYBRID_SHARD: the link across nodes")
+    p.add_argument("--inter-link", choices=sorted(PRESETS), metavar="PRESET",
+                   help="HYBRID_SHARD: the link across nodes (a --link preset)")
     p.add_argument("--world-sizes", type=int, nargs="+", metavar="N", help="ranks to predict for (default: as measured)")
     p.add_argument("--compute-scale", type=float, default=1.0, metavar="F", help="compute F times faster (default 1)")
     p.add_argument("--matrix", action="store_true", help="also sweep knob settings x link bandwidth (heatmap)")
@@ -29,7 +31,7 @@ def arguments(p) -> None:
     p.add_argument("--async-collectives", action="store_true",
                    help="model PyTorch's FSDPs' collectives as asynchronous, as on CUDA, where the measured "
                         "CPU run blocked on them")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write the tables only, no plots")
 
 
 def main(args) -> int:

@@ -116,11 +116,13 @@ def configurations_to_run(w, workload_path, only, world_sizes, tool: str) -> lis
 
 def new_results_folder(results_root, w, tool: str):
     """A new folder ``<results_root>/<stamp>-<workload>-<tool>`` holding the workload.json
-    it is made from (zerobench/runs/kinds.py: what marks each kind of results folder)."""
+    it is made from (zerobench/runs/kinds.py: what marks each kind of results folder); a
+    workload already named for the tool (``llama3-8b-estimate``) is not named twice."""
     from zerobench.runs.files import new_stamped_dir, write_json_atomic
     from zerobench.runs.kinds import WORKLOAD_FILE
 
-    out_dir = new_stamped_dir(results_root, f"{w.name}-{tool}")
+    name = w.name if w.name.endswith(f"-{tool}") else f"{w.name}-{tool}"
+    out_dir = new_stamped_dir(results_root, name)
     write_json_atomic(out_dir / WORKLOAD_FILE, w.to_dict())
     return out_dir
 

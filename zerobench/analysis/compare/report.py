@@ -15,7 +15,7 @@ import pandas as pd
 
 from zerobench.analysis.compare.gate import CELL_ROW
 from zerobench.analysis.compare.rules import metric_info
-from zerobench.analysis.render import Column, Table, markdown, print_table
+from zerobench.analysis.render import Column, Table, markdown, print_table, wrap_id
 
 #: Verdicts always shown; deterministic metrics are also shown whenever they moved at all.
 SHOW_VERDICTS = ("regression", "improved", "missing", "new")
@@ -182,25 +182,66 @@ _STYLE = {"regression": "bold red", "worse (not gated)": "yellow", "improved": "
           "missing": "magenta", "new": "magenta", "ok": "dim"}
 
 
-def pass_lines(comparison: pd.DataFrame) -> list[str]:
-    """At most one line per cell: the rows worth a look on a pass (moved within their
-    tolerance, worse but not gated, a gated metric improved), as
-    ``cell: metric +x% (allowed +y%), ...``."""
+def pass_lines(comparison: pd.DataFrame, width: int = 160) -> list[str]:
+    """What a pass says beyond its summary, each line at most ``width`` characters: a
+    line per cell with rows worth a look (moved within their tolerance, worse but
+    not gated, a gated metric improved), as ``cell: metric +x% (allowed +y%), ...``, its
+    overflow counted (``+3 more``); then one folded line for the metrics the baseline
+    lacks ([Note: a pass fits a CI log]). A cell id too wide to share its line has its
+    figures on the line under it."""
     rows = comparison[notable(comparison) & (comparison["metric"] != CELL_ROW)
                       & ~((comparison["verdict"] == "improved") & ~comparison["gated"])]  # a faster shared runner
+    new = rows[rows["verdict"] == "new"]
     lines = []
-    for cell, group in rows.groupby("cell_id", sort=True):
+    for cell, group in rows[rows["verdict"] != "new"].groupby("cell_id", sort=True):
         parts = []
-        for _, r in group.iterrows():
+        for (metric, rank), r in group.groupby(["metric", "rank"], dropna=False, sort=False):
+            r = r.iloc[0]
             label = verdict_label(r)
-            where = "" if pd.isna(r["rank"]) else f" r{r['rank']}"
+            where = "" if pd.isna(rank) else f" r{rank}"
             pct = fmt_pct(r["change_pct"])  # the change and its bound in one unit, signed alike
             change = pct or fmt_value(r["change"], r["metric"], True)
             allowed = fmt_allowed(r["allowed_change_pct"] if pct else r["allowed_change"], r["metric"], pct=bool(pct))
-            parts.append(f"{r['metric']}{where} {change}" + (f" (allowed {allowed})" if allowed else "")
+            parts.append(f"{metric}{where} {change}" + (f" (allowed {allowed})" if allowed else "")
                          + ("" if label == "ok" else f" {label}"))
-        lines.append(f"{cell}: " + ", ".join(parts))
+        lines += _fit_parts(f"{cell}: ", parts, width)
+    if len(new):
+        metrics = list(dict.fromkeys(new["metric"]))
+        head = f"not in the baseline, not gated ({len(new)} values, {new['cell_id'].nunique()} cells): "
+        lines += _fit_parts(head, metrics, width)
     return lines
+
+
+def _fit_parts(head: str, parts: list[str], width: int) -> list[str]:
+    """``head`` and as many of ``parts`` as fit in ``width`` characters, comma-separated,
+    then ``+N more`` for the rest: one line, or two when ``head`` leaves no room (a cell
+    id nearly as wide as the log), the parts then indented under it."""
+    if parts and len(head) + len(parts[0]) > width:
+        return [*wrap_id(head.rstrip(), width), *_fit_parts("    ", parts, width)]
+    line, shown = head, 0
+    for i, part in enumerate(parts):
+        rest = len(parts) - i - 1
+        candidate = line + (", " if shown else "") + part
+        if shown and len(candidate) + (len(f", +{rest} more") if rest else 0) > width:
+            return [line + f", +{len(parts) - i} more"]
+        line, shown = candidate, shown + 1
+    return [line]
+
+
+def _title_lines(info: ReportInfo, title: str, width: int) -> list[str]:
+    """The header in one line when it fits ``width``, else the new folder, the baseline
+    and the gate a line each (a path is never cut: it is there to be copied)."""
+    if len(title) <= width:
+        return [title]
+    return [info.new, f"  vs baseline {info.baseline}", "  " + title[title.index("(gate:"):]]
+
+
+# [Note: a pass fits a CI log]
+# A gate that passes prints little, and nothing wider than the log (COLUMNS, else 160):
+# the header, one line per cell that moved within its tolerance, one line naming the
+# metrics the baseline does not have (a baseline made before a column was added; they
+# are reported, never gated), the hardware line and the summary. Each line is cut at the
+# width with a count of what was left out; --markdown and --junit-xml keep every row.
 
 
 def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, info: ReportInfo,
@@ -215,8 +256,9 @@ def print_report(console, comparison: pd.DataFrame, mismatches: pd.DataFrame, in
     title = f"{info.new}  vs baseline  {info.baseline}   (gate: {info.gate}" + (
         f"; rules: {', '.join(info.rules)})" if info.rules else ")")
     if info.exit_code == 0 and not show_all:
-        console.print(escape(title), highlight=False, soft_wrap=True)  # one line, for copying the paths
-        for line in pass_lines(comparison):  # soft_wrap: one line each, however wide
+        for line in _title_lines(info, title, console.width):  # whole paths, for copying them
+            console.print(escape(line), highlight=False, soft_wrap=True)
+        for line in pass_lines(comparison, width=console.width - 2):
             console.print("  " + escape(line), style="dim", highlight=False, soft_wrap=True)
         if len(mismatches):
             columns = ", ".join(dict.fromkeys(mismatches["column"]))

@@ -70,7 +70,8 @@ def plot_predict(frame, path: Path, setting=None) -> Path | None:
 
 
 def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
-    """Predicted peak reserved memory against predicted step time, per world size."""
+    """Predicted peak reserved memory against predicted step time, per world size (and
+    dtype, where the prediction has several)."""
     import pandas as pd
 
     from zerobench.analysis.figures import REFERENCE_ENGINE, short_label
@@ -79,10 +80,10 @@ def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
         return None
+    mixed = ok["dtype"].nunique() > 1  # a panel per world size and dtype: fp32 and bf16 are not one choice
     points = pd.DataFrame({
-        "group": [f"world size {ws}" for ws in ok["world_size"]],
-        "label": [short_label(c) + ("" if d == "bf16" and (ok["dtype"] == "bf16").all() else f" {d}")
-                  for c, d in zip(ok["config"], ok["dtype"])],
+        "group": [f"world size {ws}" + (f", {d}" if mixed else "") for ws, d in zip(ok["world_size"], ok["dtype"])],
+        "label": [short_label(c) for c in ok["config"]],
         "engine": ok["engine"].to_numpy(),
         "reference": [c.startswith(f"{REFERENCE_ENGINE}-") and c.count("=") == 0 for c in ok["config"]],
         "step_ms": pd.to_numeric(ok["step_time_s"], errors="coerce").to_numpy() * 1e3,
