@@ -377,3 +377,16 @@ def test_predict_pareto_labels_sit_beside_their_own_points(tmp_path, figures):
     hollow = [label for label, lines in _points(fig).items() if "ckpt full" in label]
     assert hollow and all(line.get_fillstyle() == "none" for label in hollow for line in _points(fig)[label])
     assert not _unexplained(fig)
+
+
+def test_a_front_counts_only_time_differences_outside_the_spread():
+    """[Note: a front outside the noise]: 655 ms beside 694 ms with spreads that overlap is
+    a tie on time; the exact memory decides, and a clear gap still counts."""
+    frame = pd.DataFrame({"t": [655.0, 694.0, 400.0], "lo": [600.0, 555.0, 390.0], "hi": [700.0, 860.0, 410.0],
+                          "m": [10.0, 10.0, 30.0]}, index=["a", "b", "c"])
+    assert list(frame.index[pareto_front(frame, "t", "m")]) == ["a", "c"]  # medians alone: b is beaten
+    assert list(frame.index[pareto_front(frame, "t", "m", ("lo", "hi"))]) == ["a", "b", "c"]  # a tie with a
+    less = frame.assign(m=[9.0, 10.0, 30.0])
+    assert list(less.index[pareto_front(less, "t", "m", ("lo", "hi"))]) == ["a", "c"]  # a: same time, less memory
+    apart = frame.assign(lo=[600.0, 701.0, 390.0])
+    assert list(apart.index[pareto_front(apart, "t", "m", ("lo", "hi"))]) == ["a", "c"]  # b slower beyond its spread

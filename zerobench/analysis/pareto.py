@@ -26,20 +26,41 @@ from zerobench.analysis.figures import (
 )
 
 
-def pareto_front(frame: pd.DataFrame, x: str, y: str) -> pd.Series:
+def pareto_front(frame: pd.DataFrame, x: str, y: str, x_spread: tuple[str, str] | None = None) -> pd.Series:
     """Boolean Series (frame's index): which rows are on the lower-left Pareto front of
     columns ``x`` and ``y``. Rows with a missing value are never on it; of rows with
-    equal values, each is on it."""
+    equal values, each is on it.
+
+    ``x_spread``: the columns of each row's measured low and high ``x`` (a step time's
+    p10 and p90). Two rows whose ranges overlap are then equal in ``x``: a row beats
+    another in ``x`` only by a difference outside both spreads ([Note: a front outside
+    the noise])."""
     xs, ys = numeric(frame[x]).to_numpy(), numeric(frame[y]).to_numpy()
-    on = []
-    for i in range(len(frame)):
-        if xs[i] != xs[i] or ys[i] != ys[i]:  # NaN
-            on.append(False)
-            continue
-        dominated = any(xs[j] <= xs[i] and ys[j] <= ys[i] and (xs[j] < xs[i] or ys[j] < ys[i])
-                        for j in range(len(frame)) if xs[j] == xs[j] and ys[j] == ys[j])
-        on.append(not dominated)
+    if x_spread is None:
+        lo, hi = xs, xs
+    else:
+        lo = numeric(frame[x_spread[0]]).fillna(pd.Series(xs, index=frame.index)).to_numpy()
+        hi = numeric(frame[x_spread[1]]).fillna(pd.Series(xs, index=frame.index)).to_numpy()
+
+    def beats(j: int, i: int) -> bool:  # j at least as good as i on both axes, better on one
+        x_tie = not (hi[j] < lo[i] or hi[i] < lo[j])
+        x_better, x_worse = hi[j] < lo[i], hi[i] < lo[j]
+        if x_spread is None:
+            x_tie, x_better, x_worse = xs[j] == xs[i], xs[j] < xs[i], xs[j] > xs[i]
+        return not x_worse and ys[j] <= ys[i] and (x_better or (ys[j] < ys[i] and (x_tie or x_better)))
+
+    known = [i for i in range(len(frame)) if xs[i] == xs[i] and ys[i] == ys[i]]  # not NaN
+    on = [i in known and not any(beats(j, i) for j in known if j != i) for i in range(len(frame))]
     return pd.Series(on, index=frame.index, dtype=bool)
+
+
+# [Note: a front outside the noise]
+# A measured step time is a spread, not a number: on a shared CPU two cells 6 % apart can
+# each have a p10-p90 of +-20 %. A front drawn from medians alone then names one of them
+# "the choice" by chance. With the spread given, a cell beats another on time only when
+# its p90 is below the other's p10; within that, the two tie on time and memory (exact)
+# decides. The plot draws each spread as a bar through its point, so a reader sees why
+# two close cells are both on the front. Predictions have no spread: their front is exact.
 
 
 #: Option columns a point's look is read from ([Note: one look per configuration]).
@@ -48,13 +69,16 @@ STYLE_OPTIONS = ("sharding_strategy", "reshard_after_forward", "activation_check
 
 def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: str, y_label: str,
                 setting: Setting | None, what: str = "peak memory against step time, one point per configuration",
-                group: str = "group") -> Path | None:
+                group: str = "group", x_spread: tuple[str, str] | None = None) -> Path | None:
     """One panel per value of ``group``: a point per row of ``points`` (columns ``label``,
     ``engine``, ``x``, ``y``, ``group`` and any of STYLE_OPTIONS), its colour the engine, its
     marker the sharding and its fill the activation checkpointing ([Note: one look per
     configuration]); the reference engine's point a black star with dashed cross-hairs; the
     front ringed and joined by a line, each of its points labelled beside it with a leader
-    line to it (:func:`place_labels`). Returns None when no row has both values."""
+    line to it (:func:`place_labels`). With ``x_spread`` (the columns of each point's low
+    and high ``x``), each point's spread is a bar through it and the front counts only
+    differences outside it ([Note: a front outside the noise]). Returns None when no row
+    has both values."""
     points = points.assign(_x=numeric(points[x]).to_numpy(), _y=numeric(points[y]).to_numpy())
     points = points.dropna(subset=["_x", "_y"])
     if points.empty:
@@ -65,13 +89,17 @@ def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: st
     labels, drew_reference = [], False
     for ax, name in zip(axes[0], groups):
         frame = points[points[group] == name]
-        front = pareto_front(frame, "_x", "_y")
+        front = pareto_front(frame, "_x", "_y", x_spread)
         for (_, row), on in zip(frame.iterrows(), front):
             ref = row["engine"] == REFERENCE_ENGINE and bool(row.get("reference", True))
             options = {k: row.get(k) for k in STYLE_OPTIONS if k in row}
             style = {"color": "black", "marker": "*", "linestyle": "none"} if ref else styles.point(row["engine"], options)
             drew_reference |= ref
             ax.plot([row["_x"]], [row["_y"]], markersize=15 if ref else 8, zorder=4, gid=row["label"], **style)
+            if x_spread is not None:
+                low, high = (numeric(pd.Series([row[c]])).iloc[0] for c in x_spread)
+                if low == low and high == high:  # not NaN: the measured spread, p10 to p90
+                    ax.hlines(row["_y"], low, high, color=style["color"], lw=1.2, alpha=0.6, zorder=3)
             if on:  # the front: ringed
                 ax.plot([row["_x"]], [row["_y"]], marker="o", markersize=19 if ref else 15, fillstyle="none",
                         color="black", linestyle="none", lw=1, zorder=3)
@@ -94,7 +122,10 @@ def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: st
         handles.append(Line2D([], [], color="black", marker="*", linestyle="none", markersize=11))
         names.append(f"{REFERENCE_ENGINE}'s default configuration (the reference)")
     handles.append(Line2D([], [], color="black", alpha=0.5, lw=1, marker="o", fillstyle="none", markersize=11))
-    names.append("Pareto front (ringed, joined)")
+    names.append("Pareto front (ringed, joined)" + ("; closer than the spread counts as a tie" if x_spread else ""))
+    if x_spread is not None:
+        handles.append(Line2D([], [], color="0.3", lw=1.2, alpha=0.6))
+        names.append("step time p10-p90 (the measured spread)")
     ncol = 3
     legend_rows = -(-len(handles) // ncol)
     fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False)

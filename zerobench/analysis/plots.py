@@ -159,7 +159,8 @@ def _save(fig, path: Path, what: str, setting: Setting | None, dpi: int = 110) -
 
 def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
     """Peak memory (max over ranks) against median step time (median over ranks), one
-    point per ok cell, one panel per (world size, dtype)."""
+    point per ok cell with its step-time spread (p10-p90, median over ranks), one panel
+    per (world size, dtype); the front counts only time differences outside the spread."""
     from zerobench.analysis.pareto import plot_pareto
 
     ok = _ok(_ok(results, STEP_TIME), "peak_mem_bytes")
@@ -173,10 +174,13 @@ def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None =
             rows.append({"group": f"world size {ws}, {dtype}", "label": short_label(cell), "engine": ranks["engine"].iloc[0],
                          "reference": bool(reference_cells(pd.Series([cell])).fillna(False).iloc[0]),
                          "step_ms": numeric(ranks[STEP_TIME]).median() * 1e3,
+                         **{f"step_{q}_ms": numeric(ranks[column]).median() * 1e3 if column in ranks else float("nan")
+                            for q, column in (("p10", "step_time_p10_s"), ("p90", "step_time_p90_s"))},
                          "peak_mib": numeric(ranks["peak_mem_bytes"]).max() / 2**20,
                          **{k: ranks[k].iloc[0] for k in STYLE_OPTIONS if k in ranks}})
     return plot_pareto(pd.DataFrame(rows), path, x="step_ms", y="peak_mib", setting=setting,
-                       x_label="median step time (ms, median over ranks)",
+                       x_spread=("step_p10_ms", "step_p90_ms"),
+                       x_label="median step time (ms, median over ranks; bar: p10-p90)",
                        y_label="peak live tensor memory (MiB, highest rank)")
 
 
