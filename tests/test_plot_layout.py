@@ -166,3 +166,25 @@ def test_the_layout_check_sees_an_overlap_and_a_clipped_legend():
     plt.close(fig)
     assert any("overlaps" in p for p in problems), problems
     assert any("legend cut" in p for p in problems), problems
+
+
+def test_one_unit_for_memory_in_a_runs_table_and_plots(tmp_path, kept):
+    """[Note: one unit a folder]: a cell of 3 GiB beside DDP's 30 MB keeps the table and
+    every plot in MiB, DDP's unit, as the same run without that cell would show it."""
+    from zerobench.analysis.render import memory_unit
+    from zerobench.analysis.summary import summary_table
+
+    assert memory_unit([300 * 2**20, 3 * 2**30], reference=[300 * 2**20]) == ("MiB", 2**20)
+    assert memory_unit([300 * 2**20, 3 * 2**30, 2 * 2**30]) == ("GiB", 2**30)  # no reference: the median's
+    run = _run_folder(tmp_path, 3)
+    big = json.loads((run / "cells" / "impl-zero1-ws2-fp32.json").read_text())
+    for rank in big["ranks"]:
+        rank["metrics"]["peak_mem_bytes"] = 3 * 2**30
+    (run / "cells" / "impl-zero1-ws2-fp32.json").write_text(json.dumps(big))
+    RunFolder(run).write_tables()
+    headers = [c.header for c in summary_table(run).columns]
+    assert "peak MiB" in headers, headers
+    plot_folder(run)
+    labels = [ax.get_xlabel() + ax.get_ylabel() for fig in kept.values() for ax in fig.axes]
+    memory = [text for text in labels if "memory" in text or "MiB" in text or "GiB" in text]
+    assert memory and all("GiB" not in text for text in memory), memory

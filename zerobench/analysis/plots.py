@@ -44,6 +44,7 @@ from zerobench.analysis.figures import (
     save_figure,
     short_label,
 )
+from zerobench.analysis.render import memory_unit
 from zerobench.runs.folder import DamagedFile, RunFolder
 from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 from zerobench.runs.tables import cell_records, load_results, reference_cells
@@ -112,6 +113,14 @@ def _reference_value(frame: pd.DataFrame, column: str, how: str) -> float | None
     return float(getattr(ref, how)())
 
 
+def _memory_unit(results: pd.DataFrame, column: str = "peak_mem_bytes") -> tuple[str, int]:
+    """The unit the run's table shows ``column`` in, for every plot of the run too
+    ([Note: one unit a folder] in zerobench/analysis/render.py)."""
+    ok = _ok(results, column)
+    ref = ok[reference_cells(ok["cell_id"]).fillna(False).astype(bool).to_numpy()] if len(ok) else ok
+    return memory_unit(numeric(ok[column]) if len(ok) else [], numeric(ref[column]) if len(ref) else [])
+
+
 def _ok(results: pd.DataFrame, column: str) -> pd.DataFrame:
     if column not in results.columns:
         return results.iloc[0:0]
@@ -168,6 +177,7 @@ def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None =
         return None
     from zerobench.analysis.pareto import STYLE_OPTIONS
 
+    unit, size = _memory_unit(results)
     rows = []
     for (ws, dtype), frame in ok.groupby(["world_size", "dtype"], sort=True):
         for cell, ranks in frame.groupby("cell_id", sort=False):
@@ -176,12 +186,12 @@ def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None =
                          "step_ms": numeric(ranks[STEP_TIME]).median() * 1e3,
                          **{f"step_{q}_ms": numeric(ranks[column]).median() * 1e3 if column in ranks else float("nan")
                             for q, column in (("p10", "step_time_p10_s"), ("p90", "step_time_p90_s"))},
-                         "peak_mib": numeric(ranks["peak_mem_bytes"]).max() / 2**20,
+                         "peak": numeric(ranks["peak_mem_bytes"]).max() / size,
                          **{k: ranks[k].iloc[0] for k in STYLE_OPTIONS if k in ranks}})
-    return plot_pareto(pd.DataFrame(rows), path, x="step_ms", y="peak_mib", setting=setting,
+    return plot_pareto(pd.DataFrame(rows), path, x="step_ms", y="peak", setting=setting,
                        x_spread=("step_p10_ms", "step_p90_ms"),
                        x_label="median step time (ms, median over ranks; bar: p10-p90)",
-                       y_label="peak live tensor memory (MiB, highest rank)")
+                       y_label=f"peak live tensor memory ({unit}, highest rank)")
 
 
 def plot_step_time(results: pd.DataFrame, path: Path, setting: Setting | None = None) -> Path | None:
@@ -239,6 +249,7 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
     split = all(column in ok for column, _, _ in OTHER_PARTS.values())
     note = textwrap.fill(OTHER_EXPLAINED, 11 * 15)
     footnote_in = 0.16 * (note.count("\n") + 1) + 0.1
+    unit, size = _memory_unit(results)
     fig, panels = _panels(ok, legend_rows=len(PEAK_ROLE_COLUMNS) + (len(OTHER_PARTS) if split else 1) + 2,
                           footnote_in=footnote_in)
     for ax, title, frame, cells in panels:
@@ -256,16 +267,16 @@ def plot_peak_memory(results: pd.DataFrame, path: Path, setting: Setting | None 
             else:
                 segments.append(("other", other, CATEGORY_COLORS["other"], "", "other (see below)"))
             for _, nbytes, color, hatch, label in segments:
-                mib = nbytes / 2**20
-                ax.barh(y, mib, left=left, color=color, height=0.7, hatch=hatch, edgecolor="white" if hatch else None,
+                width = nbytes / size
+                ax.barh(y, width, left=left, color=color, height=0.7, hatch=hatch, edgecolor="white" if hatch else None,
                         linewidth=0, label=label if y == 0 else None)
-                left += mib
-            ax.plot(peaks / 2**20, [y] * len(ranks), "k|", ms=14, mew=1.5,
+                left += width
+            ax.plot(peaks / size, [y] * len(ranks), "k|", ms=14, mew=1.5,
                     label="each rank's peak" if y == 0 else None)
         ref = _reference_value(frame, "peak_mem_bytes", "max")
         if ref is not None:
-            ax.axvline(ref / 2**20, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
-        _finish_panel(ax, title, cells, "peak live tensor memory (MiB), composition on the rank with the highest peak")
+            ax.axvline(ref / size, ls="--", color="black", lw=1, label=f"{REFERENCE_ENGINE} (reference)")
+        _finish_panel(ax, title, cells, f"peak live tensor memory ({unit}), composition on the rank with the highest peak")
     fig.text(0.01, 0.005, note, fontsize=7.5, va="bottom", ha="left", color="0.25")
     bottom = footnote_in / fig.get_figheight()
     fig.tight_layout(rect=(0, bottom, 1, figure_title(fig, "peak memory per cell and what it is made of", setting)))
@@ -372,6 +383,10 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
                and r["ranks"][0].get("timeline")]
     if not records:
         return None
+    try:
+        unit, size = _memory_unit(load_results(run_dir))
+    except (OSError, ValueError, DamagedFile):  # no table to read the unit from: the timelines' own scale
+        unit, size = "MiB", 2**20
     groups = sorted({(r["config"].get("world_size"), r["config"].get("dtype")) for r in records}, key=str)
     order = {e: i for i, e in enumerate(EngineStyles.ENGINE_ORDER)}
     engines = sorted({r["config"].get("engine", "") for r in records}, key=lambda e: (order.get(e, len(order)), e))
@@ -387,12 +402,12 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
             ax = axes[row, col]
             mine = [r for r in in_group if r["config"].get("engine") == engine]
             if reference is not None and engine != REFERENCE_ENGINE:
-                t, mib = _timeline(reference)
-                ax.step(t, mib, where="post", color="0.6", lw=0.8, label=f"{REFERENCE_ENGINE} (reference)")
+                t, live = _timeline(reference, size)
+                ax.step(t, live, where="post", color="0.6", lw=0.8, label=f"{REFERENCE_ENGINE} (reference)")
             for i, rec in enumerate(mine):
-                t, mib = _timeline(rec)
+                t, live = _timeline(rec, size)
                 style = styles.line(engine, rec["config"])
-                (line,) = ax.step(t, mib, where="post", lw=1.3, color=style["color"], linestyle=style["linestyle"],
+                (line,) = ax.step(t, live, where="post", lw=1.3, color=style["color"], linestyle=style["linestyle"],
                                   label=short_label(rec["cell_id"]), gid=rec["cell_id"])
                 marks = _phase_marks(rec)
                 any_phases |= bool(marks)
@@ -408,7 +423,7 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
             if row == 0:
                 ax.set_title(f"world size {group[0]}, {group[1]}", fontsize=10)
             if col == 0:
-                ax.set_ylabel(f"{engine}\nMiB, rank 0", fontsize=8)
+                ax.set_ylabel(f"{engine}\n{unit}, rank 0", fontsize=8)
             ax.grid(alpha=0.3)
             ax.set_xlim(0, 1)
             if mine:
@@ -433,13 +448,13 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
     return save_figure(fig, path, dpi=100, tight=False)
 
 
-def _timeline(record: dict) -> tuple[pd.Series, pd.Series]:
-    """(time as a fraction of the step, live MiB) of a cell's rank 0."""
+def _timeline(record: dict, size: int = 2**20) -> tuple[pd.Series, pd.Series]:
+    """(time as a fraction of the step, live bytes in units of ``size``) of a cell's rank 0."""
     tl = pd.DataFrame(record["ranks"][0]["timeline"])
     cats = [c for c in CATEGORY_COLORS if c in tl.columns]
     t = numeric(tl["t_s"])
     span = _span(record, t)
-    return (t - t.min()) / span, sum(numeric(tl[c]).fillna(0) for c in cats) / 2**20
+    return (t - t.min()) / span, sum(numeric(tl[c]).fillna(0) for c in cats) / size
 
 
 def _span(record: dict, t: pd.Series) -> float:
@@ -519,9 +534,10 @@ def plot_knobs(results: pd.DataFrame, path: Path, setting: Setting | None = None
                and f["backward_prefetch"].notna().all()]
     if not engines:
         return None
+    unit, size = _memory_unit(results)
     metrics = [(m, scale, label) for m, scale, label in (
         (STEP_TIME, 1e3, "median step time (ms)"),
-        ("peak_mem_bytes", 2**-20, "peak memory (MiB)"),
+        ("peak_mem_bytes", 1 / size, f"peak memory ({unit})"),
         ("max_inflight_all_gathers", 1, "max all-gathers in flight"),
     ) if m in ok.columns and numeric(ok[m]).notna().any()]
     fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines) + 1.5, 2.8 * len(metrics) + 0.8),

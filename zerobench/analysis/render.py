@@ -124,6 +124,27 @@ def bytes_unit(values: Iterable, smallest: str = "MiB") -> tuple[str, int]:
     return unit
 
 
+def memory_unit(values: Iterable, reference: Iterable = ()) -> tuple[str, int]:
+    """(name, bytes) of the one unit a folder's table and plots show a kind of bytes in
+    ([Note: one unit a folder]): the unit of the reference engine's largest value
+    (``reference``: DDP's cells), else of the values' median; never of the largest cell,
+    which one engine's outlier would move."""
+    ref = [abs(v) for v in _finite(reference)]
+    if ref:
+        return bytes_unit([max(ref)])
+    finite = sorted(abs(v) for v in _finite(values))
+    return bytes_unit([finite[len(finite) // 2]] if finite else [])
+
+
+# [Note: one unit a folder]
+# A table in MiB and its plot in GiB, or the same DDP cell at "307 MiB" in one run and
+# "0.300 GiB" in the next (because a new engine's cell passed 1 GiB), make a reader
+# convert before comparing. Each kind of bytes (peak memory, communication) of a folder
+# is shown in one unit, in its table and in every plot, chosen by :func:`memory_unit`
+# from the reference engine's cells: what the workload costs plain data parallelism, the
+# same whichever other engines a run adds.
+
+
 def decimals_for(values: Iterable, significant: int = 3, most: int = 3) -> int:
     """Decimals that give the smallest non-zero magnitude of ``values`` ``significant``
     digits (at most ``most``); 0 when every value is whole."""

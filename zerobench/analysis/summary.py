@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 from rich.text import Text
 
-from zerobench.analysis.render import Column, Table, bytes_unit, format_column, make_console, print_table
+from zerobench.analysis.render import Column, Table, format_column, make_console, memory_unit, print_table
 from zerobench.instruments.load import verdict
 from zerobench.runs.folder import DamagedFile, RunFolder
 from zerobench.runs.tables import REFERENCE_ENGINE, load_results, reference_cells, summary
@@ -87,8 +87,9 @@ def summary_table(run_dir: Path) -> Table:
     results = load_results(run_dir)
     cells = with_reference_ratios(summary(results), results, RunFolder(run_dir).steps())
     ok = cells[cells["status"] == "ok"] if len(cells) else cells
-    peak_unit, peak_size = bytes_unit(ok.get("peak_mem_bytes", []))
-    comm_unit, comm_size = bytes_unit(ok.get("comm_total_bytes", []))
+    ref_rows = ok[reference_cells(ok["cell_id"]).fillna(False).astype(bool).to_numpy()] if len(ok) else ok
+    peak_unit, peak_size = memory_unit(ok.get("peak_mem_bytes", []), ref_rows.get("peak_mem_bytes", []))
+    comm_unit, comm_size = memory_unit(ok.get("comm_total_bytes", []), ref_rows.get("comm_total_bytes", []))
     ref = f"x{REFERENCE_ENGINE}"
     table = Table([Column("cell", "left", "parts"), Column("status", "left"), Column("step ms"), Column(ref),
                    Column("p10-p90", optional=True), Column(f"peak {peak_unit}"), Column(ref), Column(f"comm {comm_unit}/step"), Column("loss dev"),

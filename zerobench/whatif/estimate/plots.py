@@ -41,8 +41,11 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
     ok = frame[frame["status"] == "ok"].copy()
     if ok.empty:
         return None
-    ok["peak_mib"] = numeric(ok["peak_mem_bytes"]).to_numpy() / 2**20
-    ok["bound_mib"] = numeric(ok.get("analytic_model_states_bytes", ok["peak_mem_bytes"] * float("nan"))).to_numpy() / 2**20
+    from zerobench.whatif.estimate.report import folder_unit
+
+    unit, size = folder_unit(frame)  # the tables' unit
+    ok["peak_mib"] = numeric(ok["peak_mem_bytes"]).to_numpy() / size
+    ok["bound_mib"] = numeric(ok.get("analytic_model_states_bytes", ok["peak_mem_bytes"] * float("nan"))).to_numpy() / size
     dtypes = list(dict.fromkeys(ok["dtype"]))
     styles = EngineStyles()
     n_configs = ok["config"].nunique()
@@ -77,7 +80,7 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
             ax.set_xlabel("world size")
             ax.grid(alpha=0.3, which="both")
         peak_ax.set_yscale("log")
-        peak_ax.set_ylabel("per-rank peak (MiB)")
+        peak_ax.set_ylabel(f"per-rank peak ({unit})")
         peak_ax.set_title(f"{dtype}: per-rank peak; bars: analytic model states (the lower bound); "
                           "ringed: lowest at each world size", fontsize=9)
         ratio_ax.set_ylabel(f"peak / {short_label(reference or REFERENCE_ENGINE)}'s peak")

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zerobench.analysis.render import Column, Table, bytes_unit, decimals_for, format_column, print_table
+from zerobench.analysis.render import Column, Table, bytes_unit, decimals_for, format_column, memory_unit, print_table
+from zerobench.runs.tables import REFERENCE_ENGINE
 from zerobench.whatif.cells import ran_notes
 
 PAPER_CONVENTION = "the ZeRO paper's mixed-precision convention, 2 + 2 + K bytes per element"
+
+
+def folder_unit(frame) -> tuple[str, int]:
+    """The unit every table and plot of an estimate shows memory in ([Note: one unit a
+    folder] in zerobench/analysis/render.py): DDP's peaks decide, else the median peak."""
+    ok = frame[frame["status"] == "ok"]
+    return memory_unit(ok["peak_mem_bytes"], ok.loc[ok["engine"] == REFERENCE_ENGINE, "peak_mem_bytes"])
 
 
 def peak_table(frame) -> Table:
@@ -20,7 +28,7 @@ def peak_table(frame) -> Table:
     says so, and why under the table (one line per configuration and reason)."""
     sizes = sorted({int(s) for s in frame["world_size"]})
     ok = frame[frame["status"] == "ok"]
-    unit, size = bytes_unit(ok["peak_mem_bytes"])
+    unit, size = folder_unit(frame)
     table = Table([Column("config", "left", "parts")] + [Column(f"ws{s}") for s in sizes],
                   title=f"per-rank peak {unit}, estimated on a fake process group:")
     decimals = decimals_for([v / size for v in ok["peak_mem_bytes"]])  # one for the whole table
@@ -48,7 +56,7 @@ def model_states_table(frame) -> Table:
     engine holds (measured) beside the paper's formula for its stage (analytic)."""
     ok = frame[frame["status"] == "ok"]
     measured, analytic = ok["paper_model_states_bytes"], ok["paper_analytic_model_states_bytes"]
-    unit, size = bytes_unit(list(measured) + list(analytic))
+    unit, size = folder_unit(frame)
     table = Table([Column("config", "left", "parts", role="key"), Column("ws"), Column("stage"), Column(f"measured {unit}"),
                    Column(f"analytic {unit}"), Column("diff %")],
                   title=f"model states per rank, {unit}, in {PAPER_CONVENTION}:")
@@ -76,7 +84,7 @@ def capacity_table(frame) -> Table:
     """``estimate --gpu``: each cell's tensor peak against what the caching allocator may
     reserve on that GPU (``capacity_bytes``), and whether it fits."""
     ok = frame[frame["status"] == "ok"]
-    unit, size = bytes_unit(list(ok["peak_mem_bytes"]) + list(ok["capacity_bytes"]))
+    unit, size = folder_unit(frame)
     table = Table([Column("config", "left", "parts", role="key"), Column("ws"), Column(f"peak {unit}"),
                    Column(f"capacity {unit}"), Column("fits", "left")],
                   title=f"on {frame['gpu'].iloc[0]}: tensor peak against what the allocator may reserve (the caching "

@@ -30,10 +30,12 @@ def predict_setting(frame, workload: str):
 
 def plot_predict(frame, path: Path, setting=None) -> Path | None:
     from zerobench.analysis.figures import figure_title, numeric, plt, save_figure
+    from zerobench.whatif.predict.report import folder_unit
 
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
         return None
+    unit, size = folder_unit(frame)  # the table's unit
     sizes = sorted(ok["world_size"].unique())
     configs = list(dict.fromkeys(ok["config"]))
     fig, axes = plt.subplots(1, 2, figsize=(13, 0.35 * len(configs) * len(sizes) + 2.8))
@@ -47,8 +49,8 @@ def plot_predict(frame, path: Path, setting=None) -> Path | None:
             labels.append(f"{config} ws{ws}")
             steps.append(numeric([r["step_time_s"]]).iloc[0] * 1e3)
             exposed.append(numeric([r["exposed_comm_s"]]).iloc[0] * 1e3)
-            active.append(numeric([r["peak_active_bytes"]]).iloc[0] / 2**30)
-            reserved.append(numeric([r["peak_reserved_bytes"]]).iloc[0] / 2**30)
+            active.append(numeric([r["peak_active_bytes"]]).iloc[0] / size)
+            reserved.append(numeric([r["peak_reserved_bytes"]]).iloc[0] / size)
     y = range(len(labels))
     axes[0].barh(y, steps, color="tab:blue", label="step")
     axes[0].barh(y, exposed, color="tab:red", label="exposed communication")
@@ -58,7 +60,7 @@ def plot_predict(frame, path: Path, setting=None) -> Path | None:
     axes[0].legend(loc="lower right", fontsize=8)
     axes[1].barh(y, reserved, color="tab:gray", label="peak reserved")
     axes[1].barh(y, active, color="tab:green", label="peak active")
-    axes[1].set_xlabel("GiB per rank")
+    axes[1].set_xlabel(f"{unit} per rank")
     axes[1].set_yticks(list(y), [])
     axes[1].invert_yaxis()
     axes[1].legend(loc="lower right", fontsize=8)
@@ -80,6 +82,9 @@ def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
         return None
+    from zerobench.whatif.predict.report import folder_unit
+
+    unit, size = folder_unit(frame)  # the table's unit
     mixed = ok["dtype"].nunique() > 1  # a panel per world size and dtype: fp32 and bf16 are not one choice
     points = pd.DataFrame({
         "group": [f"world size {ws}" + (f", {d}" if mixed else "") for ws, d in zip(ok["world_size"], ok["dtype"])],
@@ -87,12 +92,12 @@ def plot_predict_pareto(frame, path: Path, setting=None) -> Path | None:
         "engine": ok["engine"].to_numpy(),
         "reference": [c.startswith(f"{REFERENCE_ENGINE}-") and c.count("=") == 0 for c in ok["config"]],
         "step_ms": pd.to_numeric(ok["step_time_s"], errors="coerce").to_numpy() * 1e3,
-        "reserved_gib": pd.to_numeric(ok["peak_reserved_bytes"], errors="coerce").to_numpy() / 2**30,
+        "reserved": pd.to_numeric(ok["peak_reserved_bytes"], errors="coerce").to_numpy() / size,
         **{k: ok[k].to_numpy() for k in STYLE_OPTIONS if k in ok},  # the look of each point
     })
     points = points.sort_values("group", key=lambda g: g.str.extract(r"(\d+)")[0].astype(int), kind="stable")
-    return plot_pareto(points, path, x="step_ms", y="reserved_gib", setting=setting,
-                       x_label="predicted step time (ms)", y_label="predicted peak reserved memory (GiB per rank)",
+    return plot_pareto(points, path, x="step_ms", y="reserved", setting=setting,
+                       x_label="predicted step time (ms)", y_label=f"predicted peak reserved memory ({unit} per rank)",
                        what="predicted peak memory against step time, one point per configuration")
 
 

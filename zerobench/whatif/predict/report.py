@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from zerobench.analysis.render import Column, Table, bytes_unit, format_column, print_table
+from zerobench.analysis.render import Column, Table, format_column, memory_unit, print_table
+from zerobench.runs.tables import REFERENCE_ENGINE
 from zerobench.whatif.cells import ran_notes
 
 
@@ -60,11 +61,20 @@ def mfu_notes(frame, model_kind: str | None = None) -> list[str]:
     return []
 
 
+def folder_unit(frame) -> tuple[str, int]:
+    """The unit every table and plot of a prediction shows memory in ([Note: one unit a
+    folder] in zerobench/analysis/render.py): DDP's reserved peaks decide, else the median."""
+    ok = frame[frame["status"] == "ok"]
+    values = _values(ok, "peak_reserved_bytes")
+    reference = _values(ok[ok["engine"] == REFERENCE_ENGINE], "peak_reserved_bytes") if "engine" in ok else []
+    return memory_unit(values, reference)
+
+
 def predict_table(frame, model_kind: str | None = None) -> Table:
     """The prediction of every configuration and world size."""
     ok_mask = (frame["status"] == "ok").tolist()
     ok = frame[frame["status"] == "ok"]
-    unit, size = bytes_unit(_values(ok, "peak_active_bytes") + _values(ok, "peak_reserved_bytes"))
+    unit, size = folder_unit(frame)
     columns = [Column("config", "left", "parts", role="key"), Column("ws"), Column("step ms"), Column("exposed ms"),
                Column("overlap"), Column(f"active {unit}"), Column(f"reserved {unit}"), Column("units"),
                Column("lead ms"), Column("retries"), Column("MFU %"),
