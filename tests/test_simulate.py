@@ -311,3 +311,20 @@ def test_curated_validation_replays_from_its_schedules(tmp_path):
     impl = pred[(pred["engine"] == "impl-fsdp") & pred["link"].str.startswith(("0.02 ", "0.05 "))]
     assert len(impl) == 12
     assert (impl["step_error"].abs() <= 0.15).all() and (impl["exposed_error"].abs() <= 0.20).all()
+
+
+def test_the_table_shows_the_measured_step_beside_every_what_if_and_the_profilers_cost():
+    """On another link the measured column is the step as the cell ran (no error: it is
+    not the same setting); a traced step longer than the timed one is said under the table."""
+    import pandas as pd
+
+    from zerobench.analysis.render import text
+    from zerobench.commands.simulate import prediction_table
+
+    pred = pd.DataFrame([{"cell_id": "ddp-ws2-fp32", "world_size": 2, "link": "ib-400g (50 GB/s, 20 us)",
+                          "step_time_s": 0.30, "exposed_comm_s": 0.001, "overlap_ratio": 0.5,
+                          "max_unsharded_units": 1, "as_run_step_s": 0.25, "as_run_traced_step_s": 0.35,
+                          "as_run_link": "no emulated link"}])
+    shown = text(prediction_table(pred), 120)
+    assert "measured step ms" in shown and "250" in shown and "step error" not in shown
+    assert "simulated on ib-400g" in shown and "ran 40 % longer" in shown

@@ -74,21 +74,36 @@ def main(args) -> int:
 
 
 def prediction_table(pred):
-    """The simulator's predictions, with the measured figures beside them where the
-    cell ran as predicted (zerobench/analysis/render.py)."""
+    """The simulator's predictions, each beside the cell's measured step as it ran (its
+    own link and world size); where the what-if is the measured setting itself, also the
+    measured exposed communication and the errors (zerobench/analysis/render.py)."""
     from zerobench.analysis.render import Column, Table, format_column
 
     def column(name, scale=1.0, decimals=None, signed=False):
         return format_column(pred[name] if name in pred else [None] * len(pred), scale, decimals, signed)
 
+    links = ", ".join(dict.fromkeys(pred["link"])) if "link" in pred else "the measured link"
+    ran = ", ".join(dict.fromkeys(pred["as_run_link"].dropna())) if "as_run_link" in pred else ""
     table = Table([Column("cell", "left", "parts", role="key"), Column("ws"), Column("step ms"),
                    Column("exposed ms"), Column("overlap"), Column("units"), Column("measured step ms"),
                    Column("step error %"), Column("measured exposed ms"), Column("exposed error %")],
-                  title="simulated (and measured, where the cell ran so):")
+                  title=f"simulated on {links}; measured: the step as the cell ran" + (f" ({ran})" if ran else "")
+                        + "; errors where the simulation is of the measured setting:")
+    measured = pred["measured_step_s"] if "measured_step_s" in pred else pred.get("as_run_step_s")
+    if measured is not None and "as_run_step_s" in pred:
+        measured = measured.fillna(pred["as_run_step_s"])
     figures = list(zip(column("step_time_s", 1e3), column("exposed_comm_s", 1e3), column("overlap_ratio", 1, 2),
-                       column("max_unsharded_units"), column("measured_step_s", 1e3),
+                       column("max_unsharded_units"),
+                       format_column(measured if measured is not None else [None] * len(pred), 1e3),
                        column("step_error", 100, 1, signed=True), column("measured_exposed_comm_s", 1e3),
                        column("exposed_error", 100, 1, signed=True)))
     for k, (_, r) in enumerate(pred.iterrows()):
         table.add_row(r["cell_id"], int(r["world_size"]), *figures[k])
+    if {"as_run_step_s", "as_run_traced_step_s"} <= set(pred):
+        cost = (pred["as_run_traced_step_s"] / pred["as_run_step_s"] - 1).dropna()
+        if len(cost) and cost.max() > 0.05:
+            low, high = f"{100 * cost.min():.0f}", f"{100 * cost.max():.0f}"
+            table.notes.append(f"the profiled steps ran {low if low == high else f'{low}-{high}'} % longer than "
+                               f"the timed ones (the profiler's own cost); simulated steps are built from the "
+                               f"traced compute, so they carry it")
     return table

@@ -85,7 +85,11 @@ def simulate_run(run, cells=None, link: Link | None = None, world_sizes=None, co
             same = ws == s.world_size and compute_scale == 1.0 and cell_link == measured_link(s) and as_measured
             r = simulate(s, cell_link, world_size=ws, compute_scale=compute_scale, inter_link=inter_link)
             row = {"cell_id": cell_id, "engine": s.engine, "world_size": ws, "link": cell_link.describe(),
-                   "compute_scale": compute_scale, **r.row()}
+                   "compute_scale": compute_scale, **r.row(),
+                   # the step as the cell ran (its own link and world size): beside every what-if
+                   "as_run_step_s": (s.measured or {}).get("step_time_s"),
+                   "as_run_traced_step_s": (s.measured or {}).get("traced_step_s"),
+                   "as_run_link": measured_link(s).describe() if measured_link(s) else "no emulated link"}
             if same and s.measured:
                 m = s.measured
                 row.update(**compare(r, m), measured_traced_step_s=m.get("traced_step_s"),
