@@ -523,3 +523,17 @@ def test_calibrate_refuses_a_bad_workload_before_measuring(tmp_path, capsys):
                  "--out", str(tmp_path / "p.json")]) == 2
     assert "--workload: not allowed with --from" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrate_on_the_cpu_says_its_figures_in_a_table_and_names_counts_readably(tmp_path, capsys):
+    """`calibrate --device cpu`: no raw JSON line, the fitted figures as a table, and an
+    optimizer row of 66k parameters not named "0M"."""
+    from zerobench.cli import main
+    from zerobench.instruments.vgpu.microbench import describe
+
+    assert main(["calibrate", "--device", "cpu", "--section", "optimizer", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("{")], out
+    assert "fitted figures" in out and "optimizer_efficiency" in out
+    row = {"kernel": "optimizer", "params": {"optimizer": "adamw", "shapes": [[256, 256]], "dtype": "fp32"}}
+    assert describe(row) == "adamw foreach step, 66k params fp32"

@@ -16,6 +16,7 @@ docs/vgpu.md, "Calibrating a GPU".
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from zerobench.commands.args import DEFAULT_RESULTS, ArgumentError, results_root
@@ -73,7 +74,6 @@ def _check(args) -> list:
 
 def main(args) -> int:
     sections = _check(args)
-    import json
     import sys
 
     import torch
@@ -105,8 +105,10 @@ def main(args) -> int:
         device = calibrate.device_of(args.device)
         folder = new_stamped_dir(args.results, f"calibrate-{device.type}")
         where = str(folder / "measurements.json")
-        measured = calibrate.calibrate(device, sections, ranks=args.ranks, within=args.within, layers=layers,
-                                       save=lambda found: write_json_atomic(folder / "measurements.json", found))
+        with warnings.catch_warnings():  # torch's deprecations and FSDP's world-size-1 notice: not the user's
+            warnings.filterwarnings("ignore", module=r"torch\.")
+            measured = calibrate.calibrate(device, sections, ranks=args.ranks, within=args.within, layers=layers,
+                                           save=lambda found: write_json_atomic(folder / "measurements.json", found))
     failed = [f["section"] for f in measured.get("failed", [])]
     for note in measured.get("notes", []):
         print(f"note: {note}")
@@ -122,10 +124,28 @@ def main(args) -> int:
     write_json_atomic(out, preset)
     load_preset_file(out)  # what was written reads back as a preset
     print(f"preset: {out} (zerobench predict WORKLOAD --gpu {out})")
-    print(json.dumps({k: v["value"] for k, v in preset["figures"].items()
-                      if k.endswith("efficiency") or k.startswith("attention") or k == "sustained_ratio"}))
+    from zerobench.analysis.render import print_table
+
+    print_table(fitted_table(preset))
     if failed:
         print(f"zerobench calibrate: section(s) failed: {', '.join(failed)} (their errors: {where}, \"failed\"); "
               "the preset is built from the others", file=sys.stderr)
         return 1
     return 0
+
+
+def fitted_table(preset: dict):
+    """The figures calibrate fitted, one row each: what it is and its value (a fraction of
+    the part's peak, or the sustained rate against the burst one)."""
+    from zerobench.analysis.render import Column, Table
+
+    table = Table([Column("figure", "left"), Column("value"), Column("from", "left", "words")],
+                  title=f"fitted figures of {preset.get('name', 'the preset')} (fractions of the part's peak):")
+    for key, figure in preset["figures"].items():
+        value = figure["value"]
+        if not (key.endswith("efficiency") or key.startswith("attention") or key == "sustained_ratio"):
+            continue
+        values = value.items() if isinstance(value, dict) else [("", value)]
+        for part, v in values:
+            table.add_row(f"{key} {part}".strip(), f"{v:.3g}", str(figure.get("source", "")))
+    return table

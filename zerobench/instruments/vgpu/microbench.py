@@ -77,12 +77,21 @@ def describe(row: dict) -> str:
                 f"{' causal' if p.get('causal') else ''} {p['dtype']}")
     if k == "optimizer":
         numel = sum(_numel(s) for s in p["shapes"])
-        return f"{p['optimizer']} foreach step {numel / 1e6:.0f}M {p['dtype']}"
+        return f"{p['optimizer']} foreach step, {_count(numel)} params {p['dtype']}"
     if k in ("copy", "h2d", "d2h"):
-        return f"{k} {p['numel'] * DTYPES[p['dtype']].itemsize / 2**20:.0f} MiB"
+        nbytes = p['numel'] * DTYPES[p['dtype']].itemsize
+        return f"{k} {nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{k} {nbytes / 2**10:.0f} KiB"
     if k == "cast":
         return f"cast {p['dtype']}->{p['to']} {list(p['shape'])}"
     return f"{k} {list(p['shape'])} {p['dtype']}"
+
+
+def _count(n: int) -> str:
+    """218M, 1.3M, 64k, 512: a count to two significant figures or more."""
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.{0 if n >= 10 * size else 1}f}{suffix}"
+    return str(n)
 
 
 def _numel(shape) -> int:
