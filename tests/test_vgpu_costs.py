@@ -127,7 +127,9 @@ def test_an_expanded_input_is_read_once():
     out = expanded.contiguous()
     seconds, _, nbytes = costs.duration(aten.clone.default, (expanded,), {}, out, gpu)
     assert nbytes == 5 * kv.numel() * 4  # one head read, four written
-    assert seconds == pytest.approx(nbytes / gpu.bandwidth("copy") + gpu.kernel_floor_s)
+    # a broadcast source: PyTorch's unvectorized copy ([Note: vectorized kernels]; the H200's
+    # step ran this copy as ``elementwise_kernel<128, 2>``)
+    assert seconds == pytest.approx(nbytes / gpu.bandwidth("cast") + gpu.kernel_floor_s)
 
 
 def test_gqa_attention_prices_its_repeated_heads_as_reads_of_one():
@@ -205,14 +207,40 @@ def test_gathers_read_what_they_gather_and_copies_do_not_read_their_destination(
     assert _bytes(aten.copy_.default, (dst, src), dst) == 1000 * 2 + 1000 * 4
 
 
-def test_a_copy_that_changes_dtype_streams_at_the_cast_rate():
+def test_a_copy_streams_at_the_copy_rate_unless_pytorch_cannot_vectorize_it():
+    """[Note: vectorized kernels]: fp32 to bf16 has a vectorized kernel, bf16 to fp32 does not."""
     gpu = gpu_preset("h200")
     x = torch.empty(1 << 20, dtype=torch.bfloat16)
     same, _, n_same = costs.duration(aten._to_copy.default, (x,), {}, torch.empty_like(x), gpu)
-    cast, _, n_cast = costs.duration(aten._to_copy.default, (x,), {}, x.float(), gpu)
+    up, _, n_up = costs.duration(aten._to_copy.default, (x,), {}, x.float(), gpu)
+    down, _, n_down = costs.duration(aten._to_copy.default, (x.float(),), {}, x, gpu)
     assert same == pytest.approx(n_same / gpu.bandwidth("copy") + gpu.kernel_floor_s)
-    assert cast == pytest.approx(n_cast / gpu.bandwidth("cast") + gpu.kernel_floor_s)
+    assert up == pytest.approx(n_up / gpu.bandwidth("cast") + gpu.kernel_floor_s)
+    assert down == pytest.approx(n_down / gpu.bandwidth("copy") + gpu.kernel_floor_s)
     assert gpu.bandwidth("cast") < 0.6 * gpu.bandwidth("copy")  # measured: 2.11 against 4.21 TB/s
+    dst, src = torch.empty(1 << 20, dtype=torch.bfloat16), torch.empty(1 << 20, dtype=torch.float32)
+    assert costs.vectorized(aten.copy_.default, (dst, src), {}, dst)
+    assert not costs.vectorized(aten.copy_.default, (src, dst), {}, src)
+
+
+def test_strided_broadcast_and_mixed_dtype_pointwise_kernels_are_not_vectorized():
+    q = torch.empty(1, 32, 64, 16, dtype=torch.bfloat16)
+    rotary = torch.empty(64, 16, dtype=torch.float32)
+    same = torch.empty_like(q)
+    assert costs.vectorized(aten.mul.Tensor, (q, same), {}, torch.empty_like(q))
+    assert not costs.vectorized(aten.mul.Tensor, (q, rotary), {}, torch.empty(q.shape))  # broadcast, two dtypes
+    transposed = torch.empty(16, 64, dtype=torch.bfloat16).t()  # [64, 16], strides (1, 64)
+    assert not costs.vectorized(aten.add.Tensor, (transposed, torch.empty(64, 16, dtype=torch.bfloat16)), {},
+                                torch.empty(64, 16, dtype=torch.bfloat16))
+    assert costs.vectorized(aten.clone.default, (transposed,), {}, torch.empty_like(transposed))  # dense, permuted
+    assert not costs.vectorized(aten.clone.default, (transposed,), {}, torch.empty(64, 16, dtype=torch.bfloat16))
+    assert costs.vectorized(aten.mul.Tensor, (q, torch.tensor(2.0)), {}, torch.empty_like(q))  # a scalar
+    assert costs.vectorized(aten.sum.dim_IntList, (q, [1]), {}, torch.empty(1, 64, 16))  # not pointwise
+    gpu = gpu_preset("h200")
+    fast, _, n = costs.duration(aten.mul.Tensor, (q, same), {}, torch.empty_like(q), gpu)
+    slow, _, m = costs.duration(aten.mul.Tensor, (q, rotary), {}, torch.empty(q.shape), gpu)
+    assert fast == pytest.approx(n / gpu.bandwidth("elementwise") + gpu.kernel_floor_s)
+    assert slow == pytest.approx(m / gpu.bandwidth("cast") + gpu.kernel_floor_s)
 
 
 def test_each_kernel_has_a_class():

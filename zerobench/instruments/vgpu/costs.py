@@ -18,11 +18,12 @@ Every kernel has a class (kernel_classes.py) and, for an operator that launches 
   GEMMs, and passes over the score matrix);
 * ``optimizer``: an optimizer's multi-tensor (``_foreach_*``) and fused kernels, at the
   measured rate of a foreach AdamW step;
-* ``copy``: copies, fills and concatenations, at the measured rate of a device copy, or
-  of a cast when the dtype changes (a bf16 to fp32 cast streams at half a copy's rate
-  on the H200);
+* ``copy``: copies, fills and concatenations, at the measured rate of a device copy;
 * ``elementwise``: every other kernel (pointwise, activations, norms, softmax, losses,
-  reductions), at the rate measured on such kernels.
+  reductions), at the rate measured on such kernels;
+* a copy or a pointwise kernel that PyTorch does not vectorize (a cast other than fp32
+  to bf16 or fp16, a broadcast or strided operand, operands of mixed dtypes) at the rate
+  of the measured unvectorized kernel, the bf16 to fp32 cast: [Note: vectorized kernels].
 
 The bytes are what the kernel moves through HBM: [Note: passes over memory]. Compute
 runs at the clocks of a card under load: [Note: clocks under load]. The dtype of the
@@ -54,6 +55,28 @@ PyTorch's CUDA kernels move them:
 * the fused RMSNorm reads its input twice, for the row's statistics and then to normalise
   it (layer_norm_kernel.cu, ``vectorized_layer_norm_kernel_impl``), and its backward is two
   kernels (fused.py, [Note: fused on the GPU]).
+
+[Note: vectorized kernels]
+PyTorch's CUDA pointwise kernels (``gpu_kernel`` in ATen's CUDALoops.cuh) take one of two
+paths. When every operand is laid out the same way, densely, with no broadcast, and no
+operand needs converting to the kernel's dtype, it loads and stores 4-16 bytes per
+thread at once (``vectorized_elementwise_kernel``); otherwise it loads element by element
+through an offset calculator or a casting loader (``unrolled_elementwise_kernel``,
+``elementwise_kernel<128, ...>``). The copy kernel is one of them, with one exception:
+fp32 to bf16 or fp16 has its own vectorized kernel (``bfloat16_copy_kernel_cuda``,
+``float16_copy_kernel_cuda`` in Copy.cu). The H200's step shows the two rates apart
+(results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed/traces, by kernel name): the
+fp32-to-bf16 cast of the logits at 4.4 TB/s, a copy's rate, and the bf16-to-fp32 cast
+back at 2.0 TB/s, the rate micro.json measured for that cast; rotary embedding's
+broadcast products and strided copies at 0.8-2.8 TB/s. Pricing every cast at the
+upcast's rate made the step's copies 21 % too slow (its downcasts twice too slow) and
+every kernel at the vectorized rate made its pointwise work too fast. So a copy
+(``copy_``, ``_to_copy``, ``clone``, ``contiguous``) or a pointwise operator
+(``torch.Tag.pointwise``) whose operands are not all of one shape, one set of strides
+(dense) and one dtype (but fp32 to bf16/fp16) runs at ``bandwidth("cast")``: the
+measured unvectorized kernel. Zero-dimensional operands are scalars to the kernel and
+do not count. Concatenations, fills, reductions and the other kernels keep their class's
+rate.
 
 [Note: clocks under load]
 A GPU runs compute-bound kernels at the clock its power limit allows. In a burst (a
@@ -391,20 +414,46 @@ def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str 
             compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
             floor = gpu.gemm_floor_s
         return Cost(compute_s, nbytes / gpu.bandwidth("copy"), floor, n_flops, nbytes, kind)
-    if kind == "copy":
-        rate = gpu.bandwidth("cast" if changes_dtype(func, args, out) else "copy")
-    else:
-        rate = gpu.bandwidth(kind)
+    rate = gpu.bandwidth("cast" if not vectorized(func, args, kwargs, out) else kind)
     return Cost(0.0, nbytes / rate, gpu.kernel_floor_s, 0, nbytes, kind)
 
 
-def changes_dtype(func, args, out) -> bool:
-    """Whether a copy converts dtypes (a cast)."""
+#: Copies that run PyTorch's copy kernel (a pointwise kernel): [Note: vectorized kernels].
+_COPY_KERNELS = {"copy_", "_to_copy", "clone", "contiguous", "_copy_from"}
+#: Casts with a vectorized kernel of their own (Copy.cu): (source, destination).
+_VECTORIZED_CASTS = {(torch.float32, torch.bfloat16), (torch.float32, torch.float16)}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span with no gap and no repeat, in some
+    order of its dimensions (a contiguous or a permuted tensor)."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def vectorized(func, args, kwargs, out) -> bool:
+    """Whether PyTorch's CUDA kernel for this memory-bound operator is its vectorized one:
+    [Note: vectorized kernels]. Operators that are neither a copy nor pointwise are."""
     name = func._overloadpacket.__name__
-    if name == "copy_" and len(args) > 1:
-        return args[0].dtype != args[1].dtype
-    if name == "_to_copy" and isinstance(out, torch.Tensor) and isinstance(args[0], torch.Tensor):
-        return out.dtype != args[0].dtype
+    if name not in _COPY_KERNELS and torch.Tag.pointwise not in func.tags:
+        return True
+    operands = [local_tensor(t) for t in _distinct([*tensors_in((args, kwargs)), *_tensors(out)])]
+    operands = [t for t in operands if t.dim() > 0]
+    if not operands:
+        return True
+    first = operands[0]
+    if any(t.shape != first.shape or t.stride() != first.stride() for t in operands[1:]) or not _dense(first):
+        return False
+    dtypes = {t.dtype for t in operands}
+    if len(dtypes) == 1:
+        return True
+    if name in _COPY_KERNELS and len(dtypes) == 2:
+        source = args[1].dtype if name == "copy_" else args[0].dtype
+        return (source, next(d for d in dtypes if d != source)) in _VECTORIZED_CASTS
     return False
 
 
