@@ -100,6 +100,12 @@ def test_the_shipped_h200_is_what_the_builder_makes_of_the_h200_measurements(h20
     preset = gpu_preset("h200")
     assert preset.attention_cudnn == pytest.approx((0.604, 0.493), abs=1e-3)  # cuDNN: 60 % / 49 % of the peak
     assert preset.host["fsdp2_mlp8_aten_ops"] == 386  # host.json, carried for the host model
+    # each GEMM in the layout its role ran as ([Note: GEMM layouts]), and its own time kept
+    layouts = {r["name"].split()[1]: r["params"]["layout"] for r in h200_measurements["kernels"]
+               if r["kernel"] == "gemm" and "^" not in r["name"]}
+    assert layouts == {"fwd": "nt", "dX": "nn", "dW": "tn"}
+    assert set(preset.matmul_layouts) == {"nn", "nt", "tn"}
+    assert len(preset.gemm_measured) == 16
 
 
 def test_the_kernel_table_holds_every_class_within_ten_percent_of_the_h200(h200_measurements):
@@ -173,3 +179,17 @@ def test_calibrate_measures_collectives_over_the_ranks_it_is_given():
     assert found["world_size"] == 2
     assert {r["kind"] for r in found["rows"]} == {"all_gather", "reduce_scatter", "all_reduce"}
     assert all(r["busbw_gbps"] > 0 for r in found["rows"])
+
+
+def test_the_step_kernels_of_the_shared_run_are_joined_to_their_layouts_and_measured_times():
+    """python -m zerobench.validation.step_kernels: every GEMM of the shared H200 run's
+    steps joined to its aten::mm (4 layers x 7 linears + the output layer, per layout)."""
+    from zerobench.validation.step_kernels import DEFAULT_RUN, step_table
+
+    frame = step_table(DEFAULT_RUN, "h200")
+    gemms = frame[frame["what"].str.startswith("gemm ") & frame["what"].str.len().eq(7)]
+    assert set(gemms["what"]) == {"gemm nn", "gemm nt", "gemm tn"}
+    assert (gemms["kernels"] == 29).all()
+    every = frame[frame["what"] == "gemm, every kernel"].set_index("cell")["kernels"]
+    assert (every == 87).all()
+    assert gemms["ratio"].notna().all() and (gemms["alone_ms"] > 0).all()

@@ -5,6 +5,8 @@ cuBLAS's workspaces, kernel classes, and the presets' figures."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -59,11 +61,14 @@ def test_the_presets_give_back_their_measured_and_published_gemm_rates():
     a100 = gpu_preset("a100-80gb").with_clocks("burst")
     factor = gemm.shape_factor(1, 1024, 10240, 5120, a100.sm_count)
     assert a100.flops_per_s(torch.bfloat16) * factor / 1e12 == pytest.approx(271.2, rel=1e-5)
+    a = torch.empty(8192, 8192, dtype=torch.bfloat16)
     for name in ("h200", "h100-sxm"):
-        p = gpu_preset(name)
-        a = torch.empty(8192, 8192, dtype=torch.bfloat16)
-        seconds, flops, _ = costs.duration(aten.mm.default, (a, a), {}, a, p)
+        tile_model = dataclasses.replace(gpu_preset(name), gemm_measured=()).with_clocks("sustained")
+        seconds, flops, _ = costs.duration(aten.mm.default, (a, a), {}, a, tile_model)
         assert flops / seconds / 1e12 == pytest.approx(670.1, rel=1e-3)
+        # in a training step: the GEMM's own burst time ([Note: GEMM layouts], step_ratio 1)
+        seconds, flops, _ = costs.duration(aten.mm.default, (a, a), {}, a, gpu_preset(name))
+        assert flops / seconds / 1e12 == pytest.approx(777.5, rel=1e-3)
 
 
 def test_every_preset_reproduces_its_data_sheet_peak_from_its_clock():
@@ -255,14 +260,18 @@ def test_each_kernel_has_a_class():
 # -- [Note: clocks under load] -----------------------------------------------------------
 
 
-def test_compute_runs_at_the_sustained_rate_and_slower_under_a_power_cap():
+def test_compute_runs_at_the_step_rate_where_steps_showed_one_and_slower_under_a_power_cap():
     h200 = gpu_preset("h200")
     assert h200.with_clocks("burst").compute_scale == 1.0
-    assert h200.compute_scale == h200.sustained_ratio < 1.0
+    assert h200.with_clocks("sustained").compute_scale == h200.sustained_ratio < 1.0
+    assert h200.clocks == "step" and h200.compute_scale == h200.step_ratio == 1.0
+    nvl = gpu_preset("h100-nvl")  # no step traced on it: the sustained ratio
+    assert nvl.step_ratio is None and nvl.compute_scale == nvl.sustained_ratio < 1.0
     capped = gpu_preset("h100-96gb-500w")
     dynamic = (500 - capped.idle_power_w) / (700 - capped.idle_power_w)
     assert capped.cap_factor == pytest.approx(dynamic ** (1 / 3))
-    assert capped.compute_scale == pytest.approx(capped.sustained_ratio * capped.cap_factor)
+    assert capped.compute_scale == pytest.approx(capped.step_ratio * capped.cap_factor)
+    assert capped.with_clocks("sustained").compute_scale == pytest.approx(capped.sustained_ratio * capped.cap_factor)
     # memory-bound kernels keep their rate: HBM's clock does not move
     assert capped.bandwidth("copy") == pytest.approx(2.4e12 * capped.copy_efficiency)
 
@@ -307,3 +316,47 @@ def test_the_trace_and_the_totals_carry_each_kernels_class():
     busy = sum(e["dur"] for e in events) / 1e6
     assert sum(vgpu.class_seconds.values()) == pytest.approx(busy)
     assert vgpu.class_kernels["gemm"] == 2  # forward, and the weight's gradient (the input needs none)
+
+
+# -- [Note: GEMM layouts] ------------------------------------------------------------------
+
+
+def test_linears_three_gemms_each_have_their_layout():
+    """forward x @ W.T (nt), input gradient dY @ W (nn), weight gradient dY.T @ x (tn)."""
+    x, w, dy = torch.empty(64, 32), torch.empty(16, 32), torch.empty(64, 16)
+    assert gemm.layout(x, w.t()) == "nt"
+    assert gemm.layout(dy, w) == "nn"
+    assert gemm.layout(dy.t(), x) == "tn"
+    assert gemm.layout(x.t().contiguous().t(), w.t()) == "tt"
+    assert set(gemm.ROLE_LAYOUTS.values()) == {"nt", "nn", "tn"}
+
+
+def test_a_measured_gemm_is_priced_at_its_time_and_another_shape_at_its_layouts_efficiency():
+    h200 = gpu_preset("h200")
+    # the weight gradient of wq/wo, measured alone in a burst (micro.json): 0.353 ms
+    grad, x = torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(8192, 4096, dtype=torch.bfloat16)
+    measured = h200.measured_gemm("tn", 4096, 4096, 8192, torch.bfloat16)
+    assert measured == pytest.approx(0.000353408, rel=1e-3)
+    seconds, _, _ = costs.duration(aten.mm.default, (grad.t(), x), {}, torch.empty(4096, 4096), h200)
+    assert seconds == pytest.approx(measured / h200.compute_scale)
+    # the same shape as an nn GEMM was not measured: the tile model at nn's efficiency
+    a, b = torch.empty(4096, 8192, dtype=torch.bfloat16), torch.empty(8192, 4096, dtype=torch.bfloat16)
+    assert h200.measured_gemm("nn", 4096, 4096, 8192, torch.bfloat16) is None
+    seconds, flops, _ = costs.duration(aten.mm.default, (a, b), {}, torch.empty(4096, 4096), h200)
+    factor = gemm.shape_factor(1, 4096, 4096, 8192, h200.sm_count)
+    assert seconds == pytest.approx(flops / (h200.flops_per_s(torch.bfloat16, "nn") * factor) + h200.gemm_floor_s)
+    assert h200.flops_per_s(torch.bfloat16, "nn") != h200.flops_per_s(torch.bfloat16, "tn")
+    assert h200.matmul_efficiency_of("tt") == h200.matmul_efficiency  # no figure: the overall one
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"matmul_layouts": {"nx": 0.7}}, "matmul_layouts nx"),
+    ({"matmul_layouts": {"nn": 1.2}}, "matmul_layouts nn"),
+    ({"gemm_measured": (("nn", 8, 8, 8, "bf16", -1.0),)}, "gemm_measured row"),
+    ({"gemm_measured": (("nn", 8, 8, 8, "int8", 1e-5),)}, "gemm_measured row"),
+    ({"step_ratio": 0.0}, "step_ratio"),
+    ({"clocks": "turbo"}, "clocks"),
+])
+def test_bad_gemm_and_clock_figures_name_the_field(change, field):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(gpu_preset("h200"), **change)

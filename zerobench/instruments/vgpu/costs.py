@@ -8,9 +8,10 @@ Every kernel has a class (kernel_classes.py) and, for an operator that launches 
     duration = max(compute_s, bytes / bandwidth(class)) + floor
 
 * ``gemm`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``; convolutions and anything else
-  ``torch.utils.flop_counter`` counts FLOPs for): its FLOPs at the card's large-GEMM
-  rate times the shape factor of gemm.py ([Note: GEMM shapes]: tile and wave
-  quantisation, small K); ``floor`` is ``gemm_floor_s``;
+  ``torch.utils.flop_counter`` counts FLOPs for): its measured time where the preset
+  timed that layout, shape and dtype alone, else its FLOPs at the card's large-GEMM rate
+  for its layout times the shape factor of gemm.py ([Note: GEMM shapes]: tile and wave
+  quantisation, small K; [Note: GEMM layouts]); ``floor`` is ``gemm_floor_s``;
 * ``attention``: fused SDPA, forward or backward: its FLOPs (half when causal, as the
   fused kernels skip the masked half of the score matrix) at the efficiency of the
   backend torch picks ([Note: SDPA backend choice] in sdpa.py), measured per backend and
@@ -84,11 +85,20 @@ microbenchmark's few milliseconds, or a step that leaves the card mostly idle) i
 kept busy, it settles within a second to what the power limit sustains. The H200 ran an
 8192^3 GEMM at 777 TFLOP/s in a burst and at 668-672 TFLOP/s in six 2-second windows
 back to back, its power at 690-695 W of its 700 W limit and its SM clock at 1,410-1,530
-MHz (results/gpu/h200-20261126/micro.log, smi.csv): a sustained ratio of 0.862. A
-training step keeps the card busy for the whole run, so the virtual GPU runs GEMMs and
-attention at the sustained rate (``GpuPreset.clocks``; ``burst`` for the kernel table's
-bursts). Memory-bound kernels keep their rate: HBM's clock does not move (3,201 MHz
-throughout smi.csv).
+MHz (results/gpu/h200-20261126/micro.log, smi.csv): a sustained ratio of 0.862
+(``sustained_ratio``, clocks ``sustained``).
+
+A training step is not such a loop. Its memory-bound kernels, copies and waits on the
+host draw less power than GEMMs, and the card stays under its limit: the H200's traced
+Llama steps (results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed) drew 640-680 W of its
+700 at 1,560-1,740 MHz, and ran each GEMM layout at 0.90-0.98 times the time its
+kernels took alone in a burst, attention at 1.00-1.05 (``python -m
+zerobench.validation.step_kernels``; docs/vgpu.md, "GEMMs as steps run them"). A
+preset says what compute runs at in a step (``step_ratio``, clocks ``step``, the
+default) where traced steps showed it: 1.0 on the H200, no factor; a preset without it
+runs steps at the sustained ratio, the safe side when nothing was traced. The step's
+figure is read off kernels in a trace, not fitted to a step's time. Memory-bound kernels
+keep their rate: HBM's clock does not move (3,201 MHz throughout smi.csv).
 
 A card capped below its board limit (``power_cap_w``) sustains a lower clock. Dynamic
 power goes with frequency times voltage squared, and voltage with frequency across the
@@ -411,8 +421,13 @@ def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str 
         floor = gpu.kernel_floor_s
         shape = gemm.dims(func._overloadpacket.__name__, [tuple(local_tensor(t).shape) for t in inputs])
         if shape is not None:
-            compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
             floor = gpu.gemm_floor_s
+            layout = gemm.layout(local_tensor(inputs[-2]), local_tensor(inputs[-1]))
+            measured = gpu.measured_gemm(layout, *shape[1:], dtype) if shape[0] == 1 else None
+            if measured is not None:  # timed alone in a burst, its floor included
+                compute_s = max(measured - floor, 0.0) / gpu.compute_scale
+            else:
+                compute_s = n_flops / gpu.flops_per_s(dtype, layout) / gemm.shape_factor(*shape, gpu.sm_count)
         return Cost(compute_s, nbytes / gpu.bandwidth("copy"), floor, n_flops, nbytes, kind)
     rate = gpu.bandwidth("cast" if not vectorized(func, args, kwargs, out) else kind)
     return Cost(0.0, nbytes / rate, gpu.kernel_floor_s, 0, nbytes, kind)

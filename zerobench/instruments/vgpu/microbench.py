@@ -6,7 +6,9 @@ what is predicted are the same operators on the same shapes.
 
 A measured row names its kernel and its parameters:
 
-* ``gemm``: ``m, n, k, dtype``: ``torch.mm`` of ``[m, k]`` by ``[k, n]``;
+* ``gemm``: ``m, n, k, dtype``, optional ``layout`` (``nn`` when absent): ``torch.mm`` of
+  ``[m, k]`` by ``[k, n]``, each operand a transposed view where the layout says ``t``
+  ([Note: GEMM layouts] in gemm.py);
 * ``attention``: ``backend`` (cudnn, flash, efficient, math), ``direction`` (forward,
   backward), ``batch, heads, seq, head_dim, causal, dtype``: ``F.scaled_dot_product_attention``
   under ``torch.nn.attention.sdpa_kernel(backend)``; backward is the gradient of q, k and
@@ -49,7 +51,8 @@ def describe(row: dict) -> str:
     """A short name of a measured row, for tables and logs."""
     k, p = row["kernel"], row["params"]
     if k == "gemm":
-        return f"mm {p['m']}x{p['n']}x{p['k']} {p['dtype']}"
+        layout = gemm_layout(p)
+        return f"mm {p['m']}x{p['n']}x{p['k']} {p['dtype']}" + ("" if layout == "nn" else f" {layout}")
     if k == "attention":
         return (f"sdpa {p['backend']} {p['direction']} ({p['batch']},{p['heads']},{p['seq']},{p['head_dim']})"
                 f"{' causal' if p.get('causal') else ''} {p['dtype']}")
@@ -70,6 +73,11 @@ def _numel(shape) -> int:
     return n
 
 
+def gemm_layout(p: dict) -> str:
+    """A GEMM row's layout: ``nn`` unless it names another."""
+    return p.get("layout", "nn")
+
+
 def gemm_flops(p: dict) -> int:
     return 2 * p["m"] * p["n"] * p["k"]
 
@@ -82,8 +90,11 @@ def prepare(row: dict, device: torch.device | str) -> Callable[[], object]:
         raise ValueError(f"kernel {kernel!r} is not allowed (allowed: {', '.join(KERNELS)})")
     dtype = DTYPES[p["dtype"]]
     if kernel == "gemm":
-        a = torch.randn(p["m"], p["k"], dtype=dtype, device=device)
-        b = torch.randn(p["k"], p["n"], dtype=dtype, device=device)
+        layout = gemm_layout(p)
+        a = (torch.randn(p["k"], p["m"], dtype=dtype, device=device).t() if layout[0] == "t"
+             else torch.randn(p["m"], p["k"], dtype=dtype, device=device))
+        b = (torch.randn(p["n"], p["k"], dtype=dtype, device=device).t() if layout[1] == "t"
+             else torch.randn(p["k"], p["n"], dtype=dtype, device=device))
         return lambda: torch.mm(a, b)
     if kernel == "attention":
         return _attention(p, dtype, device)

@@ -7,7 +7,9 @@ results/gpu/h200-20261126``).
 The session ran its own scripts before calibrate existed; what they measured maps onto
 calibrate's kernels (zerobench/instruments/vgpu/microbench.py) one to one:
 
-* every ``gemm`` row (``m``, ``n``, ``k``, bf16) a ``gemm``;
+* every ``gemm`` row (``m``, ``n``, ``k``, bf16) a ``gemm``, in the layout its role ran
+  as (forward ``nt``, input gradient ``nn``, weight gradient ``tn``: [Note: GEMM
+  layouts] in zerobench/instruments/vgpu/gemm.py; the 8192^3 GEMM ``nn``);
 * ``sdpa fwd causal`` / ``sdpa bwd causal``: attention (1, 32, 8192, 128), causal, bf16,
   on torch's default backend, which on that H200 (sm90, torch 2.11, cuDNN 9.19) is cuDNN
   ([Note: SDPA backend choice] in zerobench/instruments/vgpu/sdpa.py);
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from zerobench.instruments.vgpu import microbench, sdpa
 from zerobench.instruments.vgpu.calibration import MEASUREMENT_FORMAT
+from zerobench.instruments.vgpu.gemm import ROLE_LAYOUTS
 
 #: Compute capability by part (NVIDIA's CUDA GPUs table): the session did not record it.
 COMPUTE_CAPABILITY = {"H100": "9.0", "H200": "9.0", "GH200": "9.0", "A100": "8.0"}
@@ -43,7 +46,8 @@ def is_session(folder: Path) -> bool:
 def _row(source: dict) -> dict | None:
     name, kind = source["name"], source["kind"]
     if kind == "gemm":
-        kernel, params = "gemm", {"m": source["m"], "n": source["n"], "k": source["k"], "dtype": "bf16"}
+        kernel, params = "gemm", {"m": source["m"], "n": source["n"], "k": source["k"], "dtype": "bf16",
+                                  "layout": ROLE_LAYOUTS.get(source.get("role"), "nn")}
     elif kind == "attention":
         params = {**ATTENTION, "direction": "forward" if source.get("role") == "fwd" else "backward"}
         kernel = "attention"
