@@ -165,6 +165,25 @@ def test_against_puts_each_class_beside_its_prediction(tmp_path):
     assert pd.read_csv(predicted / "against.csv")["quantity"].tolist() == frame["quantity"].tolist()
 
 
+def test_a_kernel_no_rule_names_takes_its_launching_operators_class(tmp_path):
+    """cuDNN attention's backward launches ``cudnn::fusion`` helpers beside its bprop kernel:
+    attention by the operator that launched them; a kernel without one stays ``other``."""
+    trace = json.loads((DATA / "cuda_step.trace.json").read_text())
+    events = trace["traceEvents"]
+    events.append({"ph": "X", "pid": 1, "tid": 11, "cat": "cpu_op", "name": "aten::_cudnn_attention_backward",
+                   "ts": 1062, "dur": 8, "args": {"External id": 77}})
+    for e in events:
+        if e.get("name", "").startswith("my_extension::custom_kernel"):
+            helper = dict(e, name="void cudnn::fusion::compute_dot_do_o_specialized<true, 128>(void const*)",
+                          ts=1410, dur=30, args={**e["args"], "External id": 77, "correlation": 99})
+    events.append(helper)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    step1 = class_breakdown(load_trace(path)).iloc[1]
+    assert step1["attention_s"] == pytest.approx(30 * US)
+    assert step1["other_s"] == pytest.approx(10 * US)  # the custom kernel: no operator launched it
+
+
 def test_the_profilers_cost_is_the_traced_step_less_the_timed_one_and_leaves_the_hosts_idle():
     """[Note: the profiler's own cost], worked by hand: 206.5 ms traced, 202.8 timed, 10.3 idle."""
     split = against.profiler_split({"step_s": 0.2065, "step_time_s": 0.2028, "host_idle_s": 0.0103})
