@@ -193,3 +193,17 @@ def test_the_step_kernels_of_the_shared_run_are_joined_to_their_layouts_and_meas
     every = frame[frame["what"] == "gemm, every kernel"].set_index("cell")["kernels"]
     assert (every == 87).all()
     assert gemms["ratio"].notna().all() and (gemms["alone_ms"] > 0).all()
+
+
+def test_the_builder_makes_an_attention_grid_of_a_backend_measured_at_several_shapes(h200_measurements):
+    """[Note: attention over shapes]: the H200's cuDNN rows at (8192, 128) with the same rows
+    at 4096 (half the time of each at a quarter of the FLOPs: twice as slow per FLOP)."""
+    rows = [r for r in h200_measurements["kernels"] if r["kernel"] == "attention"]
+    shorter = [{**r, "params": {**r["params"], "seq": 4096}, "seconds": r["seconds"] / 2} for r in rows]
+    measured = {**h200_measurements, "kernels": h200_measurements["kernels"] + shorter}
+    built = preset_from_measurements(measured, gpu_preset("h200"), "grid", "test")
+    grid = {(g["seq"], g["head_dim"]): g for g in built["figures"]["attention_grid"]["value"]}
+    assert set(grid) == {(4096, 128), (8192, 128)} and {g["backend"] for g in grid.values()} == {"cudnn"}
+    assert grid[(8192, 128)]["forward"] == pytest.approx(0.604, abs=1e-3)  # the pair the shipped h200 has
+    assert grid[(4096, 128)]["forward"] == pytest.approx(grid[(8192, 128)]["forward"] / 2, rel=0.02)
+    assert gpu_preset("h200").attention_grid == ()  # one shape measured: no grid

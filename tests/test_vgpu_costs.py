@@ -360,3 +360,40 @@ def test_a_measured_gemm_is_priced_at_its_time_and_another_shape_at_its_layouts_
 def test_bad_gemm_and_clock_figures_name_the_field(change, field):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(gpu_preset("h200"), **change)
+
+
+# -- [Note: attention over shapes] ----------------------------------------------------------
+
+GRID = (("cudnn", 1024, 128, 0.30, 0.20), ("cudnn", 4096, 128, 0.47, 0.37), ("cudnn", 8192, 128, 0.60, 0.49),
+        ("cudnn", 4096, 64, 0.40, 0.30))
+
+
+def test_an_attention_grid_prices_sequence_length_and_head_size_worked_by_hand():
+    grid = dataclasses.replace(gpu_preset("h200"), attention_grid=GRID)
+    assert grid.attention_efficiency("cudnn", False, 8192, 128) == 0.60  # a measured point
+    assert grid.attention_efficiency("cudnn", True, 4096, 128) == 0.37
+    # 2048 is halfway between 1024 and 4096 in log2: (0.30 + 0.47) / 2
+    assert grid.attention_efficiency("cudnn", False, 2048, 128) == pytest.approx(0.385)
+    assert grid.attention_efficiency("cudnn", False, 512, 128) == 0.30  # the nearest end beyond the ends
+    assert grid.attention_efficiency("cudnn", False, 16384, 128) == 0.60
+    assert grid.attention_efficiency("cudnn", False, 4096, 80) == 0.40  # nearest head size by ratio: 64
+    assert grid.attention_efficiency("cudnn", False, 4096, 256) == 0.47  # 128
+    # a backend without rows keeps its pair, whatever the shape
+    assert grid.attention_efficiency("flash", False, 1024, 64) == grid.attention_flash[0]
+    # the shipped h200 has no grid: one pair, measured at (8192, 128)
+    h200 = gpu_preset("h200")
+    assert h200.attention_grid == () and h200.attention_efficiency("cudnn", False, 1024, 64) == h200.attention_cudnn[0]
+
+
+def test_attention_kernels_are_priced_at_their_shapes_point_of_the_grid():
+    gpu = dataclasses.replace(gpu_preset("h200"), attention_grid=GRID)
+    q = torch.empty(1, 4, 2048, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 2048)
+    func = aten._scaled_dot_product_flash_attention_for_cpu.default
+    seconds, flops, _ = costs.duration(func, (q, q, q, 0.0, True), {}, (out, lse), gpu, "cudnn")
+    assert seconds == pytest.approx(flops / (989e12 * 0.385 * gpu.compute_scale) + gpu.kernel_floor_s)
+
+
+def test_a_bad_attention_grid_row_names_the_field():
+    with pytest.raises(ValueError, match="attention_grid row"):
+        dataclasses.replace(gpu_preset("h200"), attention_grid=(("fa9", 1024, 128, 0.3, 0.2),))

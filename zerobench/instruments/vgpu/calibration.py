@@ -16,7 +16,8 @@ Each figure is fitted to the kernels of its own class, and to nothing end to end
   ``gemm_measured``: every GEMM's own time, which prices that layout, shape and dtype
   wherever a step runs it;
 * ``attention_<backend>``: the same per backend and direction, on the attention FLOPs
-  the cost model counts (half of them when causal);
+  the cost model counts (half of them when causal); ``attention_grid``: each shape's own,
+  for a backend measured at more than one (sequence length, head size);
 * the memory-bound efficiencies: each measured kernel runs on the virtual GPU (fake
   tensors, burst clocks, every efficiency 1) and its class's bytes, counted as the cost
   model counts them ([Note: passes over memory] in costs.py), over the HBM peak, give
@@ -46,7 +47,15 @@ import statistics
 
 from zerobench.instruments.vgpu import microbench
 from zerobench.instruments.vgpu.host import HostPreset
-from zerobench.instruments.vgpu.presets import ATTENTION_BACKENDS, FIGURES, GEMM_ROW, LAYOUTS, PRESET_FORMAT, GpuPreset
+from zerobench.instruments.vgpu.presets import (
+    ATTENTION_BACKENDS,
+    ATTENTION_ROW,
+    FIGURES,
+    GEMM_ROW,
+    LAYOUTS,
+    PRESET_FORMAT,
+    GpuPreset,
+)
 
 #: The format tag of a measurements file (what ``zerobench calibrate`` writes).
 MEASUREMENT_FORMAT = "zerobench-calibration/1"
@@ -56,7 +65,7 @@ def unit_preset(base: GpuPreset) -> GpuPreset:
     """``base`` at burst clocks with every efficiency 1: what a kernel's time is in units of."""
     ones = {f"attention_{b}": (1.0, 1.0) for b in ATTENTION_BACKENDS}
     return dataclasses.replace(base, matmul_efficiency=1.0, matmul_layouts=None, gemm_measured=(), sustained_ratio=1.0,
-                               step_ratio=None, clocks="burst", copy_efficiency=1.0,
+                               step_ratio=None, attention_grid=(), clocks="burst", copy_efficiency=1.0,
                                cast_efficiency=1.0, elementwise_efficiency=1.0, optimizer_efficiency=1.0,
                                pcie_efficiency=1.0, power_cap_w=None, **ones)
 
@@ -180,6 +189,10 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
         if len(pair) == 2:
             put(f"attention_{backend}", {d: round(v, 6) for d, v in pair.items()},
                 f"{where}: {backend} SDPA forward and backward ({names[0]}), burst")
+    grid = _attention_grid(rows, unit)
+    if grid:
+        put("attention_grid", grid, f"{where}: SDPA per backend, sequence length and head size, forward and backward, "
+            "burst")
     by_figure: dict = {}
     for row in rows:
         figure = microbench.EFFICIENCY_OF.get(row["kernel"])
@@ -215,6 +228,29 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
            "figures": {k: merged[k] for k in FIGURES if k in merged}}
     if measured.get("host"):
         out["host"] = {"value": measured["host"], "source": f"{where}: host costs per call (microseconds)"}
+    return out
+
+
+def _attention_grid(rows: list[dict], unit: GpuPreset) -> list[dict]:
+    """The attention grid (presets.ATTENTION_ROW) of the backends measured at more than one
+    (sequence length, head size), both directions: [Note: attention over shapes] in costs.py."""
+    shapes: dict = {}
+    for row in rows:
+        if row["kernel"] == "attention":
+            p = row["params"]
+            shapes.setdefault(p["backend"], {}).setdefault((p["seq"], p["head_dim"]), {}).setdefault(
+                p["direction"], []).append(row)
+    out = []
+    for backend in ATTENTION_BACKENDS:
+        measured = shapes.get(backend, {})
+        if len(measured) < 2:
+            continue
+        for (seq, head_dim), directions in sorted(measured.items()):
+            if set(directions) != {"forward", "backward"}:
+                continue
+            fitted = {d: round(_fit(chosen, unit, f"attention_grid {backend} {d}")[0], 6)
+                      for d, chosen in directions.items()}
+            out.append(dict(zip(ATTENTION_ROW, (backend, seq, head_dim, fitted["forward"], fitted["backward"]))))
     return out
 
 

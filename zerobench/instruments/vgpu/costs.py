@@ -15,7 +15,8 @@ Every kernel has a class (kernel_classes.py) and, for an operator that launches 
 * ``attention``: fused SDPA, forward or backward: its FLOPs (half when causal, as the
   fused kernels skip the masked half of the score matrix) at the efficiency of the
   backend torch picks ([Note: SDPA backend choice] in sdpa.py), measured per backend and
-  direction; the math backend is priced as the kernels it launches (two or four batched
+  direction, and over sequence length and head size where the preset has a grid
+  ([Note: attention over shapes]); the math backend is priced as the kernels it launches (two or four batched
   GEMMs, and passes over the score matrix);
 * ``optimizer``: an optimizer's multi-tensor (``_foreach_*``) and fused kernels, at the
   measured rate of a foreach AdamW step;
@@ -78,6 +79,20 @@ every kernel at the vectorized rate made its pointwise work too fast. So a copy
 measured unvectorized kernel. Zero-dimensional operands are scalars to the kernel and
 do not count. Concatenations, fills, reductions and the other kernels keep their class's
 rate.
+
+[Note: attention over shapes]
+A fused attention kernel's efficiency moves with the shape: cuDNN's causal forward on the
+H200 reached 47 % of the peak at sequence 4096 and 60 % at 8192 (head 128;
+results/gpu/h200-20261128/calibrate and ../h200-20261126/micro.json), as short sequences
+leave more of each tile masked and the kernel's fixed cost larger. A preset whose
+``attention_grid`` has rows for the backend that runs prices it over sequence length and
+head size: the nearest measured head size (by ratio: 64 for 80, 128 for 96), then linear
+in log2 of the sequence length between the two measured lengths around it, the nearest
+end's figure beyond them. A backend without rows takes the preset's one pair
+(``attention_<backend>``), measured at one shape. ``zerobench calibrate`` measures the
+grid (sequence 1024, 4096, 8192; head 64, 128) and the builder writes it
+(calibration.py); the shipped ``h200`` has one shape measured in the files it is built
+from (8192, head 128), so it has no grid and prices every shape at that pair.
 
 [Note: clocks under load]
 A GPU runs compute-bound kernels at the clock its power limit allows. In a burst (a
@@ -407,8 +422,10 @@ def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str 
         if attention_backend == "math":
             return _math_attention(func, args, kwargs, gpu)
         n_flops = attention_flops(func, args, kwargs)
-        dtype = attention_shape(func, args)[0]
-        efficiency = gpu.attention_efficiency(attention_backend, backward=func in ATTENTION_BACKWARD)
+        dtype, head_dim = attention_shape(func, args)
+        seq = int((args[0] if func in ATTENTION_FORWARD else args[1]).shape[-2])
+        efficiency = gpu.attention_efficiency(attention_backend, backward=func in ATTENTION_BACKWARD, seq=seq,
+                                              head_dim=head_dim)
         compute_s = n_flops / (gpu.peak(dtype) * efficiency * gpu.compute_scale)
         nbytes = kernel_bytes(func, args, kwargs, out)
         return Cost(compute_s, nbytes / gpu.bandwidth("copy"), gpu.kernel_floor_s, n_flops, nbytes, kind)

@@ -74,6 +74,8 @@ ATTENTION_BACKENDS = ("cudnn", "flash", "efficient")
 CLOCKS = ("step", "sustained", "burst")
 #: GEMM layouts: which of the two operands is a transposed view (gemm.py, [Note: GEMM layouts]).
 LAYOUTS = ("nn", "nt", "tn", "tt")
+#: The fields of one row of an attention grid in a preset file.
+ATTENTION_ROW = ("backend", "seq", "head_dim", "forward", "backward")
 #: The fields of one measured GEMM in a preset file.
 GEMM_ROW = ("layout", "m", "n", "k", "dtype", "seconds")
 #: dtype names in a preset file.
@@ -126,6 +128,11 @@ class GpuPreset:
     """(forward, backward) fractions of the dense peak of cuDNN's fused attention; None: no figure."""
     attention_flash: tuple | None = (0.35, 0.30)
     attention_efficient: tuple | None = (0.175, 0.10)
+    attention_grid: tuple = ()
+    """Fused attention measured over shapes, each ``(backend, seq, head_dim, forward, backward)``
+    (fractions of the dense peak, burst): a backend with rows here is priced by them over
+    sequence length and head size ([Note: attention over shapes] in costs.py), any other by
+    its ``attention_<backend>`` pair."""
     copy_efficiency: float = 0.90
     """Fraction of the HBM peak a same-dtype copy streams its bytes (read and written) at."""
     cast_efficiency: float = 0.90
@@ -169,6 +176,13 @@ class GpuPreset:
             if layout not in LAYOUTS or not 0 < value <= 1:
                 raise ValueError(f"gpu preset {self.name}: matmul_layouts {layout}: {value!r} is not allowed "
                                  f"(allowed: layouts {', '.join(LAYOUTS)}, each 0 < x <= 1)")
+        for row in self.attention_grid:
+            if (len(row) != 5 or row[0] not in ATTENTION_BACKENDS or not all(isinstance(x, int) and x > 0
+                                                                           for x in row[1:3])
+                    or not all(0 < x <= 1 for x in row[3:])):
+                raise ValueError(f"gpu preset {self.name}: attention_grid row {row!r} is not allowed (allowed: "
+                                 f"{{backend: {'/'.join(ATTENTION_BACKENDS)}, seq, head_dim: > 0, forward, backward: "
+                                 "0 < x <= 1}})")
         for row in self.gemm_measured:
             if (len(row) != 6 or row[0] not in LAYOUTS or row[4] not in DTYPES or not row[5] > 0
                     or not all(isinstance(x, int) and x > 0 for x in row[1:4])):
@@ -237,8 +251,14 @@ class GpuPreset:
                 return row[5]
         return None
 
-    def attention_efficiency(self, backend: str, backward: bool) -> float:
-        """The fraction of the dense peak ``backend``'s fused attention reaches in a burst."""
+    def attention_efficiency(self, backend: str, backward: bool, seq: int | None = None,
+                             head_dim: int | None = None) -> float:
+        """The fraction of the dense peak ``backend``'s fused attention reaches in a burst, at
+        this sequence length and head size where the preset's grid has the backend
+        ([Note: attention over shapes] in costs.py)."""
+        grid = [r for r in self.attention_grid if r[0] == backend]
+        if grid and seq and head_dim:
+            return _grid_efficiency(grid, seq, head_dim, 4 if backward else 3)
         pair = getattr(self, f"attention_{backend}", None)
         if pair is None:
             raise ValueError(f"gpu preset {self.name}: no attention_{backend} figure for the SDPA backend torch "
@@ -274,6 +294,8 @@ class GpuPreset:
                 value = {_DTYPE_NAMES.get(k, str(k)): v for k, v in value.items()}
             elif f.name == "gemm_measured":
                 value = [dict(zip(GEMM_ROW, row)) for row in value]
+            elif f.name == "attention_grid":
+                value = [dict(zip(ATTENTION_ROW, row)) for row in value]
             elif isinstance(value, tuple):
                 value = {"forward": value[0], "backward": value[1]}
             out[f.name] = value
@@ -293,6 +315,25 @@ FIGURES = tuple(f.name for f in dataclasses.fields(GpuPreset)
                 if f.name not in ("name", "description", "sources", "host", "clocks"))
 
 
+def _grid_efficiency(grid: list[tuple], seq: int, head_dim: int, column: int) -> float:
+    """An attention grid's efficiency at ``seq`` and ``head_dim``: the nearest measured head
+    size (by ratio), then linear in log2 of the sequence length between its two measured
+    neighbours, the end's figure beyond the ends ([Note: attention over shapes] in costs.py)."""
+    import math
+
+    nearest = min({r[2] for r in grid}, key=lambda d: (abs(math.log2(d / head_dim)), d))
+    points = sorted((r[1], r[column]) for r in grid if r[2] == nearest)
+    if seq <= points[0][0]:
+        return points[0][1]
+    if seq >= points[-1][0]:
+        return points[-1][1]
+    for (s0, e0), (s1, e1) in zip(points, points[1:]):
+        if s0 <= seq <= s1:
+            w = (math.log2(seq) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+            return e0 + w * (e1 - e0)
+    return points[-1][1]
+
+
 def figure_value(name: str, value):
     """A figure's value from its file form into the dataclass's."""
     if name == "peak_flops":
@@ -307,6 +348,13 @@ def figure_value(name: str, value):
         except (KeyError, TypeError) as err:
             raise ValueError(f"gemm_measured: {value!r} is not allowed (allowed: a list of "
                              f"{{{', '.join(GEMM_ROW)}}}): {err}") from None
+    if name == "attention_grid":
+        try:
+            return tuple((str(r["backend"]), int(r["seq"]), int(r["head_dim"]), float(r["forward"]),
+                          float(r["backward"])) for r in value)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"attention_grid: {value!r} is not allowed (allowed: a list of "
+                             f"{{{', '.join(ATTENTION_ROW)}}}): {err}") from None
     if name == "matmul_layouts":
         if value is not None and not isinstance(value, dict):
             raise ValueError(f"matmul_layouts: {value!r} is not allowed (allowed: {{layout: efficiency}} or null)")
