@@ -67,10 +67,10 @@ through an offset calculator or a casting loader (``unrolled_elementwise_kernel`
 ``elementwise_kernel<128, ...>``). The copy kernel is one of them, with one exception:
 fp32 to bf16 or fp16 has its own vectorized kernel (``bfloat16_copy_kernel_cuda``,
 ``float16_copy_kernel_cuda`` in Copy.cu). The H200's step shows the two rates apart
-(results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed/traces, by kernel name): the
-fp32-to-bf16 cast of the logits at 4.4 TB/s, a copy's rate, and the bf16-to-fp32 cast
-back at 2.0 TB/s, the rate micro.json measured for that cast; rotary embedding's
-broadcast products and strided copies at 0.8-2.8 TB/s. Pricing every cast at the
+(results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed/traces, by kernel name): its
+fp32-to-bf16 casts at 4.2-4.4 TB/s, a copy's rate, its bf16-to-fp32 casts at 1.85-2.0
+TB/s, the rate micro.json measured for that cast (2.1); rotary embedding's broadcast
+products and strided copies at 0.8-3.2 TB/s. Pricing every cast at the
 upcast's rate made the step's copies 21 % too slow (its downcasts twice too slow) and
 every kernel at the vectorized rate made its pointwise work too fast. So a copy
 (``copy_``, ``_to_copy``, ``clone``, ``contiguous``) or a pointwise operator
