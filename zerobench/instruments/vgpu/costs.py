@@ -107,7 +107,7 @@ A training step is not such a loop. Its memory-bound kernels, copies and waits o
 host draw less power than GEMMs, and the card stays under its limit: the H200's traced
 Llama steps (results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed) drew 640-680 W of its
 700 at 1,560-1,740 MHz, and ran each GEMM layout at 0.90-0.98 times the time its
-kernels took alone in a burst, attention at 1.00-1.05 (``python -m
+kernels took alone in a burst, attention at 1.03-1.08 (``python -m
 zerobench.validation.step_kernels``; docs/vgpu.md, "GEMMs as steps run them"). A
 preset says what compute runs at in a step (``step_ratio``, clocks ``step``, the
 default) where traced steps showed it: 1.0 on the H200, no factor; a preset without it
