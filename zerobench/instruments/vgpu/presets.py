@@ -17,15 +17,22 @@ The figures that price kernels ([Note: operator cost] in costs.py):
   CUDA or nvidia-smi reports it where known);
 * ``matmul_efficiency``: the fraction of the dense peak a full wave of large GEMM tiles
   reaches *in a burst* (costs.py prices other shapes around it: [Note: GEMM shapes]);
-  calibrated on a grid of measured GEMMs;
+  calibrated on a grid of measured GEMMs; ``matmul_layouts`` the same per layout and
+  ``gemm_measured`` the GEMMs measured alone, each priced at its own time ([Note: GEMM
+  layouts] in gemm.py);
 * ``sustained_ratio``: the rate of compute-bound kernels when the card has run at its
   power limit for seconds, over the burst rate (a GEMM run back to back for 12 s on the
-  H200: 670 against 777 TFLOP/s). A training step sees the sustained rate: see
-  [Note: clocks under load] in costs.py. ``power_cap_w`` (a limit set below the board's
-  ``power_w``, as Meta's H100s ran at 500 W) and ``idle_power_w`` scale it further;
+  H200: 670 against 777 TFLOP/s); ``step_ratio``: the same in a training step, where
+  traced steps showed it (the H200's: 1, no factor), else a step runs at the sustained
+  ratio: see [Note: clocks under load] in costs.py. ``power_cap_w`` (a limit set below
+  the board's ``power_w``, as Meta's H100s ran at 500 W) and ``idle_power_w`` scale both;
 * ``attention_<backend>``: forward and backward FLOP rate of each SDPA backend (cudnn,
   flash, efficient) as a fraction of the dense peak, in a burst; which backend runs is
-  torch's choice for the part, the dtype and the head size (sdpa.py);
+  torch's choice for the part, the dtype and the head size (sdpa.py); ``attention_grid``
+  the same per sequence length and head size, where measured ([Note: attention over
+  shapes] in costs.py);
+* ``cast_efficiency``: what a copy or pointwise kernel PyTorch does not vectorize streams
+  at, measured on a bf16-to-fp32 cast ([Note: vectorized kernels] in costs.py);
 * ``copy_efficiency``, ``cast_efficiency``, ``elementwise_efficiency``,
   ``optimizer_efficiency``, ``pcie_efficiency``: the fraction of the HBM (or PCIe) peak
   that each kind of memory-bound kernel streams its bytes at, the bytes counted as the
@@ -136,7 +143,8 @@ class GpuPreset:
     copy_efficiency: float = 0.90
     """Fraction of the HBM peak a same-dtype copy streams its bytes (read and written) at."""
     cast_efficiency: float = 0.90
-    """The same for a copy that changes dtype."""
+    """The same for a copy or pointwise kernel PyTorch does not vectorize (most casts; strided,
+    broadcast or mixed-dtype operands: [Note: vectorized kernels] in costs.py)."""
     elementwise_efficiency: float = 0.90
     """The same for other memory-bound kernels (pointwise, norms, softmax, losses), their passes counted."""
     optimizer_efficiency: float = 0.90
