@@ -100,6 +100,14 @@ def test_the_shipped_h200_is_what_the_builder_makes_of_the_h200_measurements(h20
     preset = gpu_preset("h200")
     assert preset.attention_cudnn == pytest.approx((0.604, 0.493), abs=1e-3)  # cuDNN: 60 % / 49 % of the peak
     assert preset.host["fsdp2_mlp8_aten_ops"] == 386  # host.json, carried for the host model
+    # each GEMM in the layout its role ran as ([Note: GEMM layouts]), and its own time kept
+    from zerobench.instruments.vgpu.microbench import gemm_layout
+
+    layouts = {r["name"].split()[1]: (r["params"]["layout"], gemm_layout(r["params"]))
+               for r in h200_measurements["kernels"] if r["kernel"] == "gemm" and "^" not in r["name"]}
+    assert layouts == {"fwd": ("forward", "nt"), "dX": ("input_grad", "nn"), "dW": ("weight_grad", "tn")}
+    assert set(preset.matmul_layouts) == {"nn", "nt", "tn"}
+    assert len(preset.gemm_measured) == 16
 
 
 def test_the_kernel_table_holds_every_class_within_ten_percent_of_the_h200(h200_measurements):
@@ -537,3 +545,31 @@ def test_calibrate_on_the_cpu_says_its_figures_in_a_table_and_names_counts_reada
     assert "fitted figures" in out and "optimizer_efficiency" in out
     row = {"kernel": "optimizer", "params": {"optimizer": "adamw", "shapes": [[256, 256]], "dtype": "fp32"}}
     assert describe(row) == "adamw foreach step, 66k params fp32"
+
+
+def test_the_step_kernels_of_the_shared_run_are_joined_to_their_layouts_and_measured_times():
+    """python -m zerobench.validation.step_kernels: every GEMM of the shared H200 run's
+    steps joined to its aten::mm (4 layers x 7 linears + the output layer, per layout)."""
+    from zerobench.validation.step_kernels import DEFAULT_RUN, step_table
+
+    frame = step_table(DEFAULT_RUN, "h200")
+    gemms = frame[frame["what"].str.startswith("gemm ") & frame["what"].str.len().eq(7)]
+    assert set(gemms["what"]) == {"gemm nn", "gemm nt", "gemm tn"}
+    assert (gemms["kernels"] == 29).all()
+    every = frame[frame["what"] == "gemm, every kernel"].set_index("cell")["kernels"]
+    assert (every == 87).all()
+    assert gemms["ratio"].notna().all() and (gemms["alone_ms"] > 0).all()
+
+
+def test_the_builder_makes_an_attention_grid_of_a_backend_measured_at_several_shapes(h200_measurements):
+    """[Note: attention over shapes]: the H200's cuDNN rows at (8192, 128) with the same rows
+    at 4096 (half the time of each at a quarter of the FLOPs: twice as slow per FLOP)."""
+    rows = [r for r in h200_measurements["kernels"] if r["kernel"] == "attention"]
+    shorter = [{**r, "params": {**r["params"], "seq": 4096}, "seconds": r["seconds"] / 2} for r in rows]
+    measured = {**h200_measurements, "kernels": h200_measurements["kernels"] + shorter}
+    built = preset_from_measurements(measured, gpu_preset("h200"), "grid", "test")
+    grid = {(g["seq"], g["head_dim"]): g for g in built["figures"]["attention_grid"]["value"]}
+    assert set(grid) == {(4096, 128), (8192, 128)} and {g["backend"] for g in grid.values()} == {"cudnn"}
+    assert grid[(8192, 128)]["forward"] == pytest.approx(0.604, abs=1e-3)  # the pair the shipped h200 has
+    assert grid[(4096, 128)]["forward"] == pytest.approx(grid[(8192, 128)]["forward"] / 2, rel=0.02)
+    assert gpu_preset("h200").attention_grid == ()  # one shape measured: no grid

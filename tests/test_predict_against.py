@@ -165,6 +165,46 @@ def test_against_puts_each_class_beside_its_prediction(tmp_path):
     assert pd.read_csv(predicted / "against.csv")["quantity"].tolist() == frame["quantity"].tolist()
 
 
+def test_a_kernel_no_rule_names_takes_its_launching_operators_class(tmp_path):
+    """cuDNN attention's backward launches ``cudnn::fusion`` helpers beside its bprop kernel:
+    attention by the operator that launched them; a kernel without one stays ``other``."""
+    trace = json.loads((DATA / "cuda_step.trace.json").read_text())
+    events = trace["traceEvents"]
+    events.append({"ph": "X", "pid": 1, "tid": 11, "cat": "cpu_op", "name": "aten::_cudnn_attention_backward",
+                   "ts": 1062, "dur": 8, "args": {"External id": 77}})
+    for e in events:
+        if e.get("name", "").startswith("my_extension::custom_kernel"):
+            helper = dict(e, name="void cudnn::fusion::compute_dot_do_o_specialized<true, 128>(void const*)",
+                          ts=1410, dur=30, args={**e["args"], "External id": 77, "correlation": 99})
+    events.append(helper)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    step1 = class_breakdown(load_trace(path)).iloc[1]
+    assert step1["attention_s"] == pytest.approx(30 * US)
+    assert step1["other_s"] == pytest.approx(10 * US)  # the custom kernel: no operator launched it
+
+
+def test_the_profilers_cost_is_the_traced_step_less_the_timed_one_and_leaves_the_hosts_idle():
+    """[Note: the profiler's own cost], worked by hand: 206.5 ms traced, 202.8 timed, 10.3 idle."""
+    split = against.profiler_split({"step_s": 0.2065, "step_time_s": 0.2028, "host_idle_s": 0.0103})
+    assert split["profiler_s"] == pytest.approx(0.0037)
+    assert split["host_idle_timed_s"] == pytest.approx(0.0066)
+    # a profiler that cost more than the idle it shows: none of that idle is the host's
+    assert against.profiler_split({"step_s": 0.283, "step_time_s": 0.188, "host_idle_s": 0.05})[
+        "host_idle_timed_s"] == 0.0
+    assert against.profiler_split({"step_s": 0.2, "step_time_s": None, "host_idle_s": 0.01}) == {}
+
+
+def test_against_splits_the_measured_idle_between_the_profiler_and_the_host(tmp_path):
+    run, predicted = _folders(tmp_path)
+    rows = against.compare(run, predicted).set_index("quantity")
+    traced = rows.loc["step (traced)", "measured_s"]
+    profiler = rows.loc["the profiler's own cost (traced - timed step)", "measured_s"]
+    assert profiler == pytest.approx(max(traced - 0.004, 0.0))
+    assert rows.loc["device idle, the host's (less the profiler's cost)", "measured_s"] == pytest.approx(
+        max(rows.loc["device idle (waiting on the host)", "measured_s"] - profiler, 0.0))
+
+
 def test_against_refuses_a_folder_without_traces_and_writes_nothing(tmp_path, capsys):
     run, predicted = _folders(tmp_path)
     shutil.rmtree(run / "traces")

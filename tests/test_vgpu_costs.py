@@ -5,6 +5,8 @@ cuBLAS's workspaces, kernel classes, and the presets' figures."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -59,11 +61,14 @@ def test_the_presets_give_back_their_measured_and_published_gemm_rates():
     a100 = gpu_preset("a100-80gb").with_clocks("burst")
     factor = gemm.shape_factor(1, 1024, 10240, 5120, a100.sm_count)
     assert a100.flops_per_s(torch.bfloat16) * factor / 1e12 == pytest.approx(271.2, rel=1e-5)
+    a = torch.empty(8192, 8192, dtype=torch.bfloat16)
     for name in ("h200", "h100-sxm"):
-        p = gpu_preset(name)
-        a = torch.empty(8192, 8192, dtype=torch.bfloat16)
-        seconds, flops, _ = costs.duration(aten.mm.default, (a, a), {}, a, p)
+        tile_model = dataclasses.replace(gpu_preset(name), gemm_measured=()).with_clocks("sustained")
+        seconds, flops, _ = costs.duration(aten.mm.default, (a, a), {}, a, tile_model)
         assert flops / seconds / 1e12 == pytest.approx(670.1, rel=1e-3)
+        # in a training step: the GEMM's own burst time ([Note: GEMM layouts], step_ratio 1)
+        seconds, flops, _ = costs.duration(aten.mm.default, (a, a), {}, a, gpu_preset(name))
+        assert flops / seconds / 1e12 == pytest.approx(777.5, rel=1e-3)
 
 
 def test_every_preset_reproduces_its_data_sheet_peak_from_its_clock():
@@ -127,7 +132,9 @@ def test_an_expanded_input_is_read_once():
     out = expanded.contiguous()
     seconds, _, nbytes = costs.duration(aten.clone.default, (expanded,), {}, out, gpu)
     assert nbytes == 5 * kv.numel() * 4  # one head read, four written
-    assert seconds == pytest.approx(nbytes / gpu.bandwidth("copy") + gpu.kernel_floor_s)
+    # a broadcast source: PyTorch's unvectorized copy ([Note: vectorized kernels]; the H200's
+    # step ran this copy as ``elementwise_kernel<128, 2>``)
+    assert seconds == pytest.approx(nbytes / gpu.bandwidth("cast") + gpu.kernel_floor_s)
 
 
 def test_gqa_attention_prices_its_repeated_heads_as_reads_of_one():
@@ -205,14 +212,40 @@ def test_gathers_read_what_they_gather_and_copies_do_not_read_their_destination(
     assert _bytes(aten.copy_.default, (dst, src), dst) == 1000 * 2 + 1000 * 4
 
 
-def test_a_copy_that_changes_dtype_streams_at_the_cast_rate():
+def test_a_copy_streams_at_the_copy_rate_unless_pytorch_cannot_vectorize_it():
+    """[Note: vectorized kernels]: fp32 to bf16 has a vectorized kernel, bf16 to fp32 does not."""
     gpu = gpu_preset("h200")
     x = torch.empty(1 << 20, dtype=torch.bfloat16)
     same, _, n_same = costs.duration(aten._to_copy.default, (x,), {}, torch.empty_like(x), gpu)
-    cast, _, n_cast = costs.duration(aten._to_copy.default, (x,), {}, x.float(), gpu)
+    up, _, n_up = costs.duration(aten._to_copy.default, (x,), {}, x.float(), gpu)
+    down, _, n_down = costs.duration(aten._to_copy.default, (x.float(),), {}, x, gpu)
     assert same == pytest.approx(n_same / gpu.bandwidth("copy") + gpu.kernel_floor_s)
-    assert cast == pytest.approx(n_cast / gpu.bandwidth("cast") + gpu.kernel_floor_s)
+    assert up == pytest.approx(n_up / gpu.bandwidth("cast") + gpu.kernel_floor_s)
+    assert down == pytest.approx(n_down / gpu.bandwidth("copy") + gpu.kernel_floor_s)
     assert gpu.bandwidth("cast") < 0.6 * gpu.bandwidth("copy")  # measured: 2.11 against 4.21 TB/s
+    dst, src = torch.empty(1 << 20, dtype=torch.bfloat16), torch.empty(1 << 20, dtype=torch.float32)
+    assert costs.vectorized(aten.copy_.default, (dst, src), {}, dst)
+    assert not costs.vectorized(aten.copy_.default, (src, dst), {}, src)
+
+
+def test_strided_broadcast_and_mixed_dtype_pointwise_kernels_are_not_vectorized():
+    q = torch.empty(1, 32, 64, 16, dtype=torch.bfloat16)
+    rotary = torch.empty(64, 16, dtype=torch.float32)
+    same = torch.empty_like(q)
+    assert costs.vectorized(aten.mul.Tensor, (q, same), {}, torch.empty_like(q))
+    assert not costs.vectorized(aten.mul.Tensor, (q, rotary), {}, torch.empty(q.shape))  # broadcast, two dtypes
+    transposed = torch.empty(16, 64, dtype=torch.bfloat16).t()  # [64, 16], strides (1, 64)
+    assert not costs.vectorized(aten.add.Tensor, (transposed, torch.empty(64, 16, dtype=torch.bfloat16)), {},
+                                torch.empty(64, 16, dtype=torch.bfloat16))
+    assert costs.vectorized(aten.clone.default, (transposed,), {}, torch.empty_like(transposed))  # dense, permuted
+    assert not costs.vectorized(aten.clone.default, (transposed,), {}, torch.empty(64, 16, dtype=torch.bfloat16))
+    assert costs.vectorized(aten.mul.Tensor, (q, torch.tensor(2.0)), {}, torch.empty_like(q))  # a scalar
+    assert costs.vectorized(aten.sum.dim_IntList, (q, [1]), {}, torch.empty(1, 64, 16))  # not pointwise
+    gpu = gpu_preset("h200")
+    fast, _, n = costs.duration(aten.mul.Tensor, (q, same), {}, torch.empty_like(q), gpu)
+    slow, _, m = costs.duration(aten.mul.Tensor, (q, rotary), {}, torch.empty(q.shape), gpu)
+    assert fast == pytest.approx(n / gpu.bandwidth("elementwise") + gpu.kernel_floor_s)
+    assert slow == pytest.approx(m / gpu.bandwidth("cast") + gpu.kernel_floor_s)
 
 
 def test_each_kernel_has_a_class():
@@ -222,19 +255,25 @@ def test_each_kernel_has_a_class():
     assert costs.kernel_class(aten._foreach_addcdiv_.ScalarList) == "optimizer"
     assert costs.kernel_class(aten.copy_.default) == "copy" and costs.kernel_class(aten.fill_.Scalar) == "copy"
     assert costs.kernel_class(aten._log_softmax.default) == "elementwise"
+    # its CUDA kernel's time is the zero-fill of the whole gradient (Loss.cu)
+    assert costs.kernel_class(aten.nll_loss_backward.default) == "copy"
 
 
 # -- [Note: clocks under load] -----------------------------------------------------------
 
 
-def test_compute_runs_at_the_sustained_rate_and_slower_under_a_power_cap():
+def test_compute_runs_at_the_step_rate_where_steps_showed_one_and_slower_under_a_power_cap():
     h200 = gpu_preset("h200")
     assert h200.with_clocks("burst").compute_scale == 1.0
-    assert h200.compute_scale == h200.sustained_ratio < 1.0
+    assert h200.with_clocks("sustained").compute_scale == h200.sustained_ratio < 1.0
+    assert h200.clocks == "step" and h200.compute_scale == h200.step_ratio == 1.0
+    nvl = gpu_preset("h100-nvl")  # no step traced on it: the sustained ratio
+    assert nvl.step_ratio is None and nvl.compute_scale == nvl.sustained_ratio < 1.0
     capped = gpu_preset("h100-96gb-500w")
     dynamic = (500 - capped.idle_power_w) / (700 - capped.idle_power_w)
     assert capped.cap_factor == pytest.approx(dynamic ** (1 / 3))
-    assert capped.compute_scale == pytest.approx(capped.sustained_ratio * capped.cap_factor)
+    assert capped.compute_scale == pytest.approx(capped.step_ratio * capped.cap_factor)
+    assert capped.with_clocks("sustained").compute_scale == pytest.approx(capped.sustained_ratio * capped.cap_factor)
     # memory-bound kernels keep their rate: HBM's clock does not move
     assert capped.bandwidth("copy") == pytest.approx(2.4e12 * capped.copy_efficiency)
 
@@ -279,3 +318,86 @@ def test_the_trace_and_the_totals_carry_each_kernels_class():
     busy = sum(e["dur"] for e in events) / 1e6
     assert sum(vgpu.class_seconds.values()) == pytest.approx(busy)
     assert vgpu.class_kernels["gemm"] == 2  # forward, and the weight's gradient (the input needs none)
+
+
+# -- [Note: GEMM layouts] ------------------------------------------------------------------
+
+
+def test_linears_three_gemms_each_have_their_layout():
+    """forward x @ W.T (nt), input gradient dY @ W (nn), weight gradient dY.T @ x (tn)."""
+    x, w, dy = torch.empty(64, 32), torch.empty(16, 32), torch.empty(64, 16)
+    assert gemm.layout(x, w.t()) == "nt"
+    assert gemm.layout(dy, w) == "nn"
+    assert gemm.layout(dy.t(), x) == "tn"
+    assert gemm.layout(x.t().contiguous().t(), w.t()) == "tt"
+    from zerobench.instruments.vgpu.microbench import TRANSPOSITION_OF
+
+    assert set(TRANSPOSITION_OF.values()) == {"nt", "nn", "tn"}
+
+
+def test_a_measured_gemm_is_priced_at_its_time_and_another_shape_at_its_layouts_efficiency():
+    h200 = gpu_preset("h200")
+    # the weight gradient of wq/wo, measured alone in a burst (micro.json): 0.353 ms
+    grad, x = torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(8192, 4096, dtype=torch.bfloat16)
+    measured = h200.measured_gemm("tn", 4096, 4096, 8192, torch.bfloat16)
+    assert measured == pytest.approx(0.000353408, rel=1e-3)
+    seconds, _, _ = costs.duration(aten.mm.default, (grad.t(), x), {}, torch.empty(4096, 4096), h200)
+    assert seconds == pytest.approx(measured / h200.compute_scale)
+    # the same shape as an nn GEMM was not measured: the tile model at nn's efficiency
+    a, b = torch.empty(4096, 8192, dtype=torch.bfloat16), torch.empty(8192, 4096, dtype=torch.bfloat16)
+    assert h200.measured_gemm("nn", 4096, 4096, 8192, torch.bfloat16) is None
+    seconds, flops, _ = costs.duration(aten.mm.default, (a, b), {}, torch.empty(4096, 4096), h200)
+    factor = gemm.shape_factor(1, 4096, 4096, 8192, h200.sm_count)
+    assert seconds == pytest.approx(flops / (h200.flops_per_s(torch.bfloat16, "nn") * factor) + h200.gemm_floor_s)
+    assert h200.flops_per_s(torch.bfloat16, "nn") != h200.flops_per_s(torch.bfloat16, "tn")
+    assert h200.matmul_efficiency_of("tt") == h200.matmul_efficiency  # no figure: the overall one
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"matmul_layouts": {"nx": 0.7}}, "matmul_layouts nx"),
+    ({"matmul_layouts": {"nn": 1.2}}, "matmul_layouts nn"),
+    ({"gemm_measured": (("nn", 8, 8, 8, "bf16", -1.0),)}, "gemm_measured row"),
+    ({"gemm_measured": (("nn", 8, 8, 8, "int8", 1e-5),)}, "gemm_measured row"),
+    ({"step_ratio": 0.0}, "step_ratio"),
+    ({"clocks": "turbo"}, "clocks"),
+])
+def test_bad_gemm_and_clock_figures_name_the_field(change, field):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(gpu_preset("h200"), **change)
+
+
+# -- [Note: attention over shapes] ----------------------------------------------------------
+
+GRID = (("cudnn", 1024, 128, 0.30, 0.20), ("cudnn", 4096, 128, 0.47, 0.37), ("cudnn", 8192, 128, 0.60, 0.49),
+        ("cudnn", 4096, 64, 0.40, 0.30))
+
+
+def test_an_attention_grid_prices_sequence_length_and_head_size_worked_by_hand():
+    grid = dataclasses.replace(gpu_preset("h200"), attention_grid=GRID)
+    assert grid.attention_efficiency("cudnn", False, 8192, 128) == 0.60  # a measured point
+    assert grid.attention_efficiency("cudnn", True, 4096, 128) == 0.37
+    # 2048 is halfway between 1024 and 4096 in log2: (0.30 + 0.47) / 2
+    assert grid.attention_efficiency("cudnn", False, 2048, 128) == pytest.approx(0.385)
+    assert grid.attention_efficiency("cudnn", False, 512, 128) == 0.30  # the nearest end beyond the ends
+    assert grid.attention_efficiency("cudnn", False, 16384, 128) == 0.60
+    assert grid.attention_efficiency("cudnn", False, 4096, 80) == 0.40  # nearest head size by ratio: 64
+    assert grid.attention_efficiency("cudnn", False, 4096, 256) == 0.47  # 128
+    # a backend without rows keeps its pair, whatever the shape
+    assert grid.attention_efficiency("flash", False, 1024, 64) == grid.attention_flash[0]
+    # the shipped h200 has no grid: one pair, measured at (8192, 128)
+    h200 = gpu_preset("h200")
+    assert h200.attention_grid == () and h200.attention_efficiency("cudnn", False, 1024, 64) == h200.attention_cudnn[0]
+
+
+def test_attention_kernels_are_priced_at_their_shapes_point_of_the_grid():
+    gpu = dataclasses.replace(gpu_preset("h200"), attention_grid=GRID)
+    q = torch.empty(1, 4, 2048, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 2048)
+    func = aten._scaled_dot_product_flash_attention_for_cpu.default
+    seconds, flops, _ = costs.duration(func, (q, q, q, 0.0, True), {}, (out, lse), gpu, "cudnn")
+    assert seconds == pytest.approx(flops / (989e12 * 0.385 * gpu.compute_scale) + gpu.kernel_floor_s)
+
+
+def test_a_bad_attention_grid_row_names_the_field():
+    with pytest.raises(ValueError, match="attention_grid row"):
+        dataclasses.replace(gpu_preset("h200"), attention_grid=(("fa9", 1024, 128, 0.3, 0.2),))

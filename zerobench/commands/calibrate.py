@@ -147,5 +147,6 @@ def fitted_table(preset: dict):
             continue
         values = value.items() if isinstance(value, dict) else [("", value)]
         for part, v in values:
-            table.add_row(f"{key} {part}".strip(), f"{v:.3g}", str(figure.get("source", "")))
+            if isinstance(v, (int, float)) and not isinstance(v, bool):  # a grid or a table is in the preset file
+                table.add_row(f"{key} {part}".strip(), f"{v:.3g}", str(figure.get("source", "")))
     return table

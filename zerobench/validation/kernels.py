@@ -30,13 +30,15 @@ DEFAULT_FOLDER = Path("results/gpu/h200-20261126")
 
 
 def price_rows(rows: list[dict], preset, clocks: str = "burst") -> list[float]:
-    """The virtual GPU's seconds for each measured row on ``preset``."""
+    """The virtual GPU's seconds for each measured row on ``preset``, its GEMMs by the tile
+    model at their layout's efficiency, not by the preset's table of measured GEMMs (which
+    would give each row back its own time: [Note: GEMM layouts] in gemm.py)."""
     import dataclasses
 
     from zerobench.instruments.vgpu.calibration import model_row
     from zerobench.instruments.vgpu.presets import gpu_preset
 
-    gpu = dataclasses.replace(gpu_preset(preset), clocks=clocks)
+    gpu = dataclasses.replace(gpu_preset(preset), clocks=clocks, gemm_measured=())
     return [model_row(row, gpu)["seconds"] for row in rows]
 
 

@@ -10,8 +10,14 @@ Each figure is fitted to the kernels of its own class, and to nothing end to end
   efficiency is the sum of those times over the sum of the measured ones, less each
   GEMM's floor. So the model's total over the grid equals the measurement's, and each
   shape's own error is what the tile model gets wrong (docs/vgpu.md, the kernel table);
+  ``matmul_layouts``: per layout ([Note: GEMM layouts] in gemm.py), the geometric mean
+  of the GEMMs' modelled over measured times: it prices shapes nobody measured, so each
+  measured shape counts alike (a total would be the output layer's 12 ms GEMMs' alone);
+  ``gemm_measured``: every GEMM's own time, which prices that layout, shape and dtype
+  wherever a step runs it;
 * ``attention_<backend>``: the same per backend and direction, on the attention FLOPs
-  the cost model counts (half of them when causal);
+  the cost model counts (half of them when causal); ``attention_grid``: each shape's own,
+  for a backend measured at more than one (sequence length, head size);
 * the memory-bound efficiencies: each measured kernel runs on the virtual GPU (fake
   tensors, burst clocks, every efficiency 1) and its class's bytes, counted as the cost
   model counts them ([Note: passes over memory] in costs.py), over the HBM peak, give
@@ -43,11 +49,20 @@ power limit, the floors and what the allocator cannot have.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 from zerobench.instruments.vgpu import microbench
 from zerobench.instruments.vgpu.host import HostPreset
-from zerobench.instruments.vgpu.presets import ATTENTION_BACKENDS, FIGURES, PRESET_FORMAT, GpuPreset
+from zerobench.instruments.vgpu.presets import (
+    ATTENTION_BACKENDS,
+    ATTENTION_ROW,
+    FIGURES,
+    GEMM_ROW,
+    LAYOUTS,
+    PRESET_FORMAT,
+    GpuPreset,
+)
 
 #: The format tag of a measurements file (what ``zerobench calibrate`` writes).
 MEASUREMENT_FORMAT = "zerobench-calibration/1"
@@ -56,7 +71,8 @@ MEASUREMENT_FORMAT = "zerobench-calibration/1"
 def unit_preset(base: GpuPreset) -> GpuPreset:
     """``base`` at burst clocks with every efficiency 1: what a kernel's time is in units of."""
     ones = {f"attention_{b}": (1.0, 1.0) for b in ATTENTION_BACKENDS}
-    return dataclasses.replace(base, matmul_efficiency=1.0, sustained_ratio=1.0, clocks="burst", copy_efficiency=1.0,
+    return dataclasses.replace(base, matmul_efficiency=1.0, matmul_layouts=None, gemm_measured=(), sustained_ratio=1.0,
+                               step_ratio=None, attention_grid=(), clocks="burst", copy_efficiency=1.0,
                                cast_efficiency=1.0, elementwise_efficiency=1.0, optimizer_efficiency=1.0,
                                pcie_efficiency=1.0, power_cap_w=None, **ones)
 
@@ -117,6 +133,21 @@ def _fit(rows: list[dict], unit: GpuPreset, what: str, at_most_peak: bool = True
     return efficiency, names
 
 
+def _fit_shapes(rows: list[dict], unit: GpuPreset, what: str) -> float:
+    """The efficiency that makes the model's time right on the average shape of ``rows``:
+    the geometric mean of each row's modelled over measured time (see the Note), every
+    shape weighted alike, where :func:`_fit` weights each by its time."""
+    logs = []
+    for row in rows:
+        efficiency, _ = _fit([row], unit, what)
+        logs.append(math.log(efficiency))
+    efficiency = math.exp(statistics.fmean(logs))
+    if efficiency > 1.0:
+        raise ValueError(f"{what}: the measured rows ran faster than the peak allows ({efficiency:.3f} of it): the "
+                         "base preset's peak is too low for this device")
+    return efficiency
+
+
 def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: str,
                              description: str | None = None) -> dict:
     """The preset file (a dict, presets.py's format) ``measured`` gives over ``base``.
@@ -149,6 +180,15 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
         value, names = _fit(gemms, unit, "matmul_efficiency")
         put("matmul_efficiency", round(value, 6), f"{where}: {len(names)} GEMMs ({names[0]} ...), the tile model's "
             "total fitted to theirs (burst)")
+        layouts, counts = {}, {}
+        for layout in LAYOUTS:
+            chosen = [r for r in gemms if microbench.gemm_layout(r["params"]) == layout]
+            if chosen:
+                layouts[layout] = round(_fit_shapes(chosen, unit, f"matmul_layouts {layout}"), 6)
+                counts[layout] = len(chosen)
+        put("matmul_layouts", layouts, f"{where}: per layout, the geometric mean of the tile model's time over the "
+            f"measured one of the GEMMs measured in it ({', '.join(f'{k}: {n}' for k, n in counts.items())}), burst")
+        put("gemm_measured", _measured_gemms(gemms), f"{where}: each GEMM's measured time, burst")
     for backend in ATTENTION_BACKENDS:
         pair = {}
         for direction in ("forward", "backward"):
@@ -159,6 +199,10 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
         if len(pair) == 2:
             put(f"attention_{backend}", {d: round(v, 6) for d, v in pair.items()},
                 f"{where}: {backend} SDPA forward and backward ({names[0]}), burst")
+    grid = _attention_grid(rows, unit)
+    if grid:
+        put("attention_grid", grid, f"{where}: SDPA per backend, sequence length and head size, forward and backward, "
+            "burst")
     by_figure: dict = {}
     for row in rows:
         figure = microbench.EFFICIENCY_OF.get(row["kernel"])
@@ -171,9 +215,12 @@ def preset_from_measurements(measured: dict, base: GpuPreset, name: str, where: 
     windows = [w["tflops"] for w in sustained.get("windows", [])]
     if windows and sustained.get("params"):
         rate = statistics.fmean(windows)
-        fitted = _overlay(base, figures)
-        fitted = dataclasses.replace(fitted, matmul_efficiency=figures.get("matmul_efficiency", {}).get(
-            "value", base.matmul_efficiency), clocks="burst")
+        from zerobench.instruments.vgpu.presets import figure_value
+
+        # against the tile model, not the GEMM's own measured time: a grid measured back to back
+        # is partly sustained already, and its fitted efficiency with it (see the Note)
+        fitted = dataclasses.replace(_overlay(base, figures), clocks="burst", gemm_measured=(), **{
+            k: figure_value(k, figures[k]["value"]) for k in ("matmul_efficiency", "matmul_layouts") if k in figures})
         row = {"kernel": "gemm", "params": sustained["params"]}
         model = microbench.gemm_flops(sustained["params"]) / (model_row(row, fitted)["seconds"]) / 1e12
         burst = sustained.get("burst_tflops")
@@ -218,6 +265,39 @@ def measured_kernels(rows: list[dict], unit: GpuPreset) -> dict:
             {**{k: row["params"].get(k) for k in keys}, "seconds": row["seconds"],
              "timing": "batch" if row.get("batches") else "per call", "efficiency": round(efficiency, 6)})
     return table
+
+
+def _attention_grid(rows: list[dict], unit: GpuPreset) -> list[dict]:
+    """The attention grid (presets.ATTENTION_ROW) of the backends measured at more than one
+    (sequence length, head size), both directions: [Note: attention over shapes] in costs.py."""
+    shapes: dict = {}
+    for row in rows:
+        if row["kernel"] == "attention":
+            p = row["params"]
+            shapes.setdefault(p["backend"], {}).setdefault((p["seq"], p["head_dim"]), {}).setdefault(
+                p["direction"], []).append(row)
+    out = []
+    for backend in ATTENTION_BACKENDS:
+        measured = shapes.get(backend, {})
+        if len(measured) < 2:
+            continue
+        for (seq, head_dim), directions in sorted(measured.items()):
+            if set(directions) != {"forward", "backward"}:
+                continue
+            fitted = {d: round(_fit(chosen, unit, f"attention_grid {backend} {d}")[0], 6)
+                      for d, chosen in directions.items()}
+            out.append(dict(zip(ATTENTION_ROW, (backend, seq, head_dim, fitted["forward"], fitted["backward"]))))
+    return out
+
+
+def _measured_gemms(rows: list[dict]) -> list[dict]:
+    """The measured GEMMs as a preset gives them (presets.GEMM_ROW); a shape measured more
+    than once at the mean of its times."""
+    times: dict = {}
+    for row in rows:
+        p = row["params"]
+        times.setdefault((microbench.gemm_layout(p), p["m"], p["n"], p["k"], p["dtype"]), []).append(row["seconds"])
+    return [dict(zip(GEMM_ROW, (*key, statistics.fmean(seconds)))) for key, seconds in times.items()]
 
 
 def _overlay(base: GpuPreset, figures: dict) -> GpuPreset:

@@ -8,21 +8,25 @@ Every kernel has a class (kernel_classes.py) and, for an operator that launches 
     duration = max(compute_s, bytes / bandwidth(class)) + floor
 
 * ``gemm`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``; convolutions and anything else
-  ``torch.utils.flop_counter`` counts FLOPs for): its FLOPs at the card's large-GEMM
-  rate times the shape factor of gemm.py ([Note: GEMM shapes]: tile and wave
-  quantisation, small K); ``floor`` is ``gemm_floor_s``;
+  ``torch.utils.flop_counter`` counts FLOPs for): its measured time where the preset
+  timed that layout, shape and dtype alone, else its FLOPs at the card's large-GEMM rate
+  for its layout times the shape factor of gemm.py ([Note: GEMM shapes]: tile and wave
+  quantisation, small K; [Note: GEMM layouts]); ``floor`` is ``gemm_floor_s``;
 * ``attention``: fused SDPA, forward or backward: its FLOPs (half when causal, as the
   fused kernels skip the masked half of the score matrix) at the efficiency of the
   backend torch picks ([Note: SDPA backend choice] in sdpa.py), measured per backend and
-  direction; the math backend is priced as the kernels it launches (two or four batched
+  direction, and over sequence length and head size where the preset has a grid
+  ([Note: attention over shapes]); the math backend is priced as the kernels it launches (two or four batched
   GEMMs, and passes over the score matrix);
 * ``optimizer``: an optimizer's multi-tensor (``_foreach_*``) and fused kernels, at the
   measured rate of a foreach AdamW step;
-* ``copy``: copies, fills and concatenations, at the measured rate of a device copy, or
-  of a cast when the dtype changes (a bf16 to fp32 cast streams at half a copy's rate
-  on the H200);
+* ``copy``: copies, fills and concatenations, at the measured rate of a device copy
+  (``nll_loss_backward`` too: its time is the zero-fill of its gradient);
 * ``elementwise``: every other kernel (pointwise, activations, norms, softmax, losses,
-  reductions), at the rate measured on such kernels.
+  reductions), at the rate measured on such kernels;
+* a copy or a pointwise kernel that PyTorch does not vectorize (a cast other than fp32
+  to bf16 or fp16, a broadcast or strided operand, operands of mixed dtypes) at the rate
+  of the measured unvectorized kernel, the bf16 to fp32 cast: [Note: vectorized kernels].
 
 The bytes are what the kernel moves through HBM: [Note: passes over memory]. Compute
 runs at the clocks of a card under load: [Note: clocks under load]. The dtype of the
@@ -55,17 +59,62 @@ PyTorch's CUDA kernels move them:
   it (layer_norm_kernel.cu, ``vectorized_layer_norm_kernel_impl``), and its backward is two
   kernels (fused.py, [Note: fused on the GPU]).
 
+[Note: vectorized kernels]
+PyTorch's CUDA pointwise kernels (``gpu_kernel`` in ATen's CUDALoops.cuh) take one of two
+paths. When every operand is laid out the same way, densely, with no broadcast, and no
+operand needs converting to the kernel's dtype, it loads and stores 4-16 bytes per
+thread at once (``vectorized_elementwise_kernel``); otherwise it loads element by element
+through an offset calculator or a casting loader (``unrolled_elementwise_kernel``,
+``elementwise_kernel<128, ...>``). The copy kernel is one of them, with one exception:
+fp32 to bf16 or fp16 has its own vectorized kernel (``bfloat16_copy_kernel_cuda``,
+``float16_copy_kernel_cuda`` in Copy.cu). The H200's step shows the two rates apart
+(results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed/traces, by kernel name): its
+fp32-to-bf16 casts at 4.2-4.4 TB/s, a copy's rate, its bf16-to-fp32 casts at 1.85-2.0
+TB/s, the rate micro.json measured for that cast (2.1); rotary embedding's broadcast
+products and strided copies at 0.8-3.2 TB/s. Pricing every cast at the
+upcast's rate made the step's copies 21 % too slow (its downcasts twice too slow) and
+every kernel at the vectorized rate made its pointwise work too fast. So a copy
+(``copy_``, ``_to_copy``, ``clone``, ``contiguous``) or a pointwise operator
+(``torch.Tag.pointwise``) whose operands are not all of one shape, one set of strides
+(dense) and one dtype (but fp32 to bf16/fp16) runs at ``bandwidth("cast")``: the
+measured unvectorized kernel. Zero-dimensional operands are scalars to the kernel and
+do not count. Concatenations, fills, reductions and the other kernels keep their class's
+rate.
+
+[Note: attention over shapes]
+A fused attention kernel's efficiency moves with the shape: cuDNN's causal forward on the
+H200 reached 47 % of the peak at sequence 4096 and 60 % at 8192 (head 128;
+results/gpu/h200-20261128/calibrate and ../h200-20261126/micro.json), as short sequences
+leave more of each tile masked and the kernel's fixed cost larger. A preset whose
+``attention_grid`` has rows for the backend that runs prices it over sequence length and
+head size: the nearest measured head size (by ratio: 64 for 80, 128 for 96), then linear
+in log2 of the sequence length between the two measured lengths around it, the nearest
+end's figure beyond them. A backend without rows takes the preset's one pair
+(``attention_<backend>``), measured at one shape. ``zerobench calibrate`` measures the
+grid (sequence 1024, 4096, 8192; head 64, 128) and the builder writes it
+(calibration.py); the shipped ``h200`` has one shape measured in the files it is built
+from (8192, head 128), so it has no grid and prices every shape at that pair.
+
 [Note: clocks under load]
 A GPU runs compute-bound kernels at the clock its power limit allows. In a burst (a
 microbenchmark's few milliseconds, or a step that leaves the card mostly idle) it boosts;
 kept busy, it settles within a second to what the power limit sustains. The H200 ran an
 8192^3 GEMM at 777 TFLOP/s in a burst and at 668-672 TFLOP/s in six 2-second windows
 back to back, its power at 690-695 W of its 700 W limit and its SM clock at 1,410-1,530
-MHz (results/gpu/h200-20261126/micro.log, smi.csv): a sustained ratio of 0.862. A
-training step keeps the card busy for the whole run, so the virtual GPU runs GEMMs and
-attention at the sustained rate (``GpuPreset.clocks``; ``burst`` for the kernel table's
-bursts). Memory-bound kernels keep their rate: HBM's clock does not move (3,201 MHz
-throughout smi.csv).
+MHz (results/gpu/h200-20261126/micro.log, smi.csv): a sustained ratio of 0.862
+(``sustained_ratio``, clocks ``sustained``).
+
+A training step is not such a loop. Its memory-bound kernels, copies and waits on the
+host draw less power than GEMMs, and the card stays under its limit: the H200's traced
+Llama steps (results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed) drew 640-680 W of its
+700 at 1,560-1,740 MHz, and ran each GEMM layout at 0.90-0.98 times the time its
+kernels took alone in a burst, attention at 1.03-1.08 (``python -m
+zerobench.validation.step_kernels``; docs/vgpu.md, "GEMMs as steps run them"). A
+preset says what compute runs at in a step (``step_ratio``, clocks ``step``, the
+default) where traced steps showed it: 1.0 on the H200, no factor; a preset without it
+runs steps at the sustained ratio, the safe side when nothing was traced. The step's
+figure is read off kernels in a trace, not fitted to a step's time. Memory-bound kernels
+keep their rate: HBM's clock does not move (3,201 MHz throughout smi.csv).
 
 A card capped below its board limit (``power_cap_w``) sustains a lower clock. Dynamic
 power goes with frequency times voltage squared, and voltage with frequency across the
@@ -122,6 +171,11 @@ ATTENTION = ATTENTION_FORWARD | ATTENTION_BACKWARD
 COPY_OPS = {"copy_", "_to_copy", "clone", "cat", "stack", "fill_", "zero_", "zeros", "ones", "full", "zeros_like",
             "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor", "_copy_from",
             "_copy_from_and_resize", "index_copy", "index_copy_", "split_with_sizes_copy", "contiguous"}
+#: Operators whose CUDA time is a fill: ``nll_loss_backward`` zeroes its whole gradient
+#: (``grad_input.zero_()`` in Loss.cu, a ``FillFunctor`` kernel: 0.45 ms for each half of
+#: the [8192, 128256] fp32 gradient in the H200's step) and scatters one element per row
+#: (0.01 ms): a copy-class kernel, as a real trace classes it.
+_FILLS = {"nll_loss_backward", "nll_loss2d_backward"}
 #: Operators that write their output without reading their destination.
 _WRITE_ONLY = {"fill_", "zero_"}
 #: Fused optimizer kernels (the ``fused=True`` optimizers of torch.optim).
@@ -150,7 +204,7 @@ def kernel_class(func) -> str:
             cls = "gemm"
         elif name.startswith("_foreach_") or name in _FUSED_OPTIMIZERS:
             cls = "optimizer"
-        elif name in COPY_OPS:
+        elif name in COPY_OPS or name in _FILLS:
             cls = "copy"
         else:
             cls = "elementwise"
@@ -374,8 +428,10 @@ def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str 
         if attention_backend == "math":
             return _math_attention(func, args, kwargs, gpu)
         n_flops = attention_flops(func, args, kwargs)
-        dtype = attention_shape(func, args)[0]
-        efficiency = gpu.attention_efficiency(attention_backend, backward=func in ATTENTION_BACKWARD)
+        dtype, head_dim = attention_shape(func, args)
+        seq = int((args[0] if func in ATTENTION_FORWARD else args[1]).shape[-2])
+        efficiency = gpu.attention_efficiency(attention_backend, backward=func in ATTENTION_BACKWARD, seq=seq,
+                                              head_dim=head_dim)
         compute_s = n_flops / (gpu.peak(dtype) * efficiency * gpu.compute_scale)
         nbytes = kernel_bytes(func, args, kwargs, out)
         return Cost(compute_s, nbytes / gpu.bandwidth("copy"), gpu.kernel_floor_s, n_flops, nbytes, kind)
@@ -388,23 +444,54 @@ def kernel_cost(func, args, kwargs, out, gpu: GpuPreset, attention_backend: str 
         floor = gpu.kernel_floor_s
         shape = gemm.dims(func._overloadpacket.__name__, [tuple(local_tensor(t).shape) for t in inputs])
         if shape is not None:
-            compute_s /= gemm.shape_factor(*shape, gpu.sm_count)
             floor = gpu.gemm_floor_s
+            layout = gemm.layout(local_tensor(inputs[-2]), local_tensor(inputs[-1]))
+            measured = gpu.measured_gemm(layout, *shape[1:], dtype) if shape[0] == 1 else None
+            if measured is not None:  # timed alone in a burst, its floor included
+                compute_s = max(measured - floor, 0.0) / gpu.compute_scale
+            else:
+                compute_s = n_flops / gpu.flops_per_s(dtype, layout) / gemm.shape_factor(*shape, gpu.sm_count)
         return Cost(compute_s, nbytes / gpu.bandwidth("copy"), floor, n_flops, nbytes, kind)
-    if kind == "copy":
-        rate = gpu.bandwidth("cast" if changes_dtype(func, args, out) else "copy")
-    else:
-        rate = gpu.bandwidth(kind)
+    rate = gpu.bandwidth("cast" if not vectorized(func, args, kwargs, out) else kind)
     return Cost(0.0, nbytes / rate, gpu.kernel_floor_s, 0, nbytes, kind)
 
 
-def changes_dtype(func, args, out) -> bool:
-    """Whether a copy converts dtypes (a cast)."""
+#: Copies that run PyTorch's copy kernel (a pointwise kernel): [Note: vectorized kernels].
+_COPY_KERNELS = {"copy_", "_to_copy", "clone", "contiguous", "_copy_from"}
+#: Casts with a vectorized kernel of their own (Copy.cu): (source, destination).
+_VECTORIZED_CASTS = {(torch.float32, torch.bfloat16), (torch.float32, torch.float16)}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span with no gap and no repeat, in some
+    order of its dimensions (a contiguous or a permuted tensor)."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def vectorized(func, args, kwargs, out) -> bool:
+    """Whether PyTorch's CUDA kernel for this memory-bound operator is its vectorized one:
+    [Note: vectorized kernels]. Operators that are neither a copy nor pointwise are."""
     name = func._overloadpacket.__name__
-    if name == "copy_" and len(args) > 1:
-        return args[0].dtype != args[1].dtype
-    if name == "_to_copy" and isinstance(out, torch.Tensor) and isinstance(args[0], torch.Tensor):
-        return out.dtype != args[0].dtype
+    if name not in _COPY_KERNELS and torch.Tag.pointwise not in func.tags:
+        return True
+    operands = [local_tensor(t) for t in _distinct([*tensors_in((args, kwargs)), *_tensors(out)])]
+    operands = [t for t in operands if t.dim() > 0]
+    if not operands:
+        return True
+    first = operands[0]
+    if any(t.shape != first.shape or t.stride() != first.stride() for t in operands[1:]) or not _dense(first):
+        return False
+    dtypes = {t.dtype for t in operands}
+    if len(dtypes) == 1:
+        return True
+    if name in _COPY_KERNELS and len(dtypes) == 2:
+        source = args[1].dtype if name == "copy_" else args[0].dtype
+        return (source, next(d for d in dtypes if d != source)) in _VECTORIZED_CASTS
     return False
 
 

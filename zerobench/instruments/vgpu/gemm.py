@@ -21,7 +21,20 @@ to the H100 bf16 GEMM rates that XLA publishes for its cost model (openxla/xla,
 ``xla/service/gpu/model/matmul_interpolator_data.h``, ``sm_90``): with them the model
 is within 12 % of all 31 shapes from 256 to 4096 a side (docs/vgpu.md lists them;
 tests/test_vgpu_costs.py checks eight). The large-GEMM efficiency itself comes from
-each card's published sustained or achievable matmul rate (presets.py).
+each card's measured GEMMs, or its published achievable matmul rate (presets.py).
+
+[Note: GEMM layouts]
+A GEMM's operands reach cuBLAS as they lie in memory: row-major (``n``) or a transposed
+view (``t``: its rows strided by one). ``F.linear`` runs three GEMMs a layer, each in its
+own layout: the forward ``x @ W.T`` (``nt``), the input's gradient ``dY @ W`` (``nn``) and
+the weight's ``dY.T @ x`` (``tn``); cuBLAS picks other kernels for each (the H200's step
+ran ``nvjet_..._TN``, ``_NN`` and ``_NT`` kernels, in its column-major naming), and
+they run at different rates: in the H200's traced step the 8192x14336x4096 GEMM took
+1.20 ms as a forward and 1.30 ms as an input gradient. So a preset gives the large-GEMM
+efficiency per layout (``matmul_layouts``), fitted to GEMMs measured in that layout, and
+the GEMMs it measured, each priced at its own time when a step runs that layout, shape
+and dtype (``gemm_measured``); any other shape is the tile model's at its layout's
+efficiency.
 """
 
 from __future__ import annotations
@@ -59,3 +72,15 @@ def dims(func_name: str, shapes: list[tuple]) -> tuple[int, int, int, int] | Non
     if func_name in ("bmm", "baddbmm") and len(a) == 3 and len(b) == 3:
         return a[0], a[1], b[2], a[2]
     return None
+
+
+def _side(shape: tuple, stride: tuple) -> str:
+    """``t`` when an operand is a transposed view (its rows strided by one), else ``n``."""
+    if len(shape) < 2 or len(stride) < 2:
+        return "n"
+    return "t" if stride[-2] == 1 and stride[-1] != 1 and shape[-1] > 1 else "n"
+
+
+def layout(a, b) -> str:
+    """The layout of ``a @ b`` (``nn``, ``nt``, ``tn`` or ``tt``) from the operands' strides."""
+    return _side(tuple(a.shape), tuple(a.stride())) + _side(tuple(b.shape), tuple(b.stride()))

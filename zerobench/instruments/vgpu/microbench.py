@@ -7,8 +7,11 @@ what is predicted are the same operators on the same shapes.
 A measured row names its kernel and its parameters:
 
 * ``gemm``: ``m, n, k, dtype``: ``torch.mm`` of ``[m, k]`` by ``[k, n]``, both contiguous;
-  with ``layout`` (:data:`GEMM_LAYOUTS`), one of the three GEMMs of ``F.linear`` in a
-  training step, with the operands' strides autograd gives them ([Note: GEMM layouts]);
+  with ``layout``, either one of the three GEMMs of ``F.linear`` in a training step
+  (:data:`GEMM_LAYOUTS`), with the operands' strides autograd gives them, or the
+  operands' transposition itself (``nn``, ``nt``, ``tn``, ``tt``: a ``t`` operand is a
+  transposed view), which is what the cost model reads from a step's strides
+  ([Note: GEMM layouts] in gemm.py; :func:`gemm_layout` maps the first to the second);
 * ``attention``: ``backend`` (cudnn, flash, efficient, math), ``direction`` (forward,
   backward), ``batch, heads, seq, head_dim, causal, dtype``: ``F.scaled_dot_product_attention``
   under ``torch.nn.attention.sdpa_kernel(backend)``; backward is the gradient of q, k and
@@ -46,9 +49,12 @@ EFFICIENCY_OF = {"copy": "copy_efficiency", "cast": "cast_efficiency", "h2d": "p
 
 #: The GEMMs of ``F.linear(x, weight)`` in training ([Note: GEMM layouts]).
 GEMM_LAYOUTS = ("forward", "input_grad", "weight_grad")
+#: Each of them as the transposition of its operands (the cost model's layouts, gemm.py).
+TRANSPOSITION_OF = {"forward": "nt", "input_grad": "nn", "weight_grad": "tn"}
+TRANSPOSITIONS = ("nn", "nt", "tn", "tt")
 
-# [Note: GEMM layouts]
-# For x [T, in] and weight [out, in], F.linear's forward and autograd's backward run
+# A layer's three GEMMs as calibrate times them ([Note: GEMM layouts] in gemm.py: why each
+# is priced in its own layout). For x [T, in] and weight [out, in], F.linear's forward and autograd's backward run
 # three GEMMs (aten.mm, or addmm with a bias; logged on torch 2.13 by
 # tests/test_calibrate.py), each ``[m, k] @ [k, n]``:
 #   forward      y = x @ weight.t()     m=T,   n=out, k=in   the second operand a transposed view
@@ -70,8 +76,8 @@ def describe(row: dict) -> str:
     """A short name of a measured row, for tables and logs."""
     k, p = row["kernel"], row["params"]
     if k == "gemm":
-        layout = f" {p['layout']}" if p.get("layout") else ""
-        return f"mm {p['m']}x{p['n']}x{p['k']} {p['dtype']}{layout}"
+        layout = p.get("layout") or "nn"
+        return f"mm {p['m']}x{p['n']}x{p['k']} {p['dtype']}" + ("" if layout == "nn" else f" {layout}")
     if k == "attention":
         return (f"sdpa {p['backend']} {p['direction']} ({p['batch']},{p['heads']},{p['seq']},{p['head_dim']})"
                 f"{' causal' if p.get('causal') else ''} {p['dtype']}")
@@ -92,6 +98,17 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.{0 if n >= 10 * size else 1}f}{suffix}"
     return str(n)
+
+
+def gemm_layout(p: dict) -> str:
+    """A GEMM row's operands' transposition (``nn``, ``nt``, ``tn``, ``tt``): the one its
+    ``layout`` names or implies (``forward`` is ``nt``), ``nn`` when it names none."""
+    layout = p.get("layout") or "nn"
+    layout = TRANSPOSITION_OF.get(layout, layout)
+    if layout not in TRANSPOSITIONS:
+        raise ValueError(f"gemm layout {p.get('layout')!r} is not allowed (allowed: {', '.join(GEMM_LAYOUTS)}, "
+                         f"{', '.join(TRANSPOSITIONS)}, or none)")
+    return layout
 
 
 def _numel(shape) -> int:
@@ -153,17 +170,14 @@ def prepare(row: dict, device: torch.device | str, pin: bool | None = None) -> C
 
 
 def _gemm(p: dict, dtype, device) -> Callable[[], object]:
-    """``[m, k] @ [k, n]`` with the operands' strides of its layout ([Note: GEMM layouts])."""
+    """``[m, k] @ [k, n]`` with the operands' strides of its layout ([Note: GEMM layouts]):
+    a ``t`` operand made as the transposed view autograd hands to ``aten.mm``."""
     m, n, k = p["m"], p["n"], p["k"]
-    layout = p.get("layout")
-    if layout == "forward":  # x @ weight.t(): the weight [n, k], transposed
-        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device).t()
-    elif layout == "weight_grad":  # dy.t() @ x: dy [k, m], transposed
-        a, b = torch.randn(k, m, dtype=dtype, device=device).t(), torch.randn(k, n, dtype=dtype, device=device)
-    elif layout in (None, "input_grad"):
-        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
-    else:
-        raise ValueError(f"gemm layout {layout!r} is not allowed (allowed: {', '.join(GEMM_LAYOUTS)}, or none)")
+    layout = gemm_layout(p)
+    a = (torch.randn(k, m, dtype=dtype, device=device).t() if layout[0] == "t"
+         else torch.randn(m, k, dtype=dtype, device=device))
+    b = (torch.randn(n, k, dtype=dtype, device=device).t() if layout[1] == "t"
+         else torch.randn(k, n, dtype=dtype, device=device))
     return lambda: torch.mm(a, b)
 
 

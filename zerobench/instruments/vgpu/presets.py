@@ -17,15 +17,22 @@ The figures that price kernels ([Note: operator cost] in costs.py):
   CUDA or nvidia-smi reports it where known);
 * ``matmul_efficiency``: the fraction of the dense peak a full wave of large GEMM tiles
   reaches *in a burst* (costs.py prices other shapes around it: [Note: GEMM shapes]);
-  calibrated on a grid of measured GEMMs;
+  calibrated on a grid of measured GEMMs; ``matmul_layouts`` the same per layout and
+  ``gemm_measured`` the GEMMs measured alone, each priced at its own time ([Note: GEMM
+  layouts] in gemm.py);
 * ``sustained_ratio``: the rate of compute-bound kernels when the card has run at its
   power limit for seconds, over the burst rate (a GEMM run back to back for 12 s on the
-  H200: 670 against 777 TFLOP/s). A training step sees the sustained rate: see
-  [Note: clocks under load] in costs.py. ``power_cap_w`` (a limit set below the board's
-  ``power_w``, as Meta's H100s ran at 500 W) and ``idle_power_w`` scale it further;
+  H200: 670 against 777 TFLOP/s); ``step_ratio``: the same in a training step, where
+  traced steps showed it (the H200's: 1, no factor), else a step runs at the sustained
+  ratio: see [Note: clocks under load] in costs.py. ``power_cap_w`` (a limit set below
+  the board's ``power_w``, as Meta's H100s ran at 500 W) and ``idle_power_w`` scale both;
 * ``attention_<backend>``: forward and backward FLOP rate of each SDPA backend (cudnn,
   flash, efficient) as a fraction of the dense peak, in a burst; which backend runs is
-  torch's choice for the part, the dtype and the head size (sdpa.py);
+  torch's choice for the part, the dtype and the head size (sdpa.py); ``attention_grid``
+  the same per sequence length and head size, where measured ([Note: attention over
+  shapes] in costs.py);
+* ``cast_efficiency``: what a copy or pointwise kernel PyTorch does not vectorize streams
+  at, measured on a bf16-to-fp32 cast ([Note: vectorized kernels] in costs.py);
 * ``copy_efficiency``, ``cast_efficiency``, ``elementwise_efficiency``,
   ``optimizer_efficiency``, ``pcie_efficiency``: the fraction of the HBM (or PCIe) peak
   that each kind of memory-bound kernel streams its bytes at, the bytes counted as the
@@ -97,6 +104,14 @@ GPU_DIR = Path(__file__).parent / "gpus"
 PRESET_FORMAT = "zerobench-gpu-preset/1"
 #: SDPA backends a preset may carry an efficiency for (math is priced as its kernels).
 ATTENTION_BACKENDS = ("cudnn", "flash", "efficient")
+#: What a preset's clocks may be ([Note: clocks under load] in costs.py).
+CLOCKS = ("step", "sustained", "burst")
+#: GEMM layouts: which of the two operands is a transposed view (gemm.py, [Note: GEMM layouts]).
+LAYOUTS = ("nn", "nt", "tn", "tt")
+#: The fields of one row of an attention grid in a preset file.
+ATTENTION_ROW = ("backend", "seq", "head_dim", "forward", "backward")
+#: The fields of one measured GEMM in a preset file.
+GEMM_ROW = ("layout", "m", "n", "k", "dtype", "seconds")
 #: dtype names in a preset file.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -128,19 +143,35 @@ class GpuPreset:
     """Board power with a CUDA context and nothing running (the part of the power that does not scale with clocks)."""
     matmul_efficiency: float = 0.78
     """Fraction of the dense peak a full wave of large GEMM tiles reaches in a burst."""
+    matmul_layouts: dict | None = None
+    """The same per layout (``nn``, ``nt``, ``tn``, ``tt``: which operand is a transposed view,
+    gemm.py [Note: GEMM layouts]); a layout without a figure takes ``matmul_efficiency``."""
+    gemm_measured: tuple = ()
+    """GEMMs timed alone in a burst, each ``(layout, m, n, k, dtype, seconds)``: a GEMM of one of
+    these layouts, shapes and dtypes is priced at its measured time, any other by the tile model."""
     sustained_ratio: float = 1.0
-    """Sustained over burst rate of compute-bound kernels at the board limit."""
-    clocks: str = "sustained"
-    """``sustained`` (a training step; [Note: clocks under load] in costs.py) or ``burst`` (a
-    microbenchmark's few milliseconds)."""
+    """Rate of compute-bound kernels run back to back for seconds at the board limit (a GEMM
+    loop), over their burst rate."""
+    step_ratio: float | None = None
+    """Rate of compute-bound kernels in a training step over their burst rate, where traced
+    steps measured it; None: ``sustained_ratio`` ([Note: clocks under load] in costs.py)."""
+    clocks: str = "step"
+    """``step`` (a training step), ``sustained`` (a GEMM loop at the power limit) or ``burst``
+    (a microbenchmark's few milliseconds): [Note: clocks under load] in costs.py."""
     attention_cudnn: tuple | None = None
     """(forward, backward) fractions of the dense peak of cuDNN's fused attention; None: no figure."""
     attention_flash: tuple | None = (0.35, 0.30)
     attention_efficient: tuple | None = (0.175, 0.10)
+    attention_grid: tuple = ()
+    """Fused attention measured over shapes, each ``(backend, seq, head_dim, forward, backward)``
+    (fractions of the dense peak, burst): a backend with rows here is priced by them over
+    sequence length and head size ([Note: attention over shapes] in costs.py), any other by
+    its ``attention_<backend>`` pair."""
     copy_efficiency: float = 0.90
     """Fraction of the HBM peak a same-dtype copy streams its bytes (read and written) at."""
     cast_efficiency: float = 0.90
-    """The same for a copy that changes dtype."""
+    """The same for a copy or pointwise kernel PyTorch does not vectorize (most casts; strided,
+    broadcast or mixed-dtype operands: [Note: vectorized kernels] in costs.py)."""
     elementwise_efficiency: float = 0.90
     """The same for other memory-bound kernels (pointwise, norms, softmax, losses), their passes counted."""
     optimizer_efficiency: float = 0.90
@@ -172,9 +203,29 @@ class GpuPreset:
             if pair is not None and (len(pair) != 2 or not all(0 < x <= 1 for x in pair)):
                 raise ValueError(f"gpu preset {self.name}: attention_{backend} {pair!r} is not allowed "
                                  "(allowed: [forward, backward], each 0 < x <= 1)")
-        if self.clocks not in ("sustained", "burst"):
+        if self.clocks not in CLOCKS:
             raise ValueError(f"gpu preset {self.name}: clocks {self.clocks!r} is not allowed "
-                             "(allowed: sustained, burst)")
+                             f"(allowed: {', '.join(CLOCKS)})")
+        if self.step_ratio is not None and not 0 < self.step_ratio:
+            raise ValueError(f"gpu preset {self.name}: step_ratio {self.step_ratio!r} is not allowed "
+                             "(allowed: null, or x > 0)")
+        for layout, value in (self.matmul_layouts or {}).items():
+            if layout not in LAYOUTS or not 0 < value <= 1:
+                raise ValueError(f"gpu preset {self.name}: matmul_layouts {layout}: {value!r} is not allowed "
+                                 f"(allowed: layouts {', '.join(LAYOUTS)}, each 0 < x <= 1)")
+        for row in self.attention_grid:
+            if (len(row) != 5 or row[0] not in ATTENTION_BACKENDS or not all(isinstance(x, int) and x > 0
+                                                                           for x in row[1:3])
+                    or not all(0 < x <= 1 for x in row[3:])):
+                raise ValueError(f"gpu preset {self.name}: attention_grid row {row!r} is not allowed (allowed: "
+                                 f"{{backend: {'/'.join(ATTENTION_BACKENDS)}, seq, head_dim: > 0, forward, backward: "
+                                 "0 < x <= 1}})")
+        for row in self.gemm_measured:
+            if (len(row) != 6 or row[0] not in LAYOUTS or row[4] not in DTYPES or not row[5] > 0
+                    or not all(isinstance(x, int) and x > 0 for x in row[1:4])):
+                raise ValueError(f"gpu preset {self.name}: gemm_measured row {row!r} is not allowed (allowed: "
+                                 f"{{layout: {'/'.join(LAYOUTS)}, m, n, k: > 0, dtype: {'/'.join(DTYPES)}, "
+                                 "seconds: > 0}})")
         if self.power_cap_w is not None and not 0 < self.power_cap_w:
             raise ValueError(f"gpu preset {self.name}: power_cap_w {self.power_cap_w!r} is not allowed "
                              "(allowed: watts > 0)")
@@ -214,14 +265,37 @@ class GpuPreset:
     @property
     def compute_scale(self) -> float:
         """The rate of compute-bound kernels over their burst rate, at these clocks."""
-        return 1.0 if self.clocks == "burst" else self.sustained_ratio * self.cap_factor
+        if self.clocks == "burst":
+            return 1.0
+        if self.clocks == "step" and self.step_ratio is not None:
+            return self.step_ratio * self.cap_factor
+        return self.sustained_ratio * self.cap_factor
 
-    def flops_per_s(self, dtype: torch.dtype) -> float:
-        """What a full wave of large GEMM tiles reaches at these clocks (costs.py prices shapes around it)."""
-        return self.peak(dtype) * self.matmul_efficiency * self.compute_scale
+    def flops_per_s(self, dtype: torch.dtype, layout: str | None = None) -> float:
+        """What a full wave of large GEMM tiles of ``layout`` reaches at these clocks (costs.py
+        prices shapes around it)."""
+        return self.peak(dtype) * self.matmul_efficiency_of(layout) * self.compute_scale
 
-    def attention_efficiency(self, backend: str, backward: bool) -> float:
-        """The fraction of the dense peak ``backend``'s fused attention reaches in a burst."""
+    def matmul_efficiency_of(self, layout: str | None) -> float:
+        """The large-GEMM efficiency of ``layout`` (``matmul_efficiency`` where none is given)."""
+        return (self.matmul_layouts or {}).get(layout, self.matmul_efficiency)
+
+    def measured_gemm(self, layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> float | None:
+        """The burst seconds of a GEMM of this layout, shape and dtype timed alone, or None."""
+        name = _DTYPE_NAMES.get(dtype)
+        for row in self.gemm_measured:
+            if row[:5] == (layout, m, n, k, name):
+                return row[5]
+        return None
+
+    def attention_efficiency(self, backend: str, backward: bool, seq: int | None = None,
+                             head_dim: int | None = None) -> float:
+        """The fraction of the dense peak ``backend``'s fused attention reaches in a burst, at
+        this sequence length and head size where the preset's grid has the backend
+        ([Note: attention over shapes] in costs.py)."""
+        grid = [r for r in self.attention_grid if r[0] == backend]
+        if grid and seq and head_dim:
+            return _grid_efficiency(grid, seq, head_dim, 4 if backward else 3)
         pair = getattr(self, f"attention_{backend}", None)
         if pair is None:
             raise ValueError(f"gpu preset {self.name}: no attention_{backend} figure for the SDPA backend torch "
@@ -255,6 +329,10 @@ class GpuPreset:
             value = getattr(self, f.name)
             if f.name == "peak_flops":
                 value = {_DTYPE_NAMES.get(k, str(k)): v for k, v in value.items()}
+            elif f.name == "gemm_measured":
+                value = [dict(zip(GEMM_ROW, row)) for row in value]
+            elif f.name == "attention_grid":
+                value = [dict(zip(ATTENTION_ROW, row)) for row in value]
             elif isinstance(value, tuple):
                 value = {"forward": value[0], "backward": value[1]}
             out[f.name] = value
@@ -280,6 +358,25 @@ FIGURES = tuple(f.name for f in dataclasses.fields(GpuPreset)
                 if f.name not in NOT_FIGURES)
 
 
+def _grid_efficiency(grid: list[tuple], seq: int, head_dim: int, column: int) -> float:
+    """An attention grid's efficiency at ``seq`` and ``head_dim``: the nearest measured head
+    size (by ratio), then linear in log2 of the sequence length between its two measured
+    neighbours, the end's figure beyond the ends ([Note: attention over shapes] in costs.py)."""
+    import math
+
+    nearest = min({r[2] for r in grid}, key=lambda d: (abs(math.log2(d / head_dim)), d))
+    points = sorted((r[1], r[column]) for r in grid if r[2] == nearest)
+    if seq <= points[0][0]:
+        return points[0][1]
+    if seq >= points[-1][0]:
+        return points[-1][1]
+    for (s0, e0), (s1, e1) in zip(points, points[1:]):
+        if s0 <= seq <= s1:
+            w = (math.log2(seq) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+            return e0 + w * (e1 - e0)
+    return points[-1][1]
+
+
 def figure_value(name: str, value):
     """A figure's value from its file form into the dataclass's."""
     if name == "peak_flops":
@@ -287,6 +384,24 @@ def figure_value(name: str, value):
         if bad:
             raise ValueError(f"peak_flops: {bad[0]!r} is not allowed (allowed: {', '.join(DTYPES)})")
         return {DTYPES[k]: float(v) for k, v in value.items()}
+    if name == "gemm_measured":
+        try:
+            return tuple((str(r["layout"]), int(r["m"]), int(r["n"]), int(r["k"]), str(r["dtype"]), float(r["seconds"]))
+                         for r in value)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"gemm_measured: {value!r} is not allowed (allowed: a list of "
+                             f"{{{', '.join(GEMM_ROW)}}}): {err}") from None
+    if name == "attention_grid":
+        try:
+            return tuple((str(r["backend"]), int(r["seq"]), int(r["head_dim"]), float(r["forward"]),
+                          float(r["backward"])) for r in value)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"attention_grid: {value!r} is not allowed (allowed: a list of "
+                             f"{{{', '.join(ATTENTION_ROW)}}}): {err}") from None
+    if name == "matmul_layouts":
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"matmul_layouts: {value!r} is not allowed (allowed: {{layout: efficiency}} or null)")
+        return None if value is None else {str(k): float(v) for k, v in value.items()}
     if name.startswith("attention_"):
         if value is None:
             return None
