@@ -239,3 +239,18 @@ def test_a_workload_named_for_its_tool_names_its_folder_once(tmp_path):
     assert new_results_folder(tmp_path, named, "estimate").name.endswith("-llama3-8b-estimate")
     assert not new_results_folder(tmp_path, named, "estimate").name.endswith("-estimate-estimate")
     assert new_results_folder(tmp_path, plain, "predict").name.endswith("-llama3-8b-predict")
+
+
+def test_the_model_states_table_says_why_zero1_is_above_the_formula():
+    import pandas as pd
+
+    from zerobench.analysis.render import text
+    from zerobench.whatif.estimate.report import model_states_table
+
+    rows = [{"config": c, "engine": e, "world_size": 1024, "zero_stage": s, "status": "ok", "peak_mem_bytes": 1.0,
+             "paper_model_states_bytes": m, "paper_analytic_model_states_bytes": 100.0}
+            for c, e, s, m in (("impl-zero1-bf16", "impl-zero1", 1, 159.42), ("impl-zero2-bf16", "impl-zero2", 2, 100.0),
+                               ("ddp-bf16", "ddp", 0, 100.0))]
+    shown = text(model_states_table(pd.DataFrame(rows)), 200)
+    assert "+59.42" in shown and "impl-zero1-bf16: above the formula because" in shown and "whole parameters" in shown
+    assert "impl-zero2-bf16:" not in shown

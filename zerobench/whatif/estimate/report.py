@@ -16,6 +16,13 @@ from zerobench.whatif.cells import ran_notes
 PAPER_CONVENTION = "the ZeRO paper's mixed-precision convention, 2 + 2 + K bytes per element"
 
 
+#: The engines whose optimizer-state shard is made of whole parameters (torch's
+#: ZeroRedundancyOptimizer's sorted-greedy partition, which impl/zero/partition.py follows),
+#: not an even share of the elements: their largest shard is above the formula's 1/N when
+#: the parameters do not split evenly (a few large ones, or few per rank at a large N).
+WHOLE_PARAMETER_SHARDS = ("torch-zero1", "impl-zero1")
+
+
 def folder_unit(frame) -> tuple[str, int]:
     """The unit every table and plot of an estimate shows memory in ([Note: one unit a
     folder] in zerobench/analysis/render.py): DDP's peaks decide, else the median peak."""
@@ -65,6 +72,12 @@ def model_states_table(frame) -> Table:
     for k, (_, r) in enumerate(ok.iterrows()):
         table.add_row(r["config"], int(r["world_size"]), int(r["zero_stage"]), both[k], both[len(ok) + k],
                       format_column([diff[k]], decimals=2, signed=True)[0])
+    uneven = sorted({r["config"] for (_, r), d in zip(ok.iterrows(), diff)
+                     if r.get("engine") in WHOLE_PARAMETER_SHARDS and d == d and d > 1.0})
+    if uneven:
+        table.notes.append(f"{', '.join(uneven)}: above the formula because ZeroRedundancyOptimizer (and impl's "
+                           f"ZeRO-1) gives each rank whole parameters, not 1/ws of the elements; the rank measured "
+                           f"holds the largest shard, the more so the fewer parameters each rank gets")
     return table
 
 
