@@ -302,3 +302,21 @@ def test_engines_into_a_closed_pipe_ends_quietly():
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert proc.stdout.strip() == "every engine"
     assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_list_shows_calibrate_folders_and_says_what_an_undated_folder_is(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    cal = tmp_path / "20261128-063000-calibrate-cuda"
+    cal.mkdir()
+    (cal / "measurements.json").write_text(json.dumps({
+        "env": {"name": "NVIDIA H200"}, "kernels": [{"kernel": "gemm"}, {"kernel": "copy"}], "host": {},
+        "failed": [{"section": "collectives"}]}))
+    base = tmp_path / "baselines" / "predict-ci"
+    base.mkdir(parents=True)
+    (base / "predict.csv").write_text("config,world_size,status\nddp-bf16,8,ok\n")
+    assert main(["list", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "NVIDIA H200" in line)
+    assert " calibrate " in line and "2026-11-28 06:30" in line
+    assert re.search(r"06:30\s+4\s+3\s+1\b", line), line  # gemm, memory, host measured; collectives failed
+    assert "date -: the folder records none" in out

@@ -209,7 +209,7 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
     from zerobench.runs.kinds import results_folders
 
     console = console or make_console()
-    folders = results_folders(results_root)
+    folders = sorted(results_folders(results_root) + _calibrate_folders(results_root), key=lambda kf: str(kf[1]))
     if not folders:
         console.print(Text(f"no runs, estimates or predictions under {results_root}"))
         return
@@ -218,10 +218,53 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
                    Column("ok"), Column("failed"), Column("skipped"), Column("not run"), Column("git", "left")],
                   title=f"results under {results_root}")
     for kind, folder in folders:
-        row = _list_row(kind, folder)
+        row = _list_row(kind, folder) if kind != "calibrate" else _calibrate_row(folder)
         table.add_row(str(folder.relative_to(results_root)), kind, row["workload"], row["date"],
                       *(str(row[k]) for k in ("cells", "ok", "failed", "skipped", "not run")), row["git"])
+    undated = [row for row in table.rows if row[3] == "-"]
+    if undated:
+        table.notes.append("date -: the folder records none (a baseline or curated folder keeps only its tables; "
+                           "its README.md says when and how it was made)")
     print_table(table, console)
+
+
+def _calibrate_folders(root: Path, depth: int = 3) -> list[tuple[str, Path]]:
+    """("calibrate", folder) of every folder ``zerobench calibrate`` wrote under ``root``
+    (its measurements.json), as deep as results_folders looks."""
+    found = []
+    try:
+        children = sorted(p for p in Path(root).iterdir() if p.is_dir())
+    except OSError:
+        return found
+    for child in children:
+        if (child / "measurements.json").is_file():
+            found.append(("calibrate", child))
+        elif depth > 1:
+            found += _calibrate_folders(child, depth - 1)
+    return found
+
+
+def _calibrate_row(folder: Path) -> dict:
+    """What `zerobench list` shows of a calibrate folder: the GPU it measured (as its
+    workload), its sections as cells: measured, or failed (measurements.json's "failed")."""
+    import json
+
+    row = {"workload": "?", "date": _stamp(folder.name), "cells": "-", "ok": "-", "failed": "-", "skipped": "-",
+           "not run": "", "git": ""}
+    try:
+        measured = json.loads((folder / "measurements.json").read_text())
+    except (OSError, ValueError):
+        return {**row, "workload": "(damaged measurements.json)"}
+    if not isinstance(measured, dict):
+        return {**row, "workload": "(damaged measurements.json)"}
+    section_of = {"gemm": "gemm", "attention": "attention", "optimizer": "optimizer"}  # else a memory kernel
+    done = {section_of.get(str(r.get("kernel")), "memory") for r in measured.get("kernels", []) if isinstance(r, dict)}
+    done |= {key for key in ("host", "collectives", "sustained") if key in measured}
+    failed = len(measured.get("failed", []))
+    env = measured.get("env", {})
+    row.update(workload=str(env.get("name") or env.get("device") or "?"), ok=len(done), failed=failed,
+               cells=len(done) + failed)
+    return row
 
 
 def _list_row(kind: str, folder: Path) -> dict:
@@ -268,8 +311,8 @@ def _statuses(table: Path, per: str | None) -> list[str]:
 
 
 def _stamp(name: str) -> str:
-    """"2026-11-24 12:00" from a folder named <date>-<time>-..., else "?"."""
+    """"2026-11-24 12:00" from a folder named <date>-<time>-..., else "-" (no date recorded)."""
     import re
 
     m = re.match(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})(\d{2})", name)
-    return f"{m[1]}-{m[2]}-{m[3]} {m[4]}:{m[5]}" if m else "?"
+    return f"{m[1]}-{m[2]}-{m[3]} {m[4]}:{m[5]}" if m else "-"
