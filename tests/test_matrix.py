@@ -90,7 +90,7 @@ def test_narrowing_the_engines_drops_their_axes_with_a_note():
 
 def test_unknown_engine_is_an_error():
     with pytest.raises(WorkloadError, match=r"matrix.engine: 'deepspeed' is not allowed; did you mean "
-                                            r"'deepspeed-zero\d'\? \(allowed: 'ddp'"):
+                                            r"one of 'deepspeed-zero1', 'deepspeed-zero2', 'deepspeed-zero3'\? \(allowed: 'ddp'"):
         cells({"engine": ["deepspeed"]})
 
 

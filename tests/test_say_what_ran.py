@@ -131,3 +131,26 @@ def test_a_prediction_and_an_estimate_say_what_ran_in_the_row_and_under_the_tabl
     assert pd.isna(rows.loc[("torch-fsdp2-fp32", 1), "note"])
     out = capsys.readouterr().out
     assert "torch-fsdp1-fp32 at ws1: ran sharding_strategy=NO_SHARD" in out
+
+
+@pytest.mark.slow
+def test_a_bf16_loss_is_said_where_it_happened_and_not_elsewhere(tmp_path):
+    """[Note: say what surprises]: fully_shard's bf16 forward leaves a GPT's loss bf16, and
+    its row says so with the setting that closes the gap; DDP autocasts (an fp32 loss, no
+    note), and with model.loss_dtype = "fp32" fully_shard's loss is fp32 and unnoted too."""
+    from zerobench.cli import main
+    from zerobench.engines.base import BF16_LOSS_NOTE
+
+    (tmp_path / "w.toml").write_text(
+        'name = "bf16"\n[model]\nkind = "gpt"\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 16\nvocab = 64\n'
+        '[data]\nbatch_size = 2\nsteps = 2\nwarmup_steps = 1\n[run]\nmemory_pass = false\nreference = false\n'
+        '[matrix]\nengine = ["ddp", "torch-fsdp2"]\nworld_size = [1]\ndtype = ["bf16"]\n')
+    for loss_dtype, results in (("model", tmp_path / "a"), ("fp32", tmp_path / "b")):
+        argv = ["run", str(tmp_path / "w.toml"), "--results", str(results), "--no-plots",
+                "--set", f'model.loss_dtype="{loss_dtype}"']
+        assert main(argv) == 0
+        (run,) = results.iterdir()
+        notes = {c: json.loads((run / "cells" / f"{c}.json").read_text()).get("note") or ""
+                 for c in ("ddp-ws1-bf16", "torch-fsdp2-ws1-bf16")}
+        assert BF16_LOSS_NOTE not in notes["ddp-ws1-bf16"]
+        assert (BF16_LOSS_NOTE in notes["torch-fsdp2-ws1-bf16"]) == (loss_dtype == "model"), notes

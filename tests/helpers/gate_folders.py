@@ -39,6 +39,7 @@ def _cell_records(rank: int, world_size: int, workload, cell_ids: list[str]) -> 
         session = Session(workload, cell, world)
         engine = session.build()
         record = timing_pass(session, engine)
+        record.pop("loss_dtype")  # the worker's note reads it; a rank record does not keep it
         del engine
         gc.collect()
         record["metrics"].update(memory_pass(session)["metrics"])

@@ -150,6 +150,23 @@ def no_decay_groups(module: nn.Module) -> list[dict[str, Any]]:
 # cell runs what the engine will ignore of it; ``Engine.ran`` says what it changed.
 
 
+# [Note: say what surprises]
+# Some figures of a correct engine look like bugs. In bf16 the FSDPs and DeepSpeed run the
+# forward with bf16 copies of the parameters, so on a model whose head computes the loss
+# from its logits (GPT, Llama) the loss itself is bf16, where DDP and ZeRO-1/2 autocast
+# and keep it fp32: their "loss dev" is then bf16's rounding of the loss (about 4e-3 of
+# it: 5e-2 at a loss of 11) against DDP's 1e-4. The rank sees the loss's dtype, so the
+# note says so where it happened (the worker, :data:`BF16_LOSS_NOTE`), not by engine.
+# DeepSpeed allocates its gradient bucket whole, so a small model's ZeRO-3 peaks above
+# DDP's (DeepSpeedZeroEngine.notes). Each note names the setting that changes it;
+# docs/deepspeed.md says why.
+
+#: The note of a bf16 cell whose loss came out bf16 ([Note: say what surprises]).
+BF16_LOSS_NOTE = ("loss in bf16: the engine's mixed precision runs the forward, and so the loss, in bf16 (DDP "
+                  "autocasts: its loss is fp32), so loss dev is bf16's rounding of the loss, not a bug; "
+                  "model.loss_dtype = \"fp32\" (GPT and Llama) computes the loss in fp32")
+
+
 def ran_note(ran: dict[str, dict[str, Any]]) -> str | None:
     """The note for what an engine ran instead (``{axis: {"value": ..., "why": ...}}``, a
     cell record's ``ran``), or None."""
@@ -162,10 +179,11 @@ def ran_record(engine: "Engine") -> dict[str, dict[str, Any]]:
     return {axis: {"value": value, "why": why} for axis, (value, why) in engine.ran().items()}
 
 
-def row_note(cell_note: str | None, ran: dict[str, dict[str, Any]]) -> str | None:
+def row_note(cell_note: str | None, ran: dict[str, dict[str, Any]], seen: str | None = None) -> str | None:
     """A row's note: what the engine ignored of the cell (``Cell.note``, from
-    :meth:`Engine.notes`) and what it ran instead (:func:`ran_note`), or None."""
-    return "; ".join(filter(None, (cell_note, ran_note(ran)))) or None
+    :meth:`Engine.notes`), what it ran instead (:func:`ran_note`) and what the rank saw
+    that reads as a bug (``seen``: [Note: say what surprises]), or None."""
+    return "; ".join(filter(None, (cell_note, ran_note(ran), seen))) or None
 
 
 class Engine:
@@ -224,9 +242,10 @@ class Engine:
 
     @classmethod
     def notes(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
-        """What of this combination the engine ignores on this device, or None: the cell
-        runs, and its record and table row carry the note (``note``), so that a figure is
-        never read as the effect of a setting that had none."""
+        """What of this combination the engine ignores on this device, or does that a reader
+        would take for a bug, or None: the cell runs, and its record and table row carry the
+        note (``note``), so that a figure is never read as the effect of a setting that had
+        none ([Note: say what surprises])."""
         return None
 
     def ran(self) -> dict[str, tuple[Any, str]]:

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing import errors as elastic_errors
 
-from zerobench.engines.base import ran_record, row_note
+from zerobench.engines.base import BF16_LOSS_NOTE, ran_record, row_note
 from zerobench.instruments.memory import StorageTracker, measure_exact_step
 from zerobench.rank import devices
 from zerobench.rank.protocol import HARNESS_ENV, code_root, torchrun_env
@@ -116,6 +116,7 @@ def timing_pass(session: Session, engine) -> dict:
             result = session.measured_step(engine, step)
             times.append(result.seconds)
             losses.append(float(result.loss))
+            loss_dtype = str(result.loss.dtype).removeprefix("torch.")
     metrics = _time_metrics(times, ctx.world_size * d.batch_size, samples_to_tokens(session.workload.model))
     metrics.update(engine.extra_metrics())
     metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
@@ -123,7 +124,7 @@ def timing_pass(session: Session, engine) -> dict:
     if ctx.device.type == "cuda":
         metrics.update(_mfu(session.workload, session.cell.dtype, metrics, ctx))
     metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
-    return {"metrics": metrics, "step_times": times, "losses": losses}
+    return {"metrics": metrics, "step_times": times, "losses": losses, "loss_dtype": loss_dtype}
 
 
 def profile_pass(session: Session, engine, trace_path: Path) -> None:
@@ -293,6 +294,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         engine = session.build()
         ran = ran_record(engine)
         rank_record = timing_pass(session, engine)
+        loss_dtype = rank_record.pop("loss_dtype")  # this rank's; rank 0's goes in the note
         if ran:
             rank_record["ran"] = ran  # See [Note: say what ran] (zerobench/engines/base.py)
         if profile:
@@ -326,7 +328,7 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
             if ran:
                 cell_record["ran"] = ran
             # what the engine ignored here (Engine.notes), and what it ran instead (Engine.ran)
-            note = row_note(cell.note, ran)
+            note = row_note(cell.note, ran, BF16_LOSS_NOTE if loss_dtype == "bfloat16" else None)
             if note:
                 cell_record["note"] = note
             folder.write_cell(cell_record)
