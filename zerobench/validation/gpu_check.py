@@ -88,9 +88,10 @@ EXPOSED_MIN = 0.8  # ... and the share that must be exposed without prefetch
 
 class Target:
     """Where a check runs: a world of one rank (zerobench/rank/worlds.py) on a real GPU
-    (``torch.cuda``, ``cuda:0``, NCCL) or on the virtual one (zerobench.instruments.vgpu:
-    its device module, CPU tensors, a fake process group). The checks below are written
-    once against this, so ``--virtual`` runs the same check code as a GPU does."""
+    (``torch.cuda``, the first visible GPU, NCCL) or on the virtual one
+    (zerobench.instruments.vgpu: its device module, CPU tensors, a fake process group).
+    The checks below are written once against this, so ``--virtual`` runs the same check
+    code as a GPU does. The device is the world's, always with its index."""
 
     def __init__(self, virtual: bool = False, **vgpu_options):
         self.virtual = virtual
@@ -104,8 +105,7 @@ class Target:
         else:
             self.gpu = None
             self.module = torch.cuda
-            self.device = torch.device("cuda", 0)
-            self.device_id = torch.device("cuda", 0)
+            self.device = self.device_id = None  # the world's, once entered
         self.world = None
 
     def __enter__(self) -> "Target":
@@ -115,12 +115,15 @@ class Target:
         if dist.is_initialized():  # inside a world someone else made (pytest -m cuda)
             if self.gpu is not None:
                 self.gpu.__enter__()
+            elif self.device is None:
+                self.device = self.device_id = torch.device("cuda", torch.cuda.current_device())
             return self
         if self.virtual:
             self.world = FakeWorld(1, gpu=self.gpu)
         else:
             _one_rank_env()
             self.world = TorchrunWorld("cuda")
+            self.device = self.device_id = self.world.device
         self.world.__enter__()
         return self
 
@@ -133,18 +136,17 @@ class Target:
 
 
 def _one_rank_env() -> None:
-    """The torchrun environment of a world of one rank, where none is set."""
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                        ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(name, value)
-    if "MASTER_PORT" not in os.environ:
-        from zerobench.harness.launch import free_port
+    """The torchrun environment of a world of one rank on this machine, whatever the
+    environment held: values inherited from a Slurm step or a torchrun job (RANK 5 of 16,
+    a MASTER_ADDR on another node) would make this process wait for ranks that never come."""
+    from zerobench.harness.launch import free_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
 
 
 def _init_single() -> None:
-    """A process group of one rank on cuda:0 (NCCL), left open: for GPU tests and scripts."""
+    """A process group of one rank on the first visible GPU (NCCL), left open: for GPU tests and scripts."""
     if not dist.is_initialized():
         from zerobench.rank.worlds import TorchrunWorld
 
