@@ -89,10 +89,18 @@ def main(args) -> int:
     out = args.out or folder / "preset.json"
     write_json_atomic(out, preset)
     load_preset_file(out)  # what was written reads back as a preset
+    from zerobench.validation.calibrate.collectives import link_file
+
+    link = link_file(measured)  # the collectives measured over several GPUs, for predict --link
+    if link is not None:
+        link_out = out.with_name("link.json")
+        write_json_atomic(link_out, link)
     for note in measured.get("notes", []):
         print(f"note: {note}")
     print(f"measurements: {where}")
     print(f"preset: {out} (zerobench predict WORKLOAD --gpu {out})")
+    if link is not None:
+        print(f"link: {link_out} (zerobench predict WORKLOAD --link {link_out})")
     print(json.dumps({k: v["value"] for k, v in preset["figures"].items()
                       if k.endswith("efficiency") or k.startswith("attention") or k == "sustained_ratio"}))
     return 0

@@ -5,9 +5,9 @@ reduce-scatter's input, an all-reduce's buffer; bus bandwidth = size / time x th
 collective's bus factor, zerobench/instruments/link.py). With one GPU there is nothing to
 measure, and the section says so.
 
-These are recorded in the measurements file beside the kernels; the link presets that
-``predict --link`` takes are published curves (zerobench/instruments/vgpu/comm.py) and
-do not read them.
+These are recorded in the measurements file beside the kernels, and make a link file
+(:func:`link_file`, [Note: measured links] in zerobench/instruments/link.py) that
+``predict --link FILE`` prices collectives with, in place of a published curve.
 """
 
 from __future__ import annotations
@@ -106,3 +106,17 @@ def measure(device: torch.device, size: str, budget_s: float, log, ranks: int | 
     for row in rows:
         log(f"  {row['kind']} {row['nbytes'] / 2**20:.0f} MiB over {world}: {row['busbw_gbps']:.1f} GB/s bus")
     return {"world_size": world, "rows": rows}
+
+
+def link_file(measured: dict) -> dict | None:
+    """The link file of calibrate's measurements (``measured``: calibrate's whole output),
+    or None where its collectives section measured nothing (one GPU, not run)."""
+    from zerobench.instruments.link import link_file_contents
+
+    rows = (measured.get("collectives") or {}).get("rows") or []
+    if not rows:
+        return None
+    env = measured.get("env", {})
+    world = rows[0]["world_size"]
+    name = f"measured-{world}x-{str(env.get('name') or env.get('device') or 'device').replace(' ', '-')}"
+    return link_file_contents(rows, name, f"zerobench calibrate, collectives over {world} ranks ({env.get('device')})")
