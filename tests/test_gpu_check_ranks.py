@@ -27,6 +27,11 @@ def test_the_limiter_check_on_two_ranks_shards_across_them_and_bounds_the_pile(t
     assert off["peak_active_above_base_units"] >= 7.5  # all 8 units' gathered buffers at once
     assert on["limiter_stalls"] > 0 and off["limiter_stalls"] == 0
     assert not list(tmp_path.iterdir())  # the ranks' own files are gone; the caller writes the result
+    # torch's FSDP1 beside impl's (issue 39 item 6): on this check, the same pile-up and the same bound
+    fsdp1 = out["torch_fsdp1"]
+    assert fsdp1["with_limiter"]["peak_active_above_base_units"] == pytest.approx(2, abs=0.1)
+    assert fsdp1["without_limiter"]["peak_active_above_base_units"] == pytest.approx(
+        off["peak_active_above_base_units"], abs=0.1)
 
 
 def test_the_overlap_check_on_two_ranks_tells_prefetch_from_none(tmp_path):
@@ -105,3 +110,10 @@ def test_gpu_check_on_one_gpu_stays_as_it_was(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--ranks" not in calls.read_text() and "busbw" not in calls.read_text()
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["deadline_s"] == 360
+
+
+def test_the_one_rank_limiter_check_says_why_fsdp1_is_not_beside_it():
+    from zerobench.validation.gpu_check import Target, limiter_check
+
+    out = limiter_check(Target(virtual=True), units=4, unit_mb=1)
+    assert out["torch_fsdp1"].startswith("not run: torch's FSDP1 runs NO_SHARD with a shard group of one rank")

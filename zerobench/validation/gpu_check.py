@@ -366,8 +366,26 @@ def notice_completed_frees(target: Target) -> None:
     torch.empty(1, device=target.device)
 
 
+def _wrap_fsdp1(model: nn.Module, target: Target, limit: bool):
+    """``model`` under torch's FSDP1, one unit per block, FULL_SHARD over every rank (FSDP1's
+    limiter has a fixed depth of 2: ``_FreeEventQueue``)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+    from torch.distributed.fsdp import ShardingStrategy
+
+    device_id = target.device_id if target.device_id is not None else torch.device("cpu")
+    wrap = dict(process_group=dist.group.WORLD, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                device_id=device_id, limit_all_gathers=limit)
+    for i, u in enumerate(model.units):
+        model.units[i] = FSDP1(u, **wrap)
+    return FSDP1(model, **wrap)
+
+
+#: The engines of the limiter check: impl's FSDP, and torch's FSDP1 beside it (on 2 ranks or more).
+LIMITER_ENGINES = ("impl", "torch-fsdp1")
+
+
 def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, units: int, unit_mb: float,
-                  empty_cache: bool = False) -> dict:
+                  empty_cache: bool = False, engine: str = "impl") -> dict:
     m = target.module
     width = int((unit_mb * 2**20 / 4) ** 0.5)
     unit_bytes = width * width * 4
@@ -376,8 +394,11 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
     # this model's reserved memory can be told from it.
     reserved_before = m.memory_stats()["reserved_bytes.all.current"]
     torch.manual_seed(0)
-    model = _wrap(_Model(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
-                  limiter_depth=depth)
+    if engine == "impl":
+        model = _wrap(_Model(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
+                      limiter_depth=depth)
+    else:
+        model = _wrap_fsdp1(_Model(units, width, compute_cycles, m).to(target.device), target, limit)
     x = torch.randn(4, width, device=target.device)
     with torch.no_grad():
         # Warm-up, until the cache stops growing: it leaves the blocks the measured forward
@@ -400,13 +421,14 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
         notice_completed_frees(target)
         m.reset_peak_memory_stats()
         base = m.memory_stats()
-        model.limiter_metrics()  # the warm-up's counters, dropped
+        if engine == "impl":
+            model.limiter_metrics()  # the warm-up's counters, dropped
         start = target.gpu.host_clock() if target.virtual else time.perf_counter()
         model(x)
         enqueue_s = (target.gpu.host_clock() if target.virtual else time.perf_counter()) - start
         m.synchronize()
     stats = m.memory_stats()
-    metrics = model.limiter_metrics()
+    metrics = model.limiter_metrics() if engine == "impl" else {"limiter_stalls": None}
     del model
     m.empty_cache()
     active, allocated = base["active_bytes.all.current"], base["allocated_bytes.all.current"]
@@ -424,14 +446,21 @@ def limiter_check(target: Target | None = None, depth: int = 2, compute_ms: floa
     it), with and without ``limit_all_gathers``, in units. Passes when it is within
     ``depth + 1`` units with the limiter and beyond that without it. See [Note: GPU checks]."""
     target = target or Target()
+    fsdp1 = None
     with target:
         c = int(compute_ms * cycles_per_ms(target.module))
         on, off = (_forward_peak(target, limit, depth, c, units, unit_mb, empty_cache) for limit in (True, False))
+        if target.size > 1:  # FSDP1 runs NO_SHARD, nothing gathered, with a shard group of one rank
+            fsdp1 = {"with_limiter": _forward_peak(target, True, 2, c, units, unit_mb, empty_cache, "torch-fsdp1"),
+                     "without_limiter": _forward_peak(target, False, 2, c, units, unit_mb, empty_cache, "torch-fsdp1")}
     bound = depth + 1
     for result in (on, off):
         result["within_bound"] = result["peak_active_above_base_units"] <= bound + 0.25
     out = {"units": units, "unit_mb": unit_mb, "depth": depth, "compute_ms": compute_ms, "bound_units": bound,
            "with_limiter": on, "without_limiter": off, "virtual": target.virtual}
+    out["torch_fsdp1"] = fsdp1 if fsdp1 is not None else (
+        "not run: torch's FSDP1 runs NO_SHARD with a shard group of one rank (one GPU); it runs on every GPU of a "
+        "node of several")
     out["pass"] = on["within_bound"] and not off["within_bound"] and on["limiter_stalls"] > 0
     return out
 
@@ -665,7 +694,7 @@ def main(argv: list[str]) -> int:
               "virtual GPU)", file=sys.stderr)
         return 2
     if ranks > 1:
-        result = on_ranks(argv[0], ranks, Path(argv[1]), virtual)
+        result = on_ranks(argv[0], ranks, Path(argv[1]), virtual, timeout_s=600.0 if virtual else 120.0)  # CPU ranks: slower
     elif argv[0] == "busbw":
         result = busbw()
     else:
