@@ -384,6 +384,18 @@ def _wrap_fsdp1(model: nn.Module, target: Target, limit: bool):
 LIMITER_ENGINES = ("impl", "torch-fsdp1")
 
 
+def _on_every_rank(flag: bool, target: Target) -> bool:
+    """Whether ``flag`` holds on every rank of the check's world (a MIN all-reduce that no
+    instrument sees, as zerobench/rank/worlds.py's ``World.all_true``)."""
+    if dist.get_world_size() == 1:
+        return flag
+    from torch.distributed import distributed_c10d
+
+    agreed = torch.tensor([int(flag)], dtype=torch.int32, device=target.device)
+    distributed_c10d.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
+
+
 def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, units: int, unit_mb: float,
                   empty_cache: bool = False, engine: str = "impl") -> dict:
     m = target.module
@@ -409,7 +421,8 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
         for _ in range(WARMUP_LIMIT):
             model(x)
             m.synchronize()
-            if m.memory_stats()["reserved_bytes.all.current"] == reserved:
+            # every rank stops together: one that went on alone would wait for its peers' gathers
+            if _on_every_rank(m.memory_stats()["reserved_bytes.all.current"] == reserved, target):
                 break
             reserved = m.memory_stats()["reserved_bytes.all.current"]
         # No empty_cache() here (``empty_cache`` is for the test that shows why): cudaFree
