@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -117,3 +118,47 @@ def test_the_one_rank_limiter_check_says_why_fsdp1_is_not_beside_it():
 
     out = limiter_check(Target(virtual=True), units=4, unit_mb=1)
     assert out["torch_fsdp1"].startswith("not run: torch's FSDP1 runs NO_SHARD with a shard group of one rank")
+
+
+def _canned(check: str, ranks: int) -> dict:
+    """What a check on ``ranks`` GPUs writes (the fields the summary reads)."""
+    peak = {"peak_active_above_base_units": 2.0, "peak_allocated_above_base_units": 1.0, "peak_reserved_bytes": 2e9,
+            "cpu_enqueue_ms": 200.0, "limiter_stalls": 10}
+    every = {"world_size": ranks, "ranks": [{"pass": True, "device": f"cuda:{r}"} for r in range(ranks)], "pass": True}
+    if check == "limiter":
+        off = {**peak, "peak_active_above_base_units": 12.0, "limiter_stalls": 0}
+        return {**every, "depth": 2, "bound_units": 3, "unit_mb": 64, "with_limiter": peak, "without_limiter": off,
+                "torch_fsdp1": {"with_limiter": peak, "without_limiter": off}}
+    if check == "overlap":
+        side = {"exposed_ms": 4.0, "exposed_fraction": 0.05}
+        return {**every, "hidden_fraction": 0.95, "prefetch": side, "no_prefetch": {**side, "exposed_fraction": 0.99}}
+    return {"world_size": ranks, "pass": True, "rows": [{"kind": "all_gather", "nbytes": 1 << 28, "busbw_gbps": 361.0}]}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes the GPU machine's answers")
+def test_gpu_check_on_8_gpus_summarises_what_every_gpu_did(tmp_path):
+    python = tmp_path / "python-gpu"
+    canned = {check: json.dumps(_canned(check, 8)) for check in ("overlap", "limiter", "busbw")}
+    models = json.dumps({"device_type": "cuda", "gpu_models": ["NVIDIA H200"] * 8})
+    cases = "\n".join(f"    *\" {check} \"*) echo '{text}' > \"$last\" ;;" for check, text in canned.items())
+    python.write_text(f"""#!/bin/bash
+if [ "$1" = - ] && [ "$3" = gpu ]; then cat > /dev/null; echo '{models}' > "$2"; exit 0; fi
+if [ "$1" = -m ]; then
+    last="${{@: -1}}"
+    case " $* " in
+{cases}
+    esac
+    exit 0
+fi
+exec "{sys.executable}" "$@"
+""")
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    proc = _gpu_check([str(out)], os.environ["PATH"], tmp_path, env_python=str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = (out / "summary.md").read_text()
+    assert "overlap (FULL_SHARD over 8 GPUs, every rank: pass, pass, pass, pass, pass, pass, pass, pass)" in summary
+    assert "limiter (FULL_SHARD over 8 GPUs, depth 2, bound 3 units of 64 MB)" in summary
+    assert "torch's FSDP1 beside it (depth 2): peak active above base 2.00 units with, 12.00 without" in summary
+    assert "bus bandwidth over 8 GPUs: all_gather 256 MiB 361.0 GB/s" in summary
+    assert not (out / "summary.log").exists() or not (out / "summary.log").read_text().strip()

@@ -127,6 +127,7 @@ def timing_pass(session: Session, engine) -> dict:
     record = {"metrics": metrics, "step_times": times, "losses": losses}
     if telemetry_note:  # why GPU columns are absent: never without a word ([Note: which GPU NVML reads])
         record["telemetry_note"] = telemetry_note
+        print(f"note: {telemetry_note}", file=sys.stderr)  # in the rank's log too
     return record
 
 
