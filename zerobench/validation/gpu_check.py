@@ -12,8 +12,8 @@ exits 0 on pass, 1 on fail; ``--virtual`` before the check's name runs it on the
 bandwidth over the GPUs present.
 
 [Note: GPU checks]
-Both impl checks run at world size 1 with NCCL and HYBRID_SHARD over a shard group of
-one rank: every unit then goes through the real unshard path (all-gather on the unshard
+On one GPU both impl checks run at world size 1 with NCCL and HYBRID_SHARD over a shard
+group of one rank (on several, FULL_SHARD across them: [Note: checks on every GPU]): every unit then goes through the real unshard path (all-gather on the unshard
 stream, free after use, limiter) with a local copy as its "all-gather". Compute is
 ``torch.cuda._sleep`` on the compute stream, in forward and backward, so its duration
 is known. What each check measures, and why, comes from what PyTorch's caching
