@@ -9,6 +9,8 @@ read ``ws2``, ``ws4``, so ``pytest -k ws4`` selects the larger worlds.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import resource
 import sys
@@ -44,6 +46,50 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "world_size(*sizes): run the test once per world size, passed as its `world_size` argument"
     )
+
+
+# [Note: indexed CUDA devices]
+# A CUDA device without an index ("cuda") means whatever device is current, which is
+# cuda:0 until someone sets another: on a node of 8 GPUs, eight ranks would then start
+# NCCL or FSDP on the same GPU. Every CUDA device_id zerobench or impl hands over names
+# its index; this guard fails any test in which one does not, at the hand-overs:
+# init_process_group, torch's FSDP1 and impl's FSDP (tests/helpers/topology.py's
+# check_device_id). It patches functions only, once per session before the first test (so
+# no test's CPU budget pays for the imports), and costs nothing when none is called.
+_device_id_guard: pytest.MonkeyPatch | None = None
+
+
+def pytest_sessionstart(session):
+    global _device_id_guard
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    from torch.distributed.fsdp import _init_utils
+
+    import impl.fsdp.fully_sharded as impl_fsdp
+    from tests.helpers.topology import check_device_id
+
+    def guarded(fn, where):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            check_device_id(signature.bind_partial(*args, **kwargs).arguments.get("device_id"), where)
+            return fn(*args, **kwargs)
+        return call
+
+    get_fsdp1_device = _init_utils._get_device_from_device_id
+
+    def guarded_fsdp1(device_id, rank, device_handle):
+        check_device_id(device_id, "torch FSDP1")
+        return get_fsdp1_device(device_id, rank, device_handle)
+
+    patch = _device_id_guard = pytest.MonkeyPatch()
+    init = guarded(dist.init_process_group, "init_process_group")
+    patch.setattr(dist, "init_process_group", init)
+    patch.setattr(distributed_c10d, "init_process_group", init)
+    patch.setattr(_init_utils, "_get_device_from_device_id", guarded_fsdp1)
+    patch.setattr(impl_fsdp.FullyShardedDataParallel, "__init__",
+                  guarded(impl_fsdp.FullyShardedDataParallel.__init__, "impl's FSDP"))
 
 
 def pytest_generate_tests(metafunc):
@@ -108,5 +154,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _device_id_guard is not None:
+        _device_id_guard.undo()
     if os.environ.get("ZEROBENCH_TEST_BUDGETS") == "strict" and over_budget(_cpu_spent, _slow):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

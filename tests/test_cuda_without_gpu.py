@@ -259,17 +259,20 @@ exec "{sys.executable}" "$@"
     assert json.loads((out / "environment.json").read_text())["device_type"] == "cpu"
 
 
-def _fake_gpu_python(tmp_path, slow: str = ""):
+def _fake_gpu_python(tmp_path, slow: str = "", gpus: int = 1):
     """An interpreter for scripts/gpu-check on a machine without a GPU: it answers the
-    script's environment probe as a GPU machine would, logs every ``-m`` step it is asked
-    to run (sleeping 30 s in the one naming ``slow``) and runs everything else (the
+    script's environment probe as a machine of ``gpus`` GPUs would, logs every ``-m``
+    step it is asked to run (sleeping 30 s in the one naming ``slow``), with the
+    CUDA_VISIBLE_DEVICES it was given in ``visible.log``, and runs everything else (the
     summary) with this interpreter."""
     calls = tmp_path / "calls.log"
     python = tmp_path / "python-gpu"
+    models = json.dumps({"device_type": "cuda", "gpu_models": ["NVIDIA H200"] * gpus})
     python.write_text(f"""#!/bin/sh
-if [ "$1" = - ] && [ "$3" = gpu ]; then cat > /dev/null; echo '{{"device_type": "cuda"}}' > "$2"; exit 0; fi
+if [ "$1" = - ] && [ "$3" = gpu ]; then cat > /dev/null; echo '{models}' > "$2"; exit 0; fi
 if [ "$1" = -m ]; then
     echo "$*" >> "{calls}"
+    echo "${{CUDA_VISIBLE_DEVICES-unset}} $*" >> "{tmp_path / 'visible.log'}"
     case "$*" in *"{slow or '@none@'}"*) sleep 30 ;; esac
     exit 0
 fi
@@ -345,6 +348,64 @@ def test_gpu_check_cuts_a_step_at_the_deadline_and_skips_what_no_longer_fits(tmp
     assert results["overlap"] == "FAIL (cut at its budget)"
     assert all(r == "skipped (no time left)" for name, r in results.items() if name != "overlap"), results
     assert "RESULT: FAIL" in (out / "summary.md").read_text()
+
+
+def test_gpu_check_pins_its_shared_gpu_steps_to_one_gpu(tmp_path, monkeypatch):
+    """Issue 39 defect 7: on a node of several GPUs the shared run put its two ranks on two
+    GPUs yet reported "two ranks on one GPU"; both gloo steps now see one GPU only."""
+    for visible, pinned in ((None, "0"), ("GPU-8932f937,GPU-77aa0000", "GPU-8932f937"), ("5,6", "5")):
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        folder = tmp_path / (visible or "unset")
+        folder.mkdir()
+        python, _ = _fake_gpu_python(folder)
+        proc = _gpu_check([str(folder / "out")], os.environ["PATH"], folder, env_python=str(python))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        seen = [line.split(" ", 1) for line in (folder / "visible.log").read_text().splitlines()]
+        shared = [v for v, call in seen if "probe-gloo" in call or "gpu-check-shared.toml" in call]
+        assert shared == [pinned, pinned], seen
+        assert {v for v, call in seen if "gpu-check.toml" in call} == {visible or "unset"}  # the others: as given
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers without a GPU")
+def test_gpu_check_names_a_commit_only_from_its_own_checkout(tmp_path):
+    """Issue 39 defect 8: a plain copy inside another git checkout printed that checkout's commit."""
+    def git(*args, cwd):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                       capture_output=True)
+
+    outer = tmp_path / "outer"
+    copy = outer / "vendor" / "zerobench"
+    for part in ("scripts", "zerobench", "impl"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (outer / "README").write_text("another project\n")
+    git("init", "-q", cwd=outer)
+    git("add", "README", cwd=outer)
+    git("commit", "-q", "-m", "other", cwd=outer)
+    python = tmp_path / "python-logging-checks"
+    python.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = zerobench.validation.gpu_check ]; then exit 0; fi
+exec "{sys.executable}" "$@"
+""")
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "PYTHONPATH")}
+    env["PYTHON"] = str(python)
+
+    def summary() -> str:
+        out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+        proc = subprocess.run([str(copy / "scripts" / "gpu-check"), "--virtual", str(out)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return (out / "summary.md").read_text()
+
+    assert "- commit: unknown" in summary()
+    git("init", "-q", cwd=copy)
+    git("add", "scripts", cwd=copy)
+    git("commit", "-q", "-m", "own", cwd=copy)
+    own = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=copy, capture_output=True, text=True).stdout
+    assert f"- commit: {own.strip()}" in summary()
 
 
 # -- docs ---------------------------------------------------------------------------------

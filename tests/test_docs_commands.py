@@ -150,6 +150,15 @@ def check_torchrun(argv: list[str]) -> None:
     assert given <= known, f"{' '.join(argv)}: the worker takes {sorted(known)}"
 
 
+def check_srun(argv: list[str], cwd: Path) -> None:
+    """``srun [--options] COMMAND ...``: the command after srun's own options is checked as itself."""
+    rest = argv[1:]
+    while rest and rest[0].startswith("-"):
+        rest = rest[1:]
+    assert rest, f"{' '.join(argv)}: srun runs no command"
+    check(rest, cwd)
+
+
 def check_python(argv: list[str]) -> None:
     """``python -m package.module ...`` or ``python scripts/<script>.py ...``: the module or script
     exists and answers ``--help``."""
@@ -180,6 +189,8 @@ def check(argv: list[str], cwd: Path) -> None:
         assert (ROOT / tool).is_file() and (ROOT / tool).stat().st_mode & 0o111, f"{tool}: no such script"
     elif tool == "python":
         check_python(argv)
+    elif tool == "srun":
+        check_srun(argv, cwd)
     elif tool == "git" and argv[1:2] == ["add"]:
         assert all((ROOT / p).exists() for p in argv[2:]), argv
     else:

@@ -25,6 +25,7 @@ def _fake_pynvml(power_supported: bool):
     m.nvmlInit = lambda: None
     m.nvmlShutdown = lambda: None
     m.nvmlDeviceGetHandleByIndex = lambda i: object()
+    m.nvmlDeviceGetHandleByUUID = lambda uuid: object()
     samples = iter(range(10_000))
     m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=50 + next(samples) % 2 * 10)
     m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=2**30)
@@ -38,8 +39,17 @@ def _fake_pynvml(power_supported: bool):
     return m
 
 
+def _uuids(monkeypatch):
+    """torch.cuda's device properties, device i with UUID 0000000i-...: NVML is asked by UUID."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid=f"{int(i):08d}-0000-0000-0000-000000000000"))
+
+
 def test_samples_with_nvml(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _uuids(monkeypatch)
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(power_supported=True))
     with GpuTelemetry(interval_s=0.005) as tel:
         time.sleep(0.05)
@@ -51,6 +61,7 @@ def test_samples_with_nvml(monkeypatch):
 
 
 def test_power_not_supported_leaves_power_out(monkeypatch):
+    _uuids(monkeypatch)
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(power_supported=False))
     with GpuTelemetry(interval_s=0.005) as tel:
         pass
@@ -71,12 +82,31 @@ def test_init_failure_is_absent(monkeypatch):
     assert tel.summary() == {}
 
 
-def test_cuda_visible_devices_maps_to_nvml_index(monkeypatch):
+def test_nvml_is_asked_for_the_devices_uuid_whatever_cuda_visible_devices_says(monkeypatch):
+    """[Note: which GPU NVML reads]; the topologies: tests/test_topology.py."""
     fake = _fake_pynvml(True)
     asked = []
     fake.nvmlDeviceGetHandleByIndex = lambda i: asked.append(i) or object()
+    fake.nvmlDeviceGetHandleByUUID = lambda uuid: asked.append(uuid) or object()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    with GpuTelemetry(device_index=1, interval_s=1.0):
+    _uuids(monkeypatch)
+    with GpuTelemetry(1, interval_s=1.0) as tel:
         pass
-    assert asked == [5]
+    assert asked == ["GPU-00000001-0000-0000-0000-000000000000"] and tel.note is None
+
+
+def test_a_device_nvml_does_not_know_is_said(monkeypatch):
+    fake = _fake_pynvml(True)
+
+    def unknown(uuid):
+        raise fake.NVMLError("not found")
+
+    fake.nvmlDeviceGetHandleByUUID = unknown
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _uuids(monkeypatch)
+    with GpuTelemetry(2) as tel:
+        pass
+    assert tel.summary() == {}
+    assert tel.note == ("GPU telemetry: no NVML device has the UUID of CUDA device 2 "
+                        "(GPU-00000002-0000-0000-0000-000000000000 or MIG-00000002-0000-0000-0000-000000000000)")

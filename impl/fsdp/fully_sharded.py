@@ -190,7 +190,7 @@ class FullyShardedDataParallel(nn.Module):
             raise RuntimeError(f"FSDP only supports single device modules but got params on {sorted(map(str, devices))}")
         compute_device = devices.pop() if devices else _default_device(device_id)
         if device_id is not None and torch.device(device_id).type == "cuda":
-            want = torch.device("cuda", torch.device(device_id).index or torch.cuda.current_device())
+            want = cuda_device_of(device_id)
             if compute_device != want:
                 raise ValueError(
                     f"Inconsistent compute device and `device_id`: {compute_device} vs {want}"
@@ -636,6 +636,13 @@ def _managed_params(module: nn.Module, ignored: set[nn.Module], ignored_params: 
                 yield from walk(f"{prefix}.{child_name}" if prefix else child_name, child)
 
     yield from walk("", module)
+
+
+def cuda_device_of(device_id) -> torch.device:
+    """The CUDA device ``device_id`` (a device, a string or an index) names, with its index:
+    ``cuda`` alone is the current device, as in torch's FSDP1. Index 0 is an index."""
+    device = torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
 
 
 def _default_device(device_id) -> torch.device:

@@ -124,6 +124,13 @@ def main(args) -> int:
     write_json_atomic(out, preset)
     load_preset_file(out)  # what was written reads back as a preset
     print(f"preset: {out} (zerobench predict WORKLOAD --gpu {out})")
+    from zerobench.validation.calibrate.collectives import link_file
+
+    link = link_file(measured)  # the collectives measured over several GPUs, for predict --link
+    if link is not None:
+        link_out = out.with_name("link.json")
+        write_json_atomic(link_out, link)
+        print(f"link: {link_out} (zerobench predict WORKLOAD --link {link_out})")
     from zerobench.analysis.render import print_table
 
     print_table(fitted_table(preset))

@@ -25,7 +25,8 @@ def arguments(p) -> None:
     p.add_argument("--host", default=None,
                    help="host preset: h200-host (measured), fast or slow (default: the GPU preset's own measured "
                         "host, else h200-host; docs/vgpu.md)")
-    p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}")
+    p.add_argument("--link", default="nvlink4-8gpu", help=f"intra-node link preset: {', '.join(PRESETS)}; or a link "
+                   "file that zerobench calibrate measured (DIR/link.json)")
     p.add_argument("--inter-link", default=None, help="link of groups spanning nodes (default: --link)")
     p.add_argument("--node-size", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,

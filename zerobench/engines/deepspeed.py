@@ -20,7 +20,8 @@ and measurements. What it takes to hand those to DeepSpeed 0.19.8:
   then only builds DeepSpeed's communication backend over it (its ``TorchBackend``).
   DeepSpeed refuses to start without ``LOCAL_RANK`` in the environment (its launcher and
   torchrun set it); ``LOCAL_RANK``, ``RANK`` and ``WORLD_SIZE`` are set from the
-  RankContext (the same values under torchrun; a fake world's, or a test's, otherwise).
+  RankContext (:func:`deepspeed_environment`: ``LOCAL_RANK`` is the rank's GPU index,
+  which DeepSpeed sets as its device).
 * Collectives: ``TorchBackend`` keeps the functions ``torch.distributed.
   all_gather_into_tensor`` and ``reduce_scatter_tensor`` it found when it was built
   (``all_gather_function``, ``reduce_scatter_function``) and calls those for ZeRO's
@@ -369,12 +370,24 @@ def _forget_an_earlier_world() -> None:
     _started_on = weakref.ref(default)
 
 
+def deepspeed_environment(ctx) -> dict[str, str]:
+    """What DeepSpeed is told through the environment: ``RANK``, ``WORLD_SIZE`` and
+    ``LOCAL_RANK`` from the RankContext (torchrun's values under torchrun; a fake world's,
+    one per world size in a process, otherwise).
+
+    DeepSpeed reads ``LOCAL_RANK`` as the index of its GPU (``DeepSpeedEngine`` calls
+    ``set_device(LOCAL_RANK)``, ZeRO-3 puts its parameters on ``cuda:LOCAL_RANK``), so on
+    a GPU it is the rank's device index, not its place on the node: the two differ where
+    ranks share GPUs (``ZEROBENCH_CUDA_SHARED_BACKEND=gloo``: rank r on ``cuda:(r % count)``)
+    and under Slurm's ``--gpus-per-task`` (every rank on its own ``cuda:0``)."""
+    local = ctx.device.index if ctx.device.type == "cuda" and ctx.device.index is not None else ctx.local_rank
+    return {"LOCAL_RANK": str(local), "RANK": str(ctx.rank), "WORLD_SIZE": str(ctx.world_size)}
+
+
 def _start_deepspeed(ctx):
     """Import DeepSpeed and build its communication backend over the worker's process
     group (see [Note: DeepSpeed under the harness])."""
-    # torchrun's values under torchrun; a fake world's (one per world size in a process) otherwise
-    for key, value in (("LOCAL_RANK", ctx.local_rank), ("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size)):
-        os.environ[key] = str(value)
+    os.environ.update(deepspeed_environment(ctx))
     if ctx.device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # chosen, not guessed: no "Setting accelerator" warning
     import deepspeed

@@ -146,11 +146,36 @@ def cell_need(workload: Workload, cell: Cell, device_type: str, params: int | No
     return Need(params, need, available, where)
 
 
+#: Bytes per parameter of the model as every rank builds it: fp32, on the host (build_model).
+BUILD_BYTES_PER_PARAM = 4
+
+
+def build_refusal(cell: Cell, params: int) -> str | None:
+    """Why this machine's host memory cannot hold the cell's ranks while they build the
+    model, naming both numbers; None when it can.
+
+    Every rank builds the whole model, in fp32, on the host (zerobench/spec/models.py's
+    ``build_model``) before moving it to its device and sharding it, once per pass (the
+    passes one after the other), whatever the engine shards later. All ranks of a cell
+    run on this machine, so they build at once: Llama 3 70B at 8 ranks needs about 2.2 TB
+    of host memory, and a node short of it kills a rank with signal 9 mid-build."""
+    n = cell.world_size  # every rank of a cell started here runs on this machine
+    per_rank = RANK_BASE_BYTES + params * BUILD_BYTES_PER_PARAM
+    memory = host_memory_bytes()
+    if n * per_rank <= memory:
+        return None
+    return (f"preflight: {cell.id} builds its whole model ({params:,} parameters) in fp32 on the host in each of "
+            f"its {n} rank(s) before sharding it: {n * per_rank / GiB:,.1f} GiB of host memory at once "
+            f"({per_rank / GiB:,.1f} GiB per rank), more than this machine's {memory / GiB:,.1f} GiB; not started "
+            f"(fewer ranks per machine, or `zerobench estimate`, which builds on fake tensors)")
+
+
 def refusal(workload: Workload, cell: Cell, device_type: str, params: int | None = None) -> str | None:
     """Why the cell cannot run here, naming both numbers; None when it may."""
     ranks = ranks_refusal(cell, workload.run.threads_per_rank)
     if ranks is not None:
         return ranks
+    params = parameter_count(workload) if params is None else params
     need = cell_need(workload, cell, device_type, params)
     if not need.fits:
         return (f"preflight: {cell.id} needs {need.need_bytes / GiB:,.1f} GiB per rank for parameters, gradients "
@@ -162,7 +187,7 @@ def refusal(workload: Workload, cell: Cell, device_type: str, params: int | None
                 f"{batch / GiB:,.1f} GiB for one step over its batch of {workload.data.batch_size:,} samples "
                 f"(inputs, targets, one activation per block) besides {need.need_bytes / GiB:,.1f} GiB of model "
                 f"states, more than {need.where}; not started")
-    return None
+    return build_refusal(cell, params)
 
 
 def ranks_refusal(cell: Cell, threads_per_rank: int = 1) -> str | None:

@@ -35,6 +35,7 @@ numbers (``gbps``, ``latency_us``) to model a measured link.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from zerobench.runs.schema import COLLECTIVE_KINDS as KINDS  # the one vocabulary of kinds
@@ -60,12 +61,32 @@ class Link:
     """Fixed cost of each collective, in microseconds."""
     name: str = ""
     """A preset's name, or empty for explicit numbers."""
+    curves: tuple = ()
+    """Measured bus bandwidth by collective and size, from a link file ([Note: measured links]):
+    ``((kind, sizes in bytes, bus bandwidths in GB/s), ...)``; empty for a preset or explicit numbers."""
+    world_size: int = 0
+    """The ranks the curves were measured over (0: no curves)."""
 
     def __post_init__(self):
         if not (self.bandwidth_gbps > 0 and math.isfinite(self.bandwidth_gbps)):
             raise ValueError(f"bandwidth_gbps must be a finite number > 0, got {self.bandwidth_gbps!r}")
         if not (self.latency_us >= 0 and math.isfinite(self.latency_us)):
             raise ValueError(f"latency_us must be a finite number >= 0, got {self.latency_us!r}")
+        curves = tuple((str(kind), tuple(int(n) for n in sizes), tuple(float(b) for b in busbw))
+                       for kind, sizes, busbw in self.curves)  # JSON's lists, read back
+        for kind, sizes, busbw in curves:
+            if kind not in KINDS:
+                raise ValueError(f"curves: kind {kind!r} is not allowed (allowed: {', '.join(KINDS)})")
+            if len(sizes) != len(busbw) or not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] <= 0:
+                raise ValueError(f"curves: {kind}'s sizes must be distinct, increasing, > 0 and one per bandwidth")
+            if not all(b > 0 and math.isfinite(b) for b in busbw):
+                raise ValueError(f"curves: {kind}'s bandwidths must be finite numbers > 0, got {list(busbw)}")
+        object.__setattr__(self, "curves", curves)
+
+    def to_json(self) -> dict:
+        """The link as JSON, read back by ``Link(**...)``."""
+        return {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us, "name": self.name,
+                "curves": [list(c) for c in self.curves], "world_size": self.world_size}
 
     def duration_s(self, kind: str, nbytes: int, group_size: int) -> float:
         """Seconds the link is busy with one collective of ``nbytes`` over ``group_size`` ranks."""
@@ -96,10 +117,16 @@ PRESETS: dict[str, Link] = {
 
 
 def resolve_link(preset: str | None = None, gbps: float | None = None, latency_us: float | None = None) -> Link:
-    """A link from a preset name or explicit numbers (explicit numbers override the preset's)."""
+    """A link from a preset name, a link file (``zerobench calibrate``'s ``link.json``: [Note:
+    measured links]) or explicit numbers (explicit numbers override the preset's)."""
     if preset:
+        if preset not in PRESETS and (preset.endswith(".json") or os.path.isfile(preset)):
+            if gbps is not None or latency_us is not None:
+                raise ValueError(f"link: {preset} is a measured link file; it takes no bandwidth or latency besides")
+            return read_link_file(preset)
         if preset not in PRESETS:
-            raise ValueError(f"link: unknown preset {preset!r} (allowed: {', '.join(PRESETS)})")
+            raise ValueError(f"link: unknown preset {preset!r} (allowed: {', '.join(PRESETS)}, or a link file "
+                             "that zerobench calibrate wrote)")
         base = PRESETS[preset]
         if gbps is None and latency_us is None:
             return base
@@ -108,6 +135,67 @@ def resolve_link(preset: str | None = None, gbps: float | None = None, latency_u
     if gbps is None:
         raise ValueError(f"link: give a preset (one of {', '.join(PRESETS)}) or a bandwidth in GB/s")
     return Link(float(gbps), float(latency_us or 0.0))
+
+
+# [Note: measured links]
+# ``zerobench calibrate`` on a node of several GPUs measures each collective's time by
+# message size over all of them (zerobench/validation/calibrate/collectives.py) and writes
+# a link file beside its preset: per collective, the sizes and the bus bandwidths measured
+# (nccl-tests' convention), the world size they were measured at, the best bandwidth and the
+# smallest message's time as the link's bandwidth and latency. ``predict --link FILE`` prices
+# a collective on it as on a published curve ([Note: achieved bus bandwidth] in
+# zerobench/instruments/vgpu/comm.py): log-log between the measured sizes, the smallest
+# message's time below them, the largest one's bandwidth above. A collective measured at a
+# size takes the time measured at it. A kind it did not measure (an all-reduce where only
+# all-gather and reduce-scatter were) takes the curve of the one nearest in traffic:
+# all-reduce's, else all-gather's. Measured inside one node: a group spanning nodes is
+# priced by ``--inter-link``.
+
+#: The ``format`` of a link file.
+LINK_FORMAT = "zerobench-link/1"
+
+
+def link_file_contents(rows: list[dict], name: str, source: str) -> dict:
+    """A link file's contents from measured rows (``kind``, ``nbytes``, ``seconds``,
+    ``busbw_gbps``, ``world_size``): [Note: measured links]. ValueError without rows."""
+    rows = [r for r in rows if r.get("seconds", 0) > 0 and r.get("busbw_gbps", 0) > 0]
+    if not rows:
+        raise ValueError("link file: no measured collective (the collectives section needs two GPUs or more)")
+    worlds = {int(r["world_size"]) for r in rows}
+    if len(worlds) != 1:
+        raise ValueError(f"link file: rows measured at several world sizes {sorted(worlds)}; one link is one size")
+    curves = []
+    for kind in KINDS:
+        mine = sorted((int(r["nbytes"]), float(r["busbw_gbps"])) for r in rows if r["kind"] == kind)
+        if mine:
+            curves.append([kind, [n for n, _ in mine], [b for _, b in mine]])
+    smallest = min(int(r["nbytes"]) for r in rows)
+    latency_s = min(float(r["seconds"]) for r in rows if int(r["nbytes"]) == smallest)
+    return {"format": LINK_FORMAT, "name": name, "source": source, "world_size": worlds.pop(),
+            "bandwidth_gbps": max(float(r["busbw_gbps"]) for r in rows), "latency_us": latency_s * 1e6,
+            "curves": curves, "rows": rows}
+
+
+def read_link_file(path) -> Link:
+    """The Link of a link file; ValueError naming the file and the field that is wrong."""
+    import json
+
+    try:
+        data = json.loads(open(path).read())
+    except OSError as err:
+        raise ValueError(f"link file {path}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ValueError(f"link file {path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != LINK_FORMAT:
+        raise ValueError(f"link file {path}: format must be {LINK_FORMAT!r} (zerobench calibrate's link.json)")
+    missing = [k for k in ("bandwidth_gbps", "latency_us", "curves", "world_size") if k not in data]
+    if missing:
+        raise ValueError(f"link file {path}: {missing[0]} is missing")
+    try:
+        return Link(float(data["bandwidth_gbps"]), float(data["latency_us"]), str(data.get("name") or path),
+                    tuple(data["curves"]), int(data["world_size"]))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"link file {path}: {err}") from None
 
 
 class SerialLink:

@@ -5,6 +5,9 @@
   ranks is an error naming both counts; never a quiet fall-back to CPU.
 * ``--device auto`` (the default): ``cuda`` when a GPU is visible, else ``cpu``. So on a
   GPU node a cell runs on the GPUs or fails; CPU happens only when asked for.
+* Under Slurm's ``--gpus-per-task`` each rank sees only its own GPUs: the rank's device
+  is the first of them, whatever its local rank ([Note: ranks started by Slurm] in
+  zerobench/rank/protocol.py).
 * Several ranks on one GPU (the only way to run multi-rank cells on a one-GPU machine):
   opt in with ``ZEROBENCH_CUDA_SHARED_BACKEND=gloo``. NCCL refuses two ranks on one
   device, so the backend is gloo with CUDA tensors (docs/gpu.md lists which collectives
@@ -70,8 +73,10 @@ def backend(requested: str, env: Mapping[str, str] | None = None) -> str:
     return shared_backend(env) or "nccl"
 
 
-def choose(requested: str, local_rank: int, local_world: int, env: Mapping[str, str] | None = None) -> DeviceChoice:
-    """The device and backend of one rank. See the module docstring."""
+def choose(requested: str, local_rank: int, local_world: int, env: Mapping[str, str] | None = None,
+           gpus_per_task: int | None = None) -> DeviceChoice:
+    """The device and backend of one rank, always with an index. See the module docstring.
+    ``gpus_per_task``: set where Slurm gave each rank its own GPUs (``--gpus-per-task``)."""
     kind = device_type(requested)
     if kind == "cpu":
         return DeviceChoice(torch.device("cpu"), "gloo")
@@ -83,6 +88,8 @@ def choose(requested: str, local_rank: int, local_world: int, env: Mapping[str, 
     shared = shared_backend(env)
     if shared is not None:
         return DeviceChoice(torch.device("cuda", local_rank % count), shared, shared=True)
+    if gpus_per_task is not None and count <= gpus_per_task:  # this rank's own GPUs only
+        return DeviceChoice(torch.device("cuda", 0), "nccl")
     if count < local_world:
         raise DeviceError(
             f"--device {requested}: this cell has {local_world} ranks per node but {count} GPU"

@@ -120,11 +120,16 @@ def timing_pass(session: Session, engine) -> dict:
     metrics = _time_metrics(times, ctx.world_size * d.batch_size, samples_to_tokens(session.workload.model))
     metrics.update(engine.extra_metrics())
     metrics.update(telemetry.summary() if hasattr(telemetry, "summary") else {})
+    telemetry_note = getattr(telemetry, "note", None)
     metrics.update(session.allocator_metrics())
     if ctx.device.type == "cuda":
         metrics.update(_mfu(session.workload, session.cell.dtype, metrics, ctx))
     metrics["loss_first"], metrics["loss_last"] = losses[0], losses[-1]
-    return {"metrics": metrics, "step_times": times, "losses": losses, "loss_dtype": loss_dtype}
+    record = {"metrics": metrics, "step_times": times, "losses": losses, "loss_dtype": loss_dtype}
+    if telemetry_note:  # why GPU columns are absent: never without a word ([Note: which GPU NVML reads])
+        record["telemetry_note"] = telemetry_note
+        print(f"note: {telemetry_note}", file=sys.stderr)  # in the rank's log too
+    return record
 
 
 def profile_pass(session: Session, engine, trace_path: Path) -> None:
@@ -263,7 +268,7 @@ def _gpu_telemetry(device: torch.device):
         from zerobench.instruments.telemetry import GpuTelemetry
     except ImportError:
         return contextlib.nullcontext()
-    return GpuTelemetry(device.index or 0)
+    return GpuTelemetry(device)
 
 
 def _rss_max_bytes() -> int:
@@ -279,7 +284,8 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
     env = torchrun_env()
     folder = RunFolder(run_dir)
     workload = folder.workload()
-    cell = find_cell(workload, cell_id)
+    # the cell as it runs on this rank's device: its notes say what the engine ignores there
+    cell = find_cell(workload, cell_id, devices.device_type(device))
     if cell is None:
         cells = ", ".join(c.id for c in expand(workload))
         raise SystemExit(f"zerobench.worker: no cell {cell_id!r} in {run_dir} (cells: {cells})")

@@ -23,6 +23,7 @@ either:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -107,8 +108,10 @@ class TorchrunWorld(World):
     def __init__(self, requested_device: str = "auto", threads: int = 1):
         env = torchrun_env()
         self.rank, self.size, self.local_rank = env.rank, env.world_size, env.local_rank
-        choice = devices.choose(requested_device, env.local_rank, env.local_world_size)
+        choice = devices.choose(requested_device, env.local_rank, env.local_world_size,
+                                gpus_per_task=env.gpus_per_task)
         self.device, self.backend = choice.device, choice.backend
+        self.exports = env.exports  # what init_process_group reads that srun did not set: [Note: ranks started by Slurm]
         self.threads = threads
         self.module = torch.cuda if self.device.type == "cuda" else None
 
@@ -117,6 +120,7 @@ class TorchrunWorld(World):
             torch.cuda.synchronize(self.device)
 
     def __enter__(self) -> "TorchrunWorld":
+        os.environ.update(self.exports)
         if self.device.type == "cpu":
             torch.set_num_threads(self.threads)
         else:

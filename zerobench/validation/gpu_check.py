@@ -6,11 +6,14 @@ work under gloo with CUDA tensors (two ranks on one GPU).
 impl.fsdp's prefetch hides, and how much is exposed without it.
 ``python -m zerobench.validation.gpu_check limiter OUT.json``: the memory a forward holds with
 and without ``limit_all_gathers``. Each writes its figures and ``"pass": true/false`` and
-exits 0 on pass, 1 on fail; ``--virtual`` before the check's name runs it on the virtual GPU.
+exits 0 on pass, 1 on fail; ``--virtual`` before the check's name runs it on the virtual GPU,
+``--ranks N`` with one rank per GPU ([Note: checks on every GPU]).
+``python -m zerobench.validation.gpu_check busbw OUT.json``: all-gather and reduce-scatter bus
+bandwidth over the GPUs present.
 
 [Note: GPU checks]
-Both impl checks run at world size 1 with NCCL and HYBRID_SHARD over a shard group of
-one rank: every unit then goes through the real unshard path (all-gather on the unshard
+On one GPU both impl checks run at world size 1 with NCCL and HYBRID_SHARD over a shard
+group of one rank (on several, FULL_SHARD across them: [Note: checks on every GPU]): every unit then goes through the real unshard path (all-gather on the unshard
 stream, free after use, limiter) with a local copy as its "all-gather". Compute is
 ``torch.cuda._sleep`` on the compute stream, in forward and backward, so its duration
 is known. What each check measures, and why, comes from what PyTorch's caching
@@ -86,14 +89,26 @@ HIDDEN_MIN = 0.9  # overlap check: the share of the delayed gathers' time prefet
 EXPOSED_MIN = 0.8  # ... and the share that must be exposed without prefetch
 
 
+#: Target's worlds: a world of one rank of its own, or the world the environment describes.
+WORLDS = ("one", "env")
+
+
 class Target:
     """Where a check runs: a world of one rank (zerobench/rank/worlds.py) on a real GPU
-    (``torch.cuda``, ``cuda:0``, NCCL) or on the virtual one (zerobench.instruments.vgpu:
-    its device module, CPU tensors, a fake process group). The checks below are written
-    once against this, so ``--virtual`` runs the same check code as a GPU does."""
+    (``torch.cuda``, the first visible GPU, NCCL) or on the virtual one
+    (zerobench.instruments.vgpu: its device module, CPU tensors, a fake process group).
+    The checks below are written once against this, so ``--virtual`` runs the same check
+    code as a GPU does. The device is the world's, always with its index."""
 
-    def __init__(self, virtual: bool = False, **vgpu_options):
+    def __init__(self, virtual: bool = False, world: str = "one", **vgpu_options):
+        """``world``: "one", a world of one rank of its own; "env", this process as one rank
+        of the world its torchrun environment describes (the checks on every GPU of a node,
+        :func:`on_ranks`: NCCL between GPUs, or with ``virtual`` gloo between virtual GPUs)."""
+        if world not in WORLDS:
+            raise ValueError(f"Target: world {world!r} is not allowed (allowed: {', '.join(WORLDS)})")
         self.virtual = virtual
+        self.world_kind = world
+        self.size = 1  # ranks in the world, once entered
         if virtual:
             from zerobench.instruments.vgpu import VirtualGpu
 
@@ -104,9 +119,9 @@ class Target:
         else:
             self.gpu = None
             self.module = torch.cuda
-            self.device = torch.device("cuda", 0)
-            self.device_id = torch.device("cuda", 0)
+            self.device = self.device_id = None  # the world's, once entered
         self.world = None
+        self.sharding: str | None = None  # how _wrap shards the check's model (FULL_SHARD over N ranks, or one)
 
     def __enter__(self) -> "Target":
         from zerobench.rank.worlds import FakeWorld, TorchrunWorld
@@ -115,16 +130,26 @@ class Target:
         if dist.is_initialized():  # inside a world someone else made (pytest -m cuda)
             if self.gpu is not None:
                 self.gpu.__enter__()
+            elif self.device is None:
+                self.device = self.device_id = torch.device("cuda", torch.cuda.current_device())
             return self
-        if self.virtual:
+        if self.world_kind == "one" and self.virtual:
             self.world = FakeWorld(1, gpu=self.gpu)
         else:
-            _one_rank_env()
-            self.world = TorchrunWorld("cuda")
+            if self.world_kind == "one":
+                _one_rank_env()
+            self.world = TorchrunWorld("cpu" if self.virtual else "cuda")
+            if not self.virtual:
+                self.device = self.device_id = self.world.device
         self.world.__enter__()
+        self.size = self.world.size
+        if self.virtual and self.world_kind == "env":  # a virtual GPU per rank, over real gloo collectives
+            self.gpu.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.virtual and self.world_kind == "env" and self.world is not None:
+            self.gpu.__exit__(*exc)
         if self.world is not None:
             world, self.world = self.world, None
             world.__exit__(*exc)
@@ -133,18 +158,17 @@ class Target:
 
 
 def _one_rank_env() -> None:
-    """The torchrun environment of a world of one rank, where none is set."""
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                        ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(name, value)
-    if "MASTER_PORT" not in os.environ:
-        from zerobench.harness.launch import free_port
+    """The torchrun environment of a world of one rank on this machine, whatever the
+    environment held: values inherited from a Slurm step or a torchrun job (RANK 5 of 16,
+    a MASTER_ADDR on another node) would make this process wait for ranks that never come."""
+    from zerobench.harness.launch import free_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
 
 
 def _init_single() -> None:
-    """A process group of one rank on cuda:0 (NCCL), left open: for GPU tests and scripts."""
+    """A process group of one rank on the first visible GPU (NCCL), left open: for GPU tests and scripts."""
     if not dist.is_initialized():
         from zerobench.rank.worlds import TorchrunWorld
 
@@ -224,10 +248,16 @@ def _wrap(model: nn.Module, target: Target, **kwargs):
     from impl.fsdp import FullyShardedDataParallel as FSDP
     from impl.fsdp import ShardingStrategy
 
-    if getattr(target, "groups", None) is None:  # shard group of 1: see [Note: GPU checks]
-        target.groups = (dist.group.WORLD, dist.new_group([0]))
-    wrap = dict(process_group=target.groups, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
-                device_id=target.device_id, **kwargs)
+    if dist.get_world_size() > 1:  # every GPU of the node: real all-gathers between them ([Note: checks on every GPU])
+        target.sharding = f"FULL_SHARD over {dist.get_world_size()} ranks"
+        wrap = dict(process_group=dist.group.WORLD, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                    device_id=target.device_id, **kwargs)
+    else:
+        target.sharding = "HYBRID_SHARD, a shard group of one rank"
+        if getattr(target, "groups", None) is None:  # shard group of 1: see [Note: GPU checks]
+            target.groups = (dist.group.WORLD, dist.new_group([0]))
+        wrap = dict(process_group=target.groups, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                    device_id=target.device_id, **kwargs)
     for i, u in enumerate(model.units):
         model.units[i] = FSDP(u, **wrap)
     return FSDP(model, **wrap)
@@ -336,8 +366,38 @@ def notice_completed_frees(target: Target) -> None:
     torch.empty(1, device=target.device)
 
 
+def _wrap_fsdp1(model: nn.Module, target: Target, limit: bool):
+    """``model`` under torch's FSDP1, one unit per block, FULL_SHARD over every rank (FSDP1's
+    limiter has a fixed depth of 2: ``_FreeEventQueue``)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+    from torch.distributed.fsdp import ShardingStrategy
+
+    device_id = target.device_id if target.device_id is not None else torch.device("cpu")
+    wrap = dict(process_group=dist.group.WORLD, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                device_id=device_id, limit_all_gathers=limit)
+    for i, u in enumerate(model.units):
+        model.units[i] = FSDP1(u, **wrap)
+    return FSDP1(model, **wrap)
+
+
+#: The engines of the limiter check: impl's FSDP, and torch's FSDP1 beside it (on 2 ranks or more).
+LIMITER_ENGINES = ("impl", "torch-fsdp1")
+
+
+def _on_every_rank(flag: bool, target: Target) -> bool:
+    """Whether ``flag`` holds on every rank of the check's world (a MIN all-reduce that no
+    instrument sees, as zerobench/rank/worlds.py's ``World.all_true``)."""
+    if dist.get_world_size() == 1:
+        return flag
+    from torch.distributed import distributed_c10d
+
+    agreed = torch.tensor([int(flag)], dtype=torch.int32, device=target.device)
+    distributed_c10d.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
+
+
 def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, units: int, unit_mb: float,
-                  empty_cache: bool = False) -> dict:
+                  empty_cache: bool = False, engine: str = "impl") -> dict:
     m = target.module
     width = int((unit_mb * 2**20 / 4) ** 0.5)
     unit_bytes = width * width * 4
@@ -346,8 +406,11 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
     # this model's reserved memory can be told from it.
     reserved_before = m.memory_stats()["reserved_bytes.all.current"]
     torch.manual_seed(0)
-    model = _wrap(_Model(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
-                  limiter_depth=depth)
+    if engine == "impl":
+        model = _wrap(_Model(units, width, compute_cycles, m).to(target.device), target, limit_all_gathers=limit,
+                      limiter_depth=depth)
+    else:
+        model = _wrap_fsdp1(_Model(units, width, compute_cycles, m).to(target.device), target, limit)
     x = torch.randn(4, width, device=target.device)
     with torch.no_grad():
         # Warm-up, until the cache stops growing: it leaves the blocks the measured forward
@@ -358,7 +421,8 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
         for _ in range(WARMUP_LIMIT):
             model(x)
             m.synchronize()
-            if m.memory_stats()["reserved_bytes.all.current"] == reserved:
+            # every rank stops together: one that went on alone would wait for its peers' gathers
+            if _on_every_rank(m.memory_stats()["reserved_bytes.all.current"] == reserved, target):
                 break
             reserved = m.memory_stats()["reserved_bytes.all.current"]
         # No empty_cache() here (``empty_cache`` is for the test that shows why): cudaFree
@@ -370,13 +434,14 @@ def _forward_peak(target: Target, limit: bool, depth: int, compute_cycles: int, 
         notice_completed_frees(target)
         m.reset_peak_memory_stats()
         base = m.memory_stats()
-        model.limiter_metrics()  # the warm-up's counters, dropped
+        if engine == "impl":
+            model.limiter_metrics()  # the warm-up's counters, dropped
         start = target.gpu.host_clock() if target.virtual else time.perf_counter()
         model(x)
         enqueue_s = (target.gpu.host_clock() if target.virtual else time.perf_counter()) - start
         m.synchronize()
     stats = m.memory_stats()
-    metrics = model.limiter_metrics()
+    metrics = model.limiter_metrics() if engine == "impl" else {"limiter_stalls": None}
     del model
     m.empty_cache()
     active, allocated = base["active_bytes.all.current"], base["allocated_bytes.all.current"]
@@ -394,14 +459,21 @@ def limiter_check(target: Target | None = None, depth: int = 2, compute_ms: floa
     it), with and without ``limit_all_gathers``, in units. Passes when it is within
     ``depth + 1`` units with the limiter and beyond that without it. See [Note: GPU checks]."""
     target = target or Target()
+    fsdp1 = None
     with target:
         c = int(compute_ms * cycles_per_ms(target.module))
         on, off = (_forward_peak(target, limit, depth, c, units, unit_mb, empty_cache) for limit in (True, False))
+        if target.size > 1:  # FSDP1 runs NO_SHARD, nothing gathered, with a shard group of one rank
+            fsdp1 = {"with_limiter": _forward_peak(target, True, 2, c, units, unit_mb, empty_cache, "torch-fsdp1"),
+                     "without_limiter": _forward_peak(target, False, 2, c, units, unit_mb, empty_cache, "torch-fsdp1")}
     bound = depth + 1
     for result in (on, off):
         result["within_bound"] = result["peak_active_above_base_units"] <= bound + 0.25
     out = {"units": units, "unit_mb": unit_mb, "depth": depth, "compute_ms": compute_ms, "bound_units": bound,
            "with_limiter": on, "without_limiter": off, "virtual": target.virtual}
+    out["torch_fsdp1"] = fsdp1 if fsdp1 is not None else (
+        "not run: torch's FSDP1 runs NO_SHARD with a shard group of one rank (one GPU); it runs on every GPU of a "
+        "node of several")
     out["pass"] = on["within_bound"] and not off["within_bound"] and on["limiter_stalls"] > 0
     return out
 
@@ -458,14 +530,29 @@ def _probe_rank(rank: int, world: int, port: int, out: str) -> None:
 def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
     """Run the probe's ranks; any rank still running after ``timeout_s`` (one stuck in a
     collective its peer never joined, say) is killed, with the others, before this returns."""
-    import subprocess
-
     from zerobench.harness.launch import free_port, start_module
 
     port = free_port()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-gloo-probe-{os.getpid()}.json"
     procs = [start_module("zerobench.validation.gpu_check", ["_probe-rank", str(r), str(world), str(port), str(out)])
              for r in range(world)]
+    timed_out = _wait_all(procs, timeout_s)
+    codes = [p.returncode for p in procs]
+    results = json.loads(out.read_text()) if out.exists() else {}
+    out.unlink(missing_ok=True)
+    result = {"torch": torch.__version__, "world_size": world, "exit_codes": codes, "collectives": results,
+              "all_ok": bool(results) and all(v == "ok" for v in results.values()),
+              "pass": not timed_out and codes == [0] * world}
+    if timed_out:
+        result["error"] = f"timed out after {timeout_s:g} s; ranks still running were killed"
+    return result
+
+
+def _wait_all(procs: list, timeout_s: float) -> bool:
+    """Wait for every process; kill those still running after ``timeout_s`` (or when this
+    process is interrupted). Returns whether it timed out."""
+    import subprocess
+
     deadline = time.monotonic() + timeout_s
     timed_out = False
     try:
@@ -480,15 +567,91 @@ def probe_gloo(world: int = 2, timeout_s: float = 120.0) -> dict:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    return timed_out
+
+
+# -- the checks on every GPU of a node ----------------------------------------------------
+
+# [Note: checks on every GPU]
+# On a node of N > 1 GPUs, scripts/gpu-check runs the overlap and limiter checks with one
+# rank per GPU (:func:`on_ranks`): N processes started as torchrun would (RANK, LOCAL_RANK,
+# WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_*), each a ``Target(world="env")`` on its own GPU
+# (zerobench/rank/devices.py), FULL_SHARD over all N ranks: every all-gather moves real
+# data between GPUs over NCCL, and ProcessGroupNCCL's own hold on a collective's tensors
+# joins the pile the limiter bounds ([Note: GPU checks]). Each rank writes its result;
+# the check passes when every rank's does, and reports rank 0's figures with every rank's
+# verdict. With ``virtual`` the same ranks run on CPUs over gloo, a virtual GPU each
+# (whose collectives still move real data): the code path, tested without a GPU
+# (tests/test_gpu_check_ranks.py).
+
+#: The checks :func:`on_ranks` runs on every rank.
+RANK_CHECKS = ("overlap", "limiter")
+
+
+def on_ranks(check: str, ranks: int, out: Path, virtual: bool = False, timeout_s: float = 120.0,
+             **check_kwargs) -> dict:
+    """Run ``check`` ("overlap" or "limiter") with one rank per GPU (``ranks`` of them):
+    [Note: checks on every GPU]. Ranks still running after ``timeout_s`` are killed."""
+    if check not in RANK_CHECKS:
+        raise ValueError(f"on_ranks: check {check!r} is not allowed (allowed: {', '.join(RANK_CHECKS)})")
+    if ranks < 2:
+        raise ValueError(f"on_ranks: ranks must be at least 2, got {ranks}")
+    from zerobench.harness.launch import free_port, start_module
+
+    out = Path(out)
+    port = free_port()
+    rank_files = [out.with_name(f".{out.name}.rank{r}") for r in range(ranks)]
+    args = ["_rank-check", check, json.dumps(check_kwargs)] + (["--virtual"] if virtual else [])
+    procs = []
+    for rank, path in enumerate(rank_files):
+        path.unlink(missing_ok=True)
+        env = {**os.environ, **rank_environ(rank, ranks, port)}
+        procs.append(start_module("zerobench.validation.gpu_check", [*args, str(path)], env=env))
+    timed_out = _wait_all(procs, timeout_s)
+    results = []
+    for path in rank_files:
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+        path.unlink(missing_ok=True)
     codes = [p.returncode for p in procs]
-    results = json.loads(out.read_text()) if out.exists() else {}
-    out.unlink(missing_ok=True)
-    result = {"torch": torch.__version__, "world_size": world, "exit_codes": codes, "collectives": results,
-              "all_ok": bool(results) and all(v == "ok" for v in results.values()),
-              "pass": not timed_out and codes == [0] * world}
+    first = results[0] or {}
+    merged = {**first, "world_size": ranks, "exit_codes": codes,
+              "ranks": [None if r is None else {"pass": r["pass"], "device": r.get("device"), "sharding": r.get("sharding")}
+                        for r in results],
+              "pass": not timed_out and all(r is not None and r["pass"] for r in results)}
     if timed_out:
-        result["error"] = f"timed out after {timeout_s:g} s; ranks still running were killed"
-    return result
+        merged["error"] = f"timed out after {timeout_s:g} s; ranks still running were killed"
+    elif any(r is None for r in results):
+        merged["error"] = f"rank(s) {', '.join(str(i) for i, r in enumerate(results) if r is None)} wrote no result"
+    return merged
+
+
+def rank_environ(rank: int, ranks: int, port: int) -> dict[str, str]:
+    """The torchrun variables of rank ``rank`` of :func:`on_ranks`' world on this node."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def _rank_check(check: str, kwargs: dict, virtual: bool, out: Path) -> int:
+    """One rank of :func:`on_ranks`: the check on this rank's device, its result to ``out``."""
+    from zerobench.runs.files import write_json_atomic
+
+    target = Target(virtual=virtual, world="env")
+    result = {"overlap": overlap_check, "limiter": limiter_check}[check](target, **kwargs)
+    result.update(device=str(target.device), sharding=target.sharding)
+    result["rank"] = int(os.environ["RANK"])
+    write_json_atomic(out, result)
+    return 0
+
+
+def busbw(budget_s: float = 30.0, ranks: int | None = None, device_type: str = "cuda", size: str = "check") -> dict:
+    """All-gather and reduce-scatter bus bandwidth over the GPUs present (or ``ranks`` CPU
+    ranks over gloo), at a few sizes: zerobench/validation/calibrate/collectives.py."""
+    from zerobench.validation.calibrate import collectives
+
+    measured = collectives.measure(torch.device(device_type), size, budget_s, print, ranks,
+                                   kinds=("all_gather", "reduce_scatter"))
+    rows = measured.get("rows", [])
+    return {**measured, "pass": bool(rows) and all(r["busbw_gbps"] > 0 for r in rows)}
 
 
 def cells_check(runs_root: str) -> dict:
@@ -512,6 +675,10 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "_probe-rank":
         _probe_rank(int(argv[1]), int(argv[2]), int(argv[3]), argv[4])
         return 0
+    if argv and argv[0] == "_rank-check":
+        virtual = "--virtual" in argv
+        check, kwargs, out = [a for a in argv[1:] if a != "--virtual"]
+        return _rank_check(check, json.loads(kwargs), virtual, Path(out))
     if argv and argv[0] == "cells" and len(argv) == 3:
         result = cells_check(argv[1])
         from zerobench.runs.files import write_json_atomic
@@ -522,16 +689,29 @@ def main(argv: list[str]) -> int:
     virtual = bool(argv) and argv[0] == "--virtual"
     if virtual:
         argv = argv[1:]
-    checks = {"probe-gloo": probe_gloo, "overlap": overlap_check, "limiter": limiter_check}
-    if len(argv) != 2 or argv[0] not in checks or (virtual and argv[0] == "probe-gloo"):
-        print("usage: python -m zerobench.validation.gpu_check [--virtual] {overlap,limiter} OUT.json\n"
-              "       python -m zerobench.validation.gpu_check probe-gloo OUT.json", file=sys.stderr)
+    ranks = 1
+    if argv[:1] == ["--ranks"]:
+        if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
+            print(f"zerobench.validation.gpu_check: --ranks needs a whole number >= 1, got {argv[1:2]}",
+                  file=sys.stderr)
+            return 2
+        ranks, argv = int(argv[1]), argv[2:]
+    checks = {"probe-gloo": probe_gloo, "overlap": overlap_check, "limiter": limiter_check, "busbw": busbw}
+    if (len(argv) != 2 or argv[0] not in checks or (virtual and argv[0] in ("probe-gloo", "busbw"))
+            or (ranks > 1 and argv[0] not in RANK_CHECKS)):
+        print("usage: python -m zerobench.validation.gpu_check [--virtual] [--ranks N] {overlap,limiter} OUT.json\n"
+              "       python -m zerobench.validation.gpu_check {probe-gloo,busbw} OUT.json", file=sys.stderr)
         return 2
     if not virtual and not torch.cuda.is_available():
         print("zerobench.validation.gpu_check: no CUDA device (--virtual runs the overlap and limiter checks on the "
               "virtual GPU)", file=sys.stderr)
         return 2
-    result = checks[argv[0]](Target(virtual=True)) if virtual else checks[argv[0]]()
+    if ranks > 1:
+        result = on_ranks(argv[0], ranks, Path(argv[1]), virtual, timeout_s=600.0 if virtual else 120.0)  # CPU ranks: slower
+    elif argv[0] == "busbw":
+        result = busbw()
+    else:
+        result = checks[argv[0]](Target(virtual=True)) if virtual else checks[argv[0]]()
     from zerobench.runs.files import write_json_atomic
 
     write_json_atomic(Path(argv[1]), result)

@@ -129,6 +129,21 @@ def curve_busbw(link_name: str, kind: str, nbytes: float, group_size: int) -> fl
     return None
 
 
+#: The measured curve a kind without its own takes, nearest in traffic first ([Note: measured links]).
+_STAND_INS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def measured_busbw(link, kind: str, nbytes: float) -> float:
+    """Bus bandwidth (GB/s) of this collective on a measured link ([Note: measured links]
+    in zerobench/instruments/link.py), interpolated as a published curve is."""
+    curves = {k: (sizes, busbw) for k, sizes, busbw in link.curves}
+    chosen = kind if kind in curves else next(k for k in (*_STAND_INS, *curves) if k in curves)
+    sizes, busbw = curves[chosen]
+    if len(sizes) == 1:  # one size measured: its time below it, its bandwidth above
+        return busbw[0] * min(nbytes / sizes[0], 1.0)
+    return BusbwCurve(sizes, busbw, link.name).busbw(nbytes)
+
+
 def bus_factor(kind: str, group_size: int) -> float:
     """Bytes on the busiest wire per byte of the collective (nccl-tests convention)."""
     from zerobench.instruments.link import bus_factor as factor
@@ -153,7 +168,7 @@ def collective_seconds(kind: str, nbytes: int, group_size: int, link, nodes: int
         network = link.latency_us * 1e-6 + wire / (link.bandwidth_gbps * 1e9 * ACHIEVED_FRACTION)
         inside = collective_seconds(kind, nbytes, group_size, intra_link) if intra_link is not None else 0.0
         return max(network, inside)
-    busbw = curve_busbw(link.name, kind, nbytes, group_size)
+    busbw = measured_busbw(link, kind, nbytes) if link.curves else curve_busbw(link.name, kind, nbytes, group_size)
     if busbw is not None:
         return factor * nbytes / (busbw * 1e9)
     return link.latency_us * 1e-6 + factor * nbytes / (link.bandwidth_gbps * 1e9 * ACHIEVED_FRACTION)

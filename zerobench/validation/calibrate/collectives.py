@@ -5,9 +5,9 @@ reduce-scatter's input, an all-reduce's buffer; bus bandwidth = size / time x th
 collective's bus factor, zerobench/instruments/link.py). With one GPU there is nothing to
 measure, and the section says so.
 
-These are recorded in the measurements file beside the kernels; the link presets that
-``predict --link`` takes are published curves (zerobench/instruments/vgpu/comm.py) and
-do not read them.
+These are recorded in the measurements file beside the kernels, and make a link file
+(:func:`link_file`, [Note: measured links] in zerobench/instruments/link.py) that
+``predict --link FILE`` prices collectives with, in place of a published curve.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from pathlib import Path
 import torch
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
-SIZES = {"full": [1 << 20, 16 << 20, 256 << 20, 1 << 30], "tiny": [1 << 12, 1 << 16]}
+#: Message sizes (bytes, nccl-tests' convention) by run: calibrate's ("full"; "tiny" on a
+#: CPU, for the code path) and scripts/gpu-check's few ("check").
+SIZES = {"full": [1 << 20, 16 << 20, 256 << 20, 1 << 30], "tiny": [1 << 12, 1 << 16],
+         "check": [1 << 20, 16 << 20, 256 << 20]}
 
 
 def _free_port() -> int:
@@ -31,7 +34,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, device_type: str, sizes: list[int], deadline: float, out: str) -> None:
+def _rank(rank: int, world: int, port: int, device_type: str, sizes: list[int], deadline: float, out: str,
+          kinds: tuple = KINDS) -> None:
     import torch.distributed as dist
 
     from zerobench.instruments.link import bus_factor
@@ -45,11 +49,12 @@ def _rank(rank: int, world: int, port: int, device_type: str, sizes: list[int], 
     rows = []
     try:
         for nbytes in sizes:
-            for kind in KINDS:
+            for kind in kinds:
                 if time.time() > deadline:
                     break
-                numel = nbytes // 2 // world * world
-                full = torch.zeros(numel, dtype=torch.bfloat16 if cuda else torch.float32, device=device)
+                dtype = torch.bfloat16 if cuda else torch.float32
+                numel = nbytes // dtype.itemsize // world * world  # the size asked for, whatever the dtype
+                full = torch.zeros(numel, dtype=dtype, device=device)
                 shard = torch.zeros(numel // world, dtype=full.dtype, device=device)
 
                 def once():
@@ -82,9 +87,10 @@ def _rank(rank: int, world: int, port: int, device_type: str, sizes: list[int], 
         Path(out).write_text(json.dumps(rows))
 
 
-def measure(device: torch.device, size: str, budget_s: float, log, ranks: int | None = None) -> dict:
-    """Bus bandwidth by collective and size over ``ranks`` processes (the GPUs present on
-    CUDA); ``{"skipped": why}`` with fewer than two."""
+def measure(device: torch.device, size: str, budget_s: float, log, ranks: int | None = None,
+            kinds: tuple = KINDS) -> dict:
+    """Bus bandwidth by collective (``kinds``) and size over ``ranks`` processes (the GPUs
+    present on CUDA); ``{"skipped": why}`` with fewer than two."""
     world = torch.cuda.device_count() if device.type == "cuda" else (ranks or 1)
     if world < 2:
         why = "one GPU: no collective to measure" if device.type == "cuda" else "one rank (--ranks): nothing to measure"
@@ -94,9 +100,23 @@ def measure(device: torch.device, size: str, budget_s: float, log, ranks: int | 
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "collectives.json")
-        mp.spawn(_rank, args=(world, _free_port(), device.type, SIZES[size], time.time() + budget_s, out),
+        mp.spawn(_rank, args=(world, _free_port(), device.type, SIZES[size], time.time() + budget_s, out, kinds),
                  nprocs=world, join=True)
         rows = json.loads(Path(out).read_text())
     for row in rows:
         log(f"  {row['kind']} {row['nbytes'] / 2**20:.0f} MiB over {world}: {row['busbw_gbps']:.1f} GB/s bus")
     return {"world_size": world, "rows": rows}
+
+
+def link_file(measured: dict) -> dict | None:
+    """The link file of calibrate's measurements (``measured``: calibrate's whole output),
+    or None where its collectives section measured nothing (one GPU, not run)."""
+    from zerobench.instruments.link import link_file_contents
+
+    rows = (measured.get("collectives") or {}).get("rows") or []
+    if not rows:
+        return None
+    env = measured.get("env", {})
+    world = rows[0]["world_size"]
+    name = f"measured-{world}x-{str(env.get('name') or env.get('device') or 'device').replace(' ', '-')}"
+    return link_file_contents(rows, name, f"zerobench calibrate, collectives over {world} ranks ({env.get('device')})")

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from zerobench.instruments.telemetry import nvml_handle
 from zerobench.instruments.vgpu import microbench
 from zerobench.validation.calibrate.kernels import time_kernel
 
@@ -37,7 +38,8 @@ class PowerSampler:
 
                 pynvml.nvmlInit()
                 self._nvml = pynvml
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+                # the GPU the kernels run on, by its UUID ([Note: which GPU NVML reads])
+                self._handle, _ = nvml_handle(pynvml, _indexed(device))
             except Exception:  # noqa: BLE001 - no NVML: the section runs without power and clocks
                 self._handle = None
 
@@ -72,6 +74,11 @@ class PowerSampler:
         self._stop.set()
         if self._handle is not None:
             self._thread.join()
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: ``cuda`` alone is the current device, as torch reads it."""
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def measure(device: torch.device, size: str, budget_s: float, log) -> dict:

@@ -162,7 +162,7 @@ def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None,
 
 
 def _link_json(link) -> str:
-    return json.dumps({"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us, "name": link.name})
+    return json.dumps(link.to_json())
 
 
 def _run_jobs(w, jobs, gpu_file: Path, host, links, node_size, traces: Path, memory: dict, log,
