@@ -49,7 +49,8 @@ def test_no_change_is_bounded_in_the_direction_that_would_be_worse():
                                                                          "allowed_change_pct": 20.0}
 
 
-def test_console_markdown_and_junit_sign_the_bound_like_the_change(tmp_path, capsys):
+def test_console_markdown_and_junit_sign_the_bound_like_the_change(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # every pass line whole ([Note: a pass fits a CI log])
     base, slower = _pair(tmp_path, 0.150)  # step +50 %, throughput -33 %
     capsys.readouterr()
     assert cli(base, slower) == 0  # time is reported, not gated: the pass lines

@@ -97,11 +97,15 @@ def test_a_knob_of_one_stage_only_multiplies_that_stages_cells():
 def test_notes_say_what_deepspeed_ignores_here(monkeypatch):
     _installed(monkeypatch, "0.19.8")
     z2, z3 = get_engine("deepspeed-zero2"), get_engine("deepspeed-zero3")
-    assert z2.notes({"overlap_comm": False}, "fp32", 2, "cpu") is None
+    bucket = ("reduce_bucket_size 500,000,000: DeepSpeed allocates the gradient bucket whole (1.86 GiB in fp32) "
+              "whatever the model's size")  # [Note: say what surprises]: every cell says it
+    assert z2.notes({"overlap_comm": False}, "fp32", 2, "cpu").startswith(bucket)
+    assert "(0.93 GiB in bf16)" in z2.notes({"overlap_comm": False}, "bf16", 2, "cpu")
+    assert "reduce_bucket_size 1,000:" in z2.notes({"reduce_bucket_size": 1000}, "fp32", 2, "cpu")
     note = z2.notes({"overlap_comm": True}, "fp32", 2, "cpu")
     assert note.startswith("overlap_comm: no side stream on CPU") and "second bucket is still allocated" in note
     assert "second bucket" not in z3.notes({"overlap_comm": True}, "fp32", 2, "cpu")
-    assert z3.notes({"overlap_comm": True}, "fp32", 2, "cuda") is None
+    assert z3.notes({"overlap_comm": True}, "fp32", 2, "cuda").startswith(bucket)  # a side stream on a GPU
     assert "allgather_bucket_size: unused" in z2.notes({"allgather_bucket_size": 1000}, "fp32", 2, "cuda")
     cells = {c.engine: c for c in expand(_workload(overlap_comm=[True]))}
     assert cells["deepspeed-zero3"].note == z3.notes({"overlap_comm": True}, "fp32", 2, "cpu")

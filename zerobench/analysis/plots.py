@@ -435,8 +435,9 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
     handles, names = styles.legend_handles(markers=False, lines=True)
     if any_phases:
         handles += [Patch(color=color) for color in PHASES.values()]
-        names += [f"{phase} phase (shaded: as the panel's first line ran it; thin vertical lines: where the "
-                  f"others' start)" if i == 0 else f"{phase} phase" for i, phase in enumerate(PHASES)]
+        names += [f"{phase} phase" for phase in PHASES]
+        handles.append(Patch(color="white"))
+        names.append("shaded: the phases of a panel's first line; thin vertical lines: where the others' start")
     else:
         names.append("phases not recorded (a run made before the memory pass kept them)")
         handles.append(Patch(color="white"))

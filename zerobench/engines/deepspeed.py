@@ -203,17 +203,17 @@ class DeepSpeedZeroEngine(Engine):
         """What DeepSpeed 0.19.8 ignores of the cell (measured: tests/test_deepspeed_engines.py),
         and what it does that reads as a bug ([Note: say what surprises] in base.py)."""
         out = [note for note in [super().notes(options, dtype, world_size, device_type)] if note]
-        bucket = options.get("reduce_bucket_size", KNOBS["reduce_bucket_size"].default)
-        itemsize = 2 if dtype == "bf16" else 4  # the gradients' dtype: bf16 under DeepSpeed's bf16
-        out.append(f"reduce_bucket_size {bucket:,}: DeepSpeed allocates the gradient bucket whole "
-                   f"({bucket * itemsize / 2**30:.2f} GiB in {dtype}) whatever the model's size, which can put a "
-                   f"small model's peak above DDP's; a smaller reduce_bucket_size lowers it")
         if device_type == "cpu" and options.get("overlap_comm"):
             out.append("overlap_comm: no side stream on CPU (a synchronous device), no overlap"
                        + ("; its second bucket is still allocated" if cls.stage < 3 else ""))
         default = KNOBS["allgather_bucket_size"].default
         if options.get("allgather_bucket_size", default) != default:
             out.append("allgather_bucket_size: unused (one all_gather_into_tensor per parameter group)")
+        bucket = options.get("reduce_bucket_size", KNOBS["reduce_bucket_size"].default)
+        itemsize = 2 if dtype == "bf16" else 4  # the gradients' dtype: bf16 under DeepSpeed's bf16
+        out.append(f"reduce_bucket_size {bucket:,}: DeepSpeed allocates the gradient bucket whole "
+                   f"({bucket * itemsize / 2**30:.2f} GiB in {dtype}) whatever the model's size, which can put a "
+                   f"small model's peak above DDP's; a smaller reduce_bucket_size lowers it")
         return "; ".join(out) or None
 
     def wrap(self, model, blocks):
