@@ -352,7 +352,7 @@ def _field_cases() -> list:
 def _axis_cases() -> list:
     """Every axis of the matrix: the common ones and each engine's."""
     from zerobench.engines import ENGINES
-    from zerobench.spec.matrix import engine_axes
+    from zerobench.spec.axes import engine_axes
 
     cases = [("matrix", None, "engine", 3, "type"), ("matrix", None, "engine", "not-an-engine", "range"),
              ("matrix", None, "world_size", "x", "type"), ("matrix", None, "world_size", 0, "range"),
@@ -395,7 +395,7 @@ def test_every_field_refuses_a_wrong_type_a_value_out_of_range_and_a_misspelt_ke
         raw["model"] = dict(BASE_MODELS[kind])
     if table == "matrix" and key not in ("engine", "world_size", "dtype", "world_sizes"):
         from zerobench.engines import ENGINES
-        from zerobench.spec.matrix import engine_axes
+        from zerobench.spec.axes import engine_axes
 
         raw["matrix"]["engine"] = [e for e in ENGINES if key in engine_axes(e)]
     if table == "optimizer":

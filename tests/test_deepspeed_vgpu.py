@@ -17,7 +17,7 @@ if deepspeed_unavailable():
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from zerobench.instruments.link import resolve_link  # noqa: E402
-from zerobench.spec.matrix import Cell  # noqa: E402
+from zerobench.spec.cell import Cell  # noqa: E402
 from zerobench.spec.workload import load_workload  # noqa: E402
 
 BUCKET = 20_000_000  # elements: 40 MB in bf16, far above this model's 2.6 MB of bf16 parameters

@@ -68,7 +68,7 @@ def test_estimate_on_a_gpu_gives_what_its_allocator_may_reserve():
 
 
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.spec.matrix import Cell
+    from zerobench.spec.cell import Cell
     from zerobench.whatif.cells import why_not
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))

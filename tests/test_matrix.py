@@ -2,7 +2,8 @@
 
 import pytest
 
-from zerobench.spec.matrix import engine_axes, expand
+from zerobench.spec.axes import engine_axes
+from zerobench.spec.matrix import expand
 from zerobench.spec.workload import WorkloadError, parse_workload
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from zerobench.instruments.link import resolve_link
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import load_workload
 from zerobench.whatif.cells import configurations
 from zerobench.whatif.predict.rank import timeline_metrics

@@ -185,7 +185,7 @@ def test_worker_records_errors_for_torchrun(tmp_path):
 
 def test_every_results_column_is_documented():
     from zerobench.engines import ENGINES
-    from zerobench.spec.matrix import EMULATION_AXES, engine_axes
+    from zerobench.spec.axes import EMULATION_AXES, engine_axes
 
     axes = set(EMULATION_AXES) | {a for e in ENGINES for a in engine_axes(e)}
     documented = set(METRIC_BY_NAME) | set(COLUMN_DOCS) | axes | set(COLUMN_ALIASES)  # old names read as new

@@ -11,7 +11,7 @@ def arguments(p) -> None:
 
 def main(args) -> int:
     from zerobench.engines import ENGINES, get_engine
-    from zerobench.spec.matrix import engine_axes
+    from zerobench.spec.axes import engine_axes
 
     for name in ENGINES:
         why = get_engine(name).unavailable()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from zerobench.engines.stages import engine_model_state_bytes
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.models import construct
 from zerobench.spec.workload import Workload
 

@@ -26,7 +26,8 @@ from zerobench.rank import devices
 from zerobench.runs.files import new_stamped_dir
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
 from zerobench.runs.tables import write_tables
-from zerobench.spec.matrix import Cell, expand, matrix_notes
+from zerobench.spec.cell import Cell
+from zerobench.spec.matrix import expand, matrix_notes
 from zerobench.spec.user_check import check_user_model
 from zerobench.spec.workload import Workload, WorkloadError, load_workload
 

@@ -28,7 +28,7 @@ from zerobench.instruments.storages import distinct_nbytes
 from zerobench.rank.worlds import World
 from zerobench.runs.schema import allocator_columns, state_columns
 from zerobench.spec import data as data_mod
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.models import build_for_cell, loss_fn
 from zerobench.spec.workload import Workload
 

@@ -50,7 +50,8 @@ from zerobench.rank.worlds import TorchrunWorld
 from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
 from zerobench.runs.schema import peak_columns
-from zerobench.spec.matrix import Cell, expand, find_cell
+from zerobench.spec.cell import Cell
+from zerobench.spec.matrix import expand, find_cell
 from zerobench.spec.models import samples_to_tokens
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline

@@ -45,6 +45,7 @@ from zerobench.instruments.link import link_from_config
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.runs.kinds import WORKLOAD_FILE, workload_name
 from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.spec.cell import CellId
 
 if TYPE_CHECKING:  # parsed on demand: readers of the tables need no workload
     from zerobench.spec.workload import Workload
@@ -66,7 +67,6 @@ class DamagedFile(ValueError):
 
 
 STATUSES = ("ok", "failed", "skipped")
-_CELL_ID = re.compile(r"^(?P<engine>.+?)-ws(?P<world_size>\d+)-(?P<dtype>[a-z0-9]+)")
 
 
 def read_json(path: Path) -> Any:
@@ -80,8 +80,8 @@ def read_json(path: Path) -> Any:
 def damaged_record(path: Path, reason: str) -> dict:
     """What a cell file that cannot be read stands for: a failed cell saying why, with the
     configuration its id spells (engine, world size, dtype), so the other cells carry on."""
-    m = _CELL_ID.match(path.stem)
-    config = {"engine": m["engine"], "world_size": int(m["world_size"]), "dtype": m["dtype"]} if m else {}
+    cid = CellId.try_parse(path.stem)
+    config = {"engine": cid.engine, "world_size": cid.world_size, "dtype": cid.dtype} if cid and cid.world_size else {}
     return {"cell_id": path.stem, "status": "failed", "error": f"damaged cell record {path}: {reason}",
             "config": config, "ranks": [], "damaged": True}
 

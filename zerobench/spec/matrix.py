@@ -11,96 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 from zerobench.choices import not_allowed, unknown_key
 from zerobench.engines import ENGINES, get_engine
 from zerobench.engines.base import Axis
-from zerobench.instruments.link import PRESETS
+from zerobench.spec.axes import COMMON_AXES, engine_axes
+from zerobench.spec.cell import Cell, CellId
 from zerobench.spec.workload import Workload, WorkloadError
-
-#: Axes the matrix offers to engines that support interconnect emulation (all of them):
-#: a preset name (docs/link.md) or explicit numbers, which override the preset's.
-EMULATION_AXES = {
-    "emulate_link": Axis("", choices=("", *PRESETS), doc="emulated interconnect preset (docs/link.md; '': off)"),
-    "emulate_gbps": Axis(0.0, type=float, minimum=0.0, doc="emulated bus bandwidth in GB/s (0: off)"),
-    "emulate_latency_us": Axis(0.0, type=float, minimum=0.0, applies_when=("emulate_gbps", lambda gbps: bool(gbps)),
-                               doc="emulated latency per collective in µs (with emulate_gbps > 0)"),
-}
-COMMON_AXES = ("engine", "world_size", "dtype")
-
-
-@dataclass(frozen=True)
-class CheckpointingAxis(Axis):
-    """``activation_checkpointing``: "none", "full", "every:K" or "ops" (zerobench/spec/checkpointing.py)."""
-
-    def allowed(self) -> str:
-        return "'none', 'full', 'every:K' (K >= 1), 'ops'"
-
-    def check(self, name: str, value: Any) -> Any:
-        from zerobench.spec.checkpointing import parse_mode
-
-        parse_mode(value, name)  # ValueError naming the axis and what it allows
-        return value
-
-
-#: Axes every engine has: activation checkpointing, applied to the model before the
-#: engine wraps it, the same way for all of them.
-MODEL_AXES = {
-    "activation_checkpointing": CheckpointingAxis(
-        "none", doc="none | full (every block) | every:K (every K-th block) | ops (every other matmul's and "
-                    "attention's outputs kept, the rest recomputed); non-reentrant, applied before wrapping"),
-}
-
-
-def engine_axes(engine: str) -> dict[str, Axis]:
-    cls = get_engine(engine)
-    axes = dict(cls.options)
-    axes.update(MODEL_AXES)
-    if cls.supports_emulation:
-        axes.update(EMULATION_AXES)
-    return axes
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One configuration of the matrix: run as one torch.distributed world."""
-
-    engine: str
-    world_size: int
-    dtype: str
-    options: tuple[tuple[str, Any], ...] = ()
-    """Every axis of the engine with its value, in the engine's declared order."""
-    skip_reason: str | None = field(default=None, compare=False)
-    note: str | None = field(default=None, compare=False)
-    """What the engine ignores of this configuration on this device (``Engine.notes``)."""
-
-    @property
-    def opts(self) -> dict[str, Any]:
-        return dict(self.options)
-
-    @property
-    def id(self) -> str:
-        """Stable across runs: engine, world size, dtype, then the axes that differ
-        from the engine's defaults (so adding an axis to an engine keeps old ids)."""
-        defaults = engine_axes(self.engine)
-        parts = [self.engine, f"ws{self.world_size}", self.dtype]
-        for name, value in self.options:
-            if name in defaults and value != defaults[name].default:
-                parts.append(f"{name}={_fmt(value)}")
-        return "-".join(parts)
-
-    def config(self) -> dict[str, Any]:
-        return {"engine": self.engine, "world_size": self.world_size, "dtype": self.dtype, **self.opts}
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _pin_inapplicable(axes: dict[str, Axis], values: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -231,10 +149,10 @@ def matrix_notes(workload: Workload) -> list[str]:
 def find_cell(workload: Workload, cell_id: str, device_type: str = "cpu") -> Cell | None:
     """The cell ``cell_id`` of the workload, expanding only its own engine's part of the
     matrix: a rank imports one engine adapter, not every engine the matrix names."""
-    engines = [e for e in workload.matrix["engine"] if cell_id.startswith(f"{e}-ws")]
-    if not engines:
+    parsed = CellId.try_parse(cell_id)
+    if parsed is None or parsed.world_size is None or parsed.engine not in workload.matrix["engine"]:
         return None
-    engine = max(engines, key=len)
+    engine = parsed.engine
     axes = engine_axes(engine)
     matrix = {k: v for k, v in workload.matrix.items() if k in COMMON_AXES}
     for name, values in workload.matrix.items():

@@ -43,10 +43,6 @@ def configurations(workload, world_sizes=(2,)):
     return out
 
 
-def config_id(cell) -> str:
-    return cell.id.replace(f"-ws{cell.world_size}", "")
-
-
 def select_configurations(w, only=None, world_sizes=(2,)) -> list:
     """The workload's configurations valid at one or more of ``world_sizes``, or those
     whose id is in ``only`` (``--config``); an id that names none is an error listing
@@ -54,7 +50,7 @@ def select_configurations(w, only=None, world_sizes=(2,)) -> list:
     cells = configurations(w, world_sizes)
     if not only:
         return cells
-    ids = [config_id(c) for c in cells]
+    ids = [c.config_id for c in cells]
     unknown = [i for i in only if i not in ids]
     if unknown:
         from zerobench.choices import not_allowed

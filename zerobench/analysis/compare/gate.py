@@ -505,7 +505,7 @@ def _axis_unrecorded_at_default(engine, column: str, baseline: str, new: str) ->
     """
     if (baseline == "") == (new == ""):
         return False
-    from zerobench.spec.matrix import engine_axes  # imports the engines, hence torch: only when needed
+    from zerobench.spec.axes import engine_axes  # imports the engines, hence torch: only when needed
 
     try:
         axis = engine_axes(str(engine)).get(column)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from zerobench.whatif.cells import (
     check_hybrid_shard_size,
-    config_id,
     configurations_to_run,
     new_results_folder,
     parse_world_sizes,
@@ -124,16 +123,16 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
         for ws in world_sizes:
             why = why_not(cell, ws, hybrid_shard_size)
             if why:
-                plans[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
+                plans[(cell.config_id, ws)] = {"status": "skipped", "reason": why}
                 continue
             for layers in (shallow or (None,)):
-                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=config_id(cell)))
-        plans[config_id(cell)] = shallow
+                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=cell.config_id))
+        plans[cell.config_id] = shallow
     found = {}
     for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, progress)):
         found[(job.label, job.world_size, job.layers)] = row
     for cell in cells:
-        cid, shallow = config_id(cell), plans[config_id(cell)]
+        cid, shallow = cell.config_id, plans[cell.config_id]
         results = {}
         for ws in world_sizes:
             if (cid, ws) in plans:
@@ -159,7 +158,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                     res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,
                     master_copy=keeps_master_copy(cell.engine))}
             rows.append({
-                "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
+                "config": cell.config_id, "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                 "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions(),
                 "zero_stage": stage, "shard_ranks": shard,
                 "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
@@ -216,8 +215,10 @@ def against_run(estimates, results):
     has, with ``diff_pct`` = 100 * (estimated - real) / real."""
     import pandas as pd
 
+    from zerobench.spec.cell import CellId
+
     real = results[results["status"] == "ok"].copy()
-    real["config"] = [cid.replace(f"-ws{ws}", "") for cid, ws in zip(real["cell_id"], real["world_size"])]
+    real["config"] = [CellId.parse(cid).config for cid in real["cell_id"]]
     real = real[["config", "world_size", "rank", "peak_mem_bytes"]].rename(columns={"peak_mem_bytes": "real_peak_bytes"})
     est = estimates[estimates["status"] == "ok"][["config", "world_size", "rank", "peak_mem_bytes"]]
     both = pd.merge(est, real, on=["config", "world_size", "rank"])

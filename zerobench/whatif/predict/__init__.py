@@ -23,7 +23,6 @@ import os
 from pathlib import Path
 
 from zerobench.whatif.cells import (
-    config_id,
     configurations_to_run,
     new_results_folder,
     parse_world_sizes,
@@ -102,7 +101,7 @@ def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None,
     import pandas as pd
 
     from zerobench.runs.files import write_csv_atomic, write_json_atomic
-    from zerobench.spec.matrix import EMULATION_AXES
+    from zerobench.spec.axes import EMULATION_AXES
     from zerobench.spec.workload import load_workload
 
     devices = resolve_devices(gpu, host, link, inter_link, alloc_conf, context_mib, nccl_mib, sdpa_backend)
@@ -136,18 +135,18 @@ def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None,
         for ws in world_sizes:
             why = why_not(cell, ws, None)
             if why:
-                results[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
+                results[(cell.config_id, ws)] = {"status": "skipped", "reason": why}
             else:
-                jobs.append(Job(cell.engine, cell.dtype, options, ws, label=config_id(cell)))
+                jobs.append(Job(cell.engine, cell.dtype, options, ws, label=cell.config_id))
     for job, row in zip(jobs, _run_jobs(w, jobs, out_dir / "gpu.json", host_preset, links, node_size,
                                         out_dir / "traces", memory, log, progress)):
         results[(job.label, job.world_size)] = row
     rows = []
     for cell in cells:
         for ws in world_sizes:
-            res = results.get((config_id(cell), ws)) or {"status": "skipped",
+            res = results.get((cell.config_id, ws)) or {"status": "skipped",
                                                           "reason": "no result from the predicting process"}
-            rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
+            rows.append({"config": cell.config_id, "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": devices["gpu"].name, "host": host_preset.name,
                          "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),

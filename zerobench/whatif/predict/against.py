@@ -56,15 +56,15 @@ def run_cells(run_dir: Path, rank: int = 0) -> dict[str, Path]:
 def configurations(run_dir: Path) -> tuple[list[str], list[int]]:
     """The configurations (predict's ids: a cell id without its ``-ws<n>``) and world
     sizes of a run's traced cells."""
-    import re
+    from zerobench.spec.cell import CellId
 
     configs, sizes = [], []
     for cell in run_cells(run_dir):
-        m = re.search(r"-ws(\d+)", cell)
-        if m is None:
+        cid = CellId.try_parse(cell)
+        if cid is None or cid.world_size is None:
             continue
-        configs.append(cell[:m.start()] + cell[m.end():])
-        sizes.append(int(m.group(1)))
+        configs.append(cid.config)
+        sizes.append(cid.world_size)
     return list(dict.fromkeys(configs)), sorted(set(sizes))
 
 
@@ -74,6 +74,7 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
     from zerobench.analysis.profiling.kernels import mean_breakdown
     from zerobench.analysis.profiling.trace import load_trace
     from zerobench.runs.folder import RunFolder
+    from zerobench.spec.cell import CellId
 
     predict_dir = Path(predict_dir)
     if not (predict_dir / "predict.csv").exists():
@@ -89,8 +90,9 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
             continue  # not predicted (another configuration or world size)
         measured, modelled = mean_breakdown(load_trace(path)), mean_breakdown(load_trace(virtual))
         measured["step_time_s"] = _one(timed[timed["cell_id"] == cell], "step_time_s")
-        modelled["step_time_s"] = _one(predicted[predicted["config"] + "-ws" + predicted["world_size"].astype(str)
-                                                 == _with_ws_last(cell)], "step_time_s")
+        cid = CellId.parse(cell)
+        modelled["step_time_s"] = _one(predicted[(predicted["config"] == cid.config)
+                                                 & (predicted["world_size"] == cid.world_size)], "step_time_s")
         for quantity, label in QUANTITIES:
             m, p = measured.get(quantity), modelled.get(quantity)
             rows.append({"cell": cell, "quantity": label, "measured_s": m, "predicted_s": p,
@@ -102,14 +104,6 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
 
 def _one(frame: pd.DataFrame, column: str):
     return float(frame[column].iloc[0]) if len(frame) and column in frame and pd.notna(frame[column].iloc[0]) else None
-
-
-def _with_ws_last(cell: str) -> str:
-    """``ddp-ws1-fp32-x=y`` -> ``ddp-fp32-x=y-ws1``: predict's config and world size."""
-    import re
-
-    m = re.search(r"-ws(\d+)", cell)
-    return cell if m is None else cell[:m.start()] + cell[m.end():] + m.group(0)
 
 
 def against_table(frame: pd.DataFrame, title: str = ""):

@@ -31,6 +31,7 @@ def side_by_side(run_dir: Path, predict_dir: Path):
     import pandas as pd
 
     from zerobench.runs.folder import RunFolder
+    from zerobench.spec.cell import CellId
 
     measured = RunFolder(run_dir).results()
     predicted = pd.read_csv(Path(predict_dir) / "predict.csv")
@@ -38,7 +39,7 @@ def side_by_side(run_dir: Path, predict_dir: Path):
         measured = measured[measured["rank"] == 0]
     rows = []
     for _, m in measured.iterrows():
-        config = str(m["cell_id"]).replace(f"-ws{int(m['world_size'])}", "")
+        config = CellId.parse(m["cell_id"]).config
         match = predicted[(predicted["config"] == config) & (predicted["world_size"] == m["world_size"])]
         if match.empty:
             continue

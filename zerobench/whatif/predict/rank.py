@@ -55,7 +55,7 @@ from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu.host import HostPreset
 from zerobench.instruments.vgpu.presets import load_preset_file
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import parse_workload
 
 
