@@ -38,7 +38,7 @@ class _FakeAllocator:
 
 
 def test_allocator_metrics_read_any_device_module():
-    from zerobench.runs.schema import METRIC_BY_NAME, allocator_columns
+    from zerobench.schema.columns import METRIC_BY_NAME, allocator_columns
 
     fake = _FakeAllocator()
     metrics = allocator_columns(fake.memory_stats(torch.device("cuda", 1)))
@@ -90,7 +90,7 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
 
 def test_active_peak_is_compared_like_the_allocated_peak():
     from zerobench.analysis.compare.rules import default_rule, resolve_metric
-    from zerobench.runs.schema import COLUMN_DTYPES, METRIC_BY_NAME
+    from zerobench.schema.columns import COLUMN_DTYPES, METRIC_BY_NAME
 
     active, allocated = METRIC_BY_NAME["peak_active_bytes"], METRIC_BY_NAME["peak_allocated_bytes"]
     assert (active.unit, active.kind, active.better) == (allocated.unit, allocated.kind, allocated.better)

@@ -16,8 +16,9 @@ Read it in the order a cell travels (each folder's ``__init__.py`` gives its own
    interception of ``torch.distributed`` ([Note: one interception]); link.py the
    interconnect model; emulation.py the emulated link; memory.py the storage tracker;
    vgpu/ the virtual GPU.
-5. ``runs/``: run folders. schema.py names every column; folder.py reads and writes a
-   folder ([Note: readers have no side effects]); files.py writes atomically.
+5. ``runs/``: run folders. folder.py reads and writes a folder ([Note: readers have no
+   side effects]); files.py writes atomically. The columns of every table are named
+   below every floor, in ``schema/columns.py``.
 6. ``analysis/``: reading runs. summary.py, plots.py, profiling/ (traces), compare/ (the
    CI gate).
 7. ``whatif/``: cells.py (what estimate and predict share), estimate/ (memory at any

@@ -45,8 +45,8 @@ from zerobench.analysis.figures import (
     short_label,
 )
 from zerobench.runs.folder import DamagedFile, RunFolder
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 from zerobench.runs.tables import cell_records, default_cells, is_reference, load_results, reference_cells
+from zerobench.schema.columns import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 
 STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {

@@ -26,7 +26,7 @@ from zerobench.engines import OptimizerSpec, get_engine
 from zerobench.instruments.memory import StorageTracker
 from zerobench.instruments.storages import distinct_nbytes
 from zerobench.rank.worlds import World
-from zerobench.runs.schema import allocator_columns, state_columns
+from zerobench.schema.columns import allocator_columns, state_columns
 from zerobench.spec import data as data_mod
 from zerobench.spec.cell import Cell
 from zerobench.spec.models import build_for_cell, loss_fn

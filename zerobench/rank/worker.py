@@ -49,7 +49,7 @@ from zerobench.rank.session import Session
 from zerobench.rank.worlds import TorchrunWorld
 from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
-from zerobench.runs.schema import peak_columns
+from zerobench.schema.columns import peak_columns
 from zerobench.spec.cell import Cell
 from zerobench.spec.matrix import expand, find_cell
 from zerobench.spec.models import samples_to_tokens

@@ -1,7 +1,7 @@
 """One run folder ``results/<run-id>/``: where each file lives, how it is read back with
 the right types, and how it is updated atomically. Every reader and writer of a run
 folder goes through :class:`RunFolder`, the one piece of code that knows its layout
-(the columns of its tables are :mod:`zerobench.runs.schema`'s)::
+(the columns of its tables are :mod:`zerobench.schema.columns`'s)::
 
     workload.json        the fully resolved workload the run used (what the ranks read)
     meta.json            workload, git commit, torch version, backend, machine, date, command line
@@ -44,7 +44,7 @@ import pandas as pd
 from zerobench.instruments.link import link_from_config
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.runs.kinds import WORKLOAD_FILE, workload_name
-from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.schema.columns import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
 from zerobench.spec.cell import CellId
 
 if TYPE_CHECKING:  # parsed on demand: readers of the tables need no workload
@@ -279,7 +279,7 @@ class RunFolder:
 
     def results(self) -> pd.DataFrame:
         """results.csv as plain ``pandas.read_csv`` reads it ([Note: types in results.csv] in
-        zerobench/runs/schema.py), or, when it is missing or stale (:meth:`tables_stale`),
+        zerobench/schema/columns.py), or, when it is missing or stale (:meth:`tables_stale`),
         the same table built from cells/ in memory, with the types the file would have.
         Writes nothing ([Note: readers have no side effects])."""
         if self.tables_stale():
@@ -456,7 +456,7 @@ def merge_columns(results: pd.DataFrame, columns: pd.DataFrame) -> pd.DataFrame:
 def read_table(source, aliases: dict[str, str] | None = None) -> pd.DataFrame:
     """A CSV of the run folder as plain ``pandas.read_csv`` reads it, its columns renamed
     by ``aliases`` (old name -> new): the types a user's own ``read_csv`` gets
-    ([Note: types in results.csv] in zerobench/runs/schema.py)."""
+    ([Note: types in results.csv] in zerobench/schema/columns.py)."""
     return pd.read_csv(source).rename(columns=aliases or {})
 
 

@@ -54,7 +54,7 @@ def write_tables(run_dir: Path) -> pd.DataFrame:
 
 def load(run_dir: Path) -> pd.DataFrame:
     """results.csv of a run folder, with the dtypes plain ``pandas.read_csv`` gives it
-    ([Note: types in results.csv] in zerobench/runs/schema.py); built from cells/ in
+    ([Note: types in results.csv] in zerobench/schema/columns.py); built from cells/ in
     memory when it is missing or older than a cell record, with the same dtypes."""
     return RunFolder(run_dir).results()
 

@@ -14,7 +14,7 @@ codes. What differs:
   as a run cell whose axes differ; so is a folder that does not record its versions,
   compared with one that does.
 * Every figure is deterministic: the virtual GPU's timeline and the fake world's memory are
-  pure functions of the program and the presets (zerobench/runs/schema.py,
+  pure functions of the program and the presets (zerobench/schema/columns.py,
   WHATIF_METRICS): unchanged code predicts identical figures, bit for bit (docs/ci.md,
   "Determinism"). So each gates exactly -- within 1e-9 of the baseline, the rounding a
   changed program makes when it only sums the same times in another order (seen: 1e-16
@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.runs.kinds import folder_kind
-from zerobench.runs.schema import COLUMN_ALIASES
+from zerobench.schema.columns import COLUMN_ALIASES
 from zerobench.spec.cell import CellId
 
 #: tool -> the table its folder holds

@@ -36,7 +36,7 @@ import torch
 from zerobench.engines.base import ran_record, row_note
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import BACKENDS, FakeWorld
-from zerobench.runs.schema import peak_columns
+from zerobench.schema.columns import peak_columns
 from zerobench.spec.cell import Cell
 from zerobench.spec.workload import Workload, parse_workload
 

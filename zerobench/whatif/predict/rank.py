@@ -25,7 +25,7 @@ zerobench/whatif/jobs.py).
   Python calls' share ``host_python_s`` and their number ``host_python_calls``; with
   ``host_blocked_s`` (waiting for the device) it is the host's whole step;
 * ``comm_<kind>_bytes``, ``comm_<kind>_calls``, ``comm_total_bytes``, ``comm_calls``: the
-  measured step's collectives, as the run's memory pass counts them (runs/schema.py).
+  measured step's collectives, as the run's memory pass counts them (schema/columns.py).
 * ``tokens_per_s``: this rank's tokens per second; ``tflops_per_gpu`` and ``mfu``: model
   FLOPs by torchtitan's formula ([Note: model FLOPs] in zerobench/spec/flops.py) per
   second, and over the preset's dense peak for the cell's dtype;
@@ -61,7 +61,7 @@ from zerobench.spec.workload import parse_workload
 
 def timeline_metrics(spans, start: float, end: float) -> dict:
     """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
-    (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/runs/schema.py)."""
+    (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/schema/columns.py)."""
     from zerobench.analysis.profiling import intervals as iv
 
     compute = iv.clip([(a, b) for lane, _name, a, b, _args in spans if lane == "compute"], start, end)
