@@ -44,6 +44,7 @@ from zerobench.analysis.figures import (
     save_figure,
     short_label,
 )
+from zerobench.engines.options import axes_with_role
 from zerobench.runs.folder import DamagedFile, RunFolder
 from zerobench.runs.tables import cell_records, default_cells, is_reference, load_results, reference_cells
 from zerobench.schema.columns import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
@@ -455,7 +456,7 @@ def _shade_phases(ax, marks: list[tuple[str, float]]) -> None:
                     fontsize=6.5, color="0.3")
 
 
-KNOB_AXES = ("backward_prefetch", "forward_prefetch", "limit_all_gathers", "limiter_depth")
+KNOB_AXES = axes_with_role("schedule")  # prefetch and the limiter (zerobench/engines/options.py)
 
 
 def _knob_label(row) -> str:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from zerobench.engines import OptimizerSpec, get_engine
+from zerobench.engines import get_engine
+from zerobench.engines.base import OptimizerSpec
 from zerobench.instruments.memory import StorageTracker
 from zerobench.instruments.storages import distinct_nbytes
 from zerobench.rank.worlds import World

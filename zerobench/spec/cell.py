@@ -130,6 +130,28 @@ class Cell:
         return dict(self.options)
 
     @property
+    def settings(self):
+        """The engine's options as a value (zerobench/engines/options.py): every axis of
+        the engine, checked, with its declared default where the cell has none."""
+        from zerobench.engines.options import OPTIONS
+
+        if self.engine in OPTIONS:
+            return OPTIONS[self.engine].from_options(self.opts)
+        from zerobench.engines import get_engine  # an engine registered at run time (tests)
+
+        return get_engine(self.engine).Options.from_options(self.opts)
+
+    @property
+    def shard_group_size(self) -> int | None:
+        """HYBRID_SHARD's shard group at this cell's world size (one node's ranks,
+        ``LOCAL_WORLD_SIZE``, else half the world: impl/fsdp/process_groups.py); None for
+        any other strategy or engine."""
+        settings = self.settings
+        if getattr(settings, "sharding_strategy", None) != "HYBRID_SHARD":
+            return None
+        return settings.shard_group_size(self.world_size)
+
+    @property
     def cell_id(self) -> CellId:
         """Stable across runs: engine, world size, dtype, then the axes that differ
         from the engine's defaults (so adding an axis to an engine keeps old ids)."""

@@ -69,6 +69,8 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     KEY=VALUE`` applied to the workload file ([Note: overrides] in zerobench/spec/workload.py). ``gpu``: a GPU preset
     (a name or a file): each row then says what its caching allocator may reserve there
     (``capacity_bytes``, as predict counts it: [Note: capacity a process sees])."""
+    from dataclasses import replace
+
     import pandas as pd
 
     from zerobench.engines.stages import (
@@ -144,15 +146,11 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                                             found.get((cid, ws, shallow[1])))
         for ws in world_sizes:
             res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
-            opts = dict(cell.opts)
-            if cell.opts.get("sharding_strategy") == "HYBRID_SHARD":
-                from impl.fsdp.process_groups import default_shard_size
-
-                opts["_shard_size"] = hybrid_shard_size or default_shard_size(ws)
-            stage, shard = engine_stage(cell.engine, opts, ws)
+            opts, group = cell.opts, hybrid_shard_size or replace(cell, world_size=ws).shard_group_size
+            stage, shard = engine_stage(cell.engine, opts, ws, group)
             kind = opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam"
-            analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind)
-            paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed")
+            analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, shard_group_size=group)
+            paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed", shard_group_size=group)
             if res.get("status") == "ok":
                 res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
                     res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,

@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from zerobench.engines.options import matrix_sweeps
 from zerobench.whatif.cells import (
     configurations_to_run,
     new_results_folder,
@@ -30,14 +31,9 @@ from zerobench.whatif.cells import (
     why_not,
 )
 
-#: --matrix: the knobs swept for the engines that have them.
-MATRIX = {
-    "impl-fsdp": {"backward_prefetch": ["pre", "post", "none"], "limit_all_gathers": [True, False],
-                  "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"]},
-    "torch-fsdp1": {"backward_prefetch": ["pre", "post", "none"], "limit_all_gathers": [True, False],
-                    "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"]},
-    "torch-fsdp2": {"reshard_after_forward": [True, False]},
-}
+#: --matrix: the knobs swept for the engines that have them (each option's ``sweep``,
+#: zerobench/engines/options.py).
+MATRIX = matrix_sweeps()
 COLUMNS = ("step_time_s", "compute_s", "exposed_comm_s", "overlap_ratio", "peak_allocated_bytes",
            "peak_active_bytes", "peak_reserved_bytes", "max_unsharded_units", "host_lead_max_s")
 

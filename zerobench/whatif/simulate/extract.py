@@ -31,14 +31,14 @@ from zerobench.analysis.profiling.analyze import find_traces
 from zerobench.analysis.profiling.collective_table import collectives
 from zerobench.analysis.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
 from zerobench.analysis.profiling.trace import Trace, load_trace
+from zerobench.engines.options import axes_with_role, axis_named
 from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
 
 from .schedule import ENGINES, Knobs, Schedule, Unit
 
 DEFAULT_UNITS = 8
-_KNOB_AXES = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "limit_all_gathers",
-              "limiter_depth", "reshard_after_forward")
+_KNOB_AXES = axes_with_role("sharding", "schedule")  # the engines' knobs a schedule re-times
 
 
 def _covered_s(comp: np.ndarray, start: float, end: float) -> float:
@@ -176,9 +176,9 @@ def _knobs(config: dict, on_gpu: bool) -> Knobs:
             continue
         if axis == "backward_prefetch":
             v = {"backward_pre": "pre", "backward_post": "post"}.get(str(v).lower(), str(v).lower())
-        elif axis in ("forward_prefetch", "limit_all_gathers", "reshard_after_forward"):
+        elif axis_named(axis).is_flag:
             v = v if isinstance(v, bool) else str(v).lower() in ("true", "1", "on")
-        elif axis == "limiter_depth":
+        elif axis_named(axis).type is int:
             v = int(v)
         setattr(k, axis, v)
     if config.get("bucket_cap_mb") not in (None, ""):
