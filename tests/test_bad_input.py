@@ -269,7 +269,8 @@ BASE_MODELS = {
 BASE = {"model": BASE_MODELS["mlp"], "data": {"batch_size": 2, "warmup_steps": 1, "steps": 2},
         "run": {"timeout_s": 120, "memory_pass": False}, "matrix": {"engine": ["ddp"], "world_size": [1]}}
 #: dataclass fields that are no TOML key
-NOT_KEYS = {"model", "data", "optimizer", "run", "matrix", "source", "overrides", "kwargs"}
+#: (dropped_axes and no_matrix say how the file was read: they are no keys of it)
+NOT_KEYS = {"model", "data", "optimizer", "run", "matrix", "source", "overrides", "kwargs", "dropped_axes", "no_matrix"}
 #: values out of range of fields whose range is a shape, not a Range or a Literal
 SHAPED = {"name": "../up", "model.preset": "llama9", "model.factory": "nocolon", "model.batch": "nocolon",
           "model.loss": "nocolon", "model.config": "missing.json", "model.wrap": ["NoSuchBlock"]}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerobench.engines import get_engine
-from zerobench.engines.base import Axis
+from zerobench.engines.options import OPTIONS, Axis
 from zerobench.instruments.link import PRESETS
 
 #: Axes the matrix offers to engines that support interconnect emulation (all of them):
@@ -53,3 +53,16 @@ def engine_axes(engine: str) -> dict[str, Axis]:
     if cls.supports_emulation:
         axes.update(EMULATION_AXES)
     return axes
+
+
+def declared_axes(engine: str) -> set[str] | None:
+    """The names of ``engine``'s axes, read from its options class without importing the
+    engine (or torch); None for an engine the registry does not declare options for."""
+    if engine not in OPTIONS:
+        return None
+    return {*OPTIONS[engine].axes(), *MODEL_AXES, *EMULATION_AXES}
+
+
+def owners(axis: str) -> list[str]:
+    """The engines that declare ``axis`` (torch-free, like :func:`declared_axes`)."""
+    return [e for e in OPTIONS if axis in declared_axes(e)]

@@ -58,12 +58,13 @@ def _expand(workload: Workload, device_type: str) -> list[Cell]:
     _check_engines(workload)
     axes_by_engine = {e: engine_axes(e) for e in matrix["engine"]}
 
-    # Every extra axis must belong to some engine (an axis of none is a typo); one that no
-    # engine of this matrix has is dropped ([Note: narrowing the engines]). Each value must
-    # be allowed by at least one engine of the matrix that has the axis.
-    dropped = set(dropped_axes(workload))
+    # Every extra axis must belong to some engine of this matrix (an axis of none is a typo;
+    # one of other engines only is refused naming them: [Note: narrowing the engines] in
+    # zerobench/spec/workload.py). Each value must be allowed by at least one engine of the
+    # matrix that has the axis.
+    check_axes(workload)
     for axis, values in matrix.items():
-        if axis in COMMON_AXES or axis in dropped:
+        if axis in COMMON_AXES:
             continue
         owners = [e for e, axes in axes_by_engine.items() if axis in axes]
         for value in values:
@@ -108,42 +109,44 @@ def _expand(workload: Workload, device_type: str) -> list[Cell]:
     return cells
 
 
-# [Note: narrowing the engines]
-# A workload that extends another often narrows matrix.engine (``engine = ["ddp",
-# "impl-fsdp"]`` under quickstart) and keeps the parent's axes of the engines it left out
-# (``reshard_after_forward``, torch-fsdp2's). Such an axis is dropped with a one-line note
-# (:func:`matrix_notes`): it would multiply nothing. An axis that no engine at all has
-# is still an error naming the axes there are, since it is a typo, not a leftover.
-
-
 def _owners(axis: str, engines) -> list[str]:
     return [e for e in engines if axis in engine_axes(e)]
 
 
-def dropped_axes(workload: Workload) -> list[str]:
-    """The matrix's axes that no engine of its matrix.engine has, but some other engine
-    does ([Note: narrowing the engines]); WorkloadError for an unknown engine or an axis of
-    no engine at all (checked first: no note is printed about a matrix that is refused)."""
+def check_axes(workload: Workload) -> None:
+    """WorkloadError for an unknown engine, an axis of no engine at all (a typo: the axes
+    there are), or an axis that no engine of matrix.engine takes (the engines that do)."""
     matrix = workload.matrix
     _check_engines(workload)
     chosen = list(matrix["engine"])
-    out = []
     for axis in matrix:
         if axis in COMMON_AXES or _owners(axis, chosen):
             continue
-        if not _owners(axis, ENGINES):
+        owners = _owners(axis, ENGINES)
+        if not owners:
             known = sorted({*COMMON_AXES, *(a for e in ENGINES for a in engine_axes(e))})
             raise WorkloadError(_in_file(workload, unknown_key(f"matrix.{axis}", known, "matrix",
                                                                note="`zerobench engines` lists each engine's axes")))
-        out.append(axis)
-    return out
+        raise WorkloadError(_in_file(workload, (
+            f"matrix.{axis}: no engine of matrix.engine ({', '.join(chosen)}) takes it (allowed: the axes of "
+            f"{', '.join(chosen)}; {axis} is {', '.join(owners)}'s: add one of them to matrix.engine, or remove "
+            f"the axis)")))
 
 
 def matrix_notes(workload: Workload) -> list[str]:
-    """One line per axis :func:`expand` drops, saying which engines it belongs to."""
-    chosen = ", ".join(workload.matrix["engine"])
-    return [f"matrix.{axis} dropped: no engine of matrix.engine ({chosen}) has it "
-            f"(it is {', '.join(_owners(axis, ENGINES))}'s)" for axis in dropped_axes(workload)]
+    """One line per axis the workload dropped as it was loaded ([Note: narrowing the
+    engines] in zerobench/spec/workload.py), saying which engines it belongs to."""
+    from zerobench.spec.axes import owners
+
+    m = workload.matrix
+    chosen = ", ".join(m["engine"])
+    notes = [f"matrix.{axis} dropped: no engine of matrix.engine ({chosen}) has it "
+             f"(it is {', '.join(owners(axis))}'s)" for axis in workload.dropped_axes]
+    if workload.no_matrix:
+        notes.append(f"no [matrix] table: runs the default matrix, engine {chosen} at world size "
+                     f"{', '.join(map(str, m['world_size']))} in {', '.join(m['dtype'])} (add a [matrix] table "
+                     f"to choose engines and axes: `zerobench engines` lists them)")
+    return notes
 
 
 def find_cell(workload: Workload, cell_id: str, device_type: str = "cpu") -> Cell | None:

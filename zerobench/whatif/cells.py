@@ -100,13 +100,18 @@ def versions() -> dict[str, str | None]:
     return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
 
 
-def configurations_to_run(w, workload_path, only, world_sizes, tool: str) -> list:
+def configurations_to_run(w, workload_path, only, world_sizes, tool: str, log=print) -> list:
     """:func:`select_configurations`, refusing a workload none of whose configurations
-    can run (ValueError naming the workload file and ``zerobench cells``)."""
+    can run (ValueError naming the workload file and ``zerobench cells``); the matrix's
+    notes (axes dropped, no [matrix]) go to ``log``, as ``zerobench run`` prints them."""
+    from zerobench.spec.matrix import matrix_notes
+
     cells = select_configurations(w, only, world_sizes)
     if not cells:
         raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be {tool}ed: every cell "
                          f"of its matrix is skipped (`zerobench cells {workload_path}` says why)")
+    for note in matrix_notes(w):
+        log(note)
     return cells
 
 

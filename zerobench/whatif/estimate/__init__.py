@@ -110,7 +110,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = configurations_to_run(w, workload_path, only, world_sizes, "estimate")
+    cells = configurations_to_run(w, workload_path, only, world_sizes, "estimate", log)
     out_dir = new_results_folder(results_root, w, "estimate")
     rows = []
     opt = w.optimizer.kind

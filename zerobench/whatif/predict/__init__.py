@@ -40,9 +40,9 @@ COLUMNS = ("step_time_s", "compute_s", "exposed_comm_s", "overlap_ratio", "peak_
 
 def _with_matrix(workload):
     matrix = dict(workload.matrix)
-    for axes in MATRIX.values():
-        for axis, values in axes.items():
-            matrix[axis] = values
+    for engine, axes in MATRIX.items():
+        if engine in matrix["engine"]:  # another engine's axes would be refused ([Note: narrowing the engines])
+            matrix.update(axes)
     return dataclasses.replace(workload, matrix=matrix)
 
 
@@ -114,7 +114,7 @@ def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None,
     world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
     if matrix:
         w = _with_matrix(w)
-    cells = configurations_to_run(w, workload_path, only, world_sizes, "predict")
+    cells = configurations_to_run(w, workload_path, only, world_sizes, "predict", log)
     out_dir = new_results_folder(results_root, w, "predict")
     # What the cells run on, as the predicting process reads it back: the GPU preset with
     # every figure and its source, and the host preset.
