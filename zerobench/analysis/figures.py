@@ -88,18 +88,12 @@ def numeric(values) -> "pd.Series":
 
 
 def flag(value) -> bool:
-    """Whether a table cell holds a true boolean: True, "True", "true", 1; empty (NaN, NA,
-    None) and anything else are False."""
-    if value is None or value is False:
-        return False
-    try:
-        import pandas as pd
+    """Whether a table cell holds True. Boolean columns are read as booleans
+    (zerobench/runs/folder.py, booleans_as_read), so anything else -- empty (NaN, NA,
+    None), a number, text -- is False."""
+    import numpy as np
 
-        if pd.isna(value):
-            return False
-    except (TypeError, ValueError):
-        return False
-    return str(value).strip().lower() in ("true", "1", "1.0", "on")
+    return value is True or (isinstance(value, np.bool_) and bool(value))  # Python's or numpy's True
 
 
 def short_label(cell_id: str) -> str:

@@ -287,6 +287,11 @@ def axes_with_role(*roles: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for cls in OPTIONS.values() for role in roles for n in cls.with_role(role)))
 
 
+def flag_axes() -> frozenset[str]:
+    """Every engine's on/off axes: boolean columns of results.csv, estimate.csv and predict.csv."""
+    return frozenset(n for cls in OPTIONS.values() for n, axis in cls.axes().items() if axis.is_flag)
+
+
 def axis_named(name: str) -> Axis:
     """The axis ``name`` as the first engine that has it declares it (engines that share an
     axis's name share its kind of value); KeyError for an axis of no engine."""

@@ -45,6 +45,7 @@ from zerobench.instruments.link import link_from_config
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.runs.kinds import WORKLOAD_FILE, workload_name
 from zerobench.schema.columns import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.schema.records import CellRecord, RecordError
 from zerobench.spec.cell import CellId
 
 if TYPE_CHECKING:  # parsed on demand: readers of the tables need no workload
@@ -66,7 +67,6 @@ class DamagedFile(ValueError):
     the message names it."""
 
 
-STATUSES = ("ok", "failed", "skipped")
 
 
 def read_json(path: Path) -> Any:
@@ -82,20 +82,16 @@ def damaged_record(path: Path, reason: str) -> dict:
     configuration its id spells (engine, world size, dtype), so the other cells carry on."""
     cid = CellId.try_parse(path.stem)
     config = {"engine": cid.engine, "world_size": cid.world_size, "dtype": cid.dtype} if cid and cid.world_size else {}
-    return {"cell_id": path.stem, "status": "failed", "error": f"damaged cell record {path}: {reason}",
-            "config": config, "ranks": [], "damaged": True}
+    return CellRecord(cell_id=path.stem, status="failed", error=f"damaged cell record {path}: {reason}",
+                      config=config, damaged=True).to_json()
 
 
 def check_record(record: Any) -> str | None:
-    """Why a parsed cell record is not one (None when it is)."""
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {type(record).__name__}"
-    if record.get("status") not in STATUSES:
-        return f"status {record.get('status')!r} is not one of {', '.join(STATUSES)}"
-    if not isinstance(record.get("cell_id"), str) or not isinstance(record.get("config"), dict):
-        return "no cell_id or config"
-    if not isinstance(record["config"].get("world_size"), int) or not isinstance(record.get("ranks", []), list):
-        return "no config.world_size or ranks"
+    """Why a parsed cell record is not one (None when it is): :class:`CellRecord`'s check."""
+    try:
+        CellRecord.from_json(record)
+    except RecordError as err:
+        return str(err)
     return None
 
 
@@ -342,9 +338,11 @@ class RunFolder:
         """reference.json: world size -> the single-process reference losses."""
         write_json_atomic(self.reference_path, {str(k): v for k, v in sorted(references.items())})
 
-    def write_cell(self, record: dict) -> None:
-        """cells/<cell>.json: one cell's record (its ``cell_id`` names the file)."""
-        write_json_atomic(self.cell_path(record["cell_id"]), record)
+    def write_cell(self, record: CellRecord | dict) -> None:
+        """cells/<cell>.json: one cell's record (its ``cell_id`` names the file), checked
+        before it is written (RecordError naming the field)."""
+        record = record if isinstance(record, CellRecord) else CellRecord.from_json(record)
+        write_json_atomic(self.cell_path(record.cell_id), record.to_json())
 
     def discard_cell(self, cell_id: str) -> None:
         """Remove a cell's record, so that a stale one never passes for a new attempt's."""
@@ -456,8 +454,33 @@ def merge_columns(results: pd.DataFrame, columns: pd.DataFrame) -> pd.DataFrame:
 def read_table(source, aliases: dict[str, str] | None = None) -> pd.DataFrame:
     """A CSV of the run folder as plain ``pandas.read_csv`` reads it, its columns renamed
     by ``aliases`` (old name -> new): the types a user's own ``read_csv`` gets
-    ([Note: types in results.csv] in zerobench/schema/columns.py)."""
-    return pd.read_csv(source).rename(columns=aliases or {})
+    ([Note: types in results.csv] in zerobench/schema/columns.py), each boolean column
+    holding booleans (:func:`booleans_as_read`)."""
+    return booleans_as_read(pd.read_csv(source).rename(columns=aliases or {}))
+
+
+def booleans_as_read(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each boolean column (an engine's on/off axis:
+    zerobench/engines/options.py) holding True, False or NaN, as ``read_csv`` gives a
+    column of True / False written with gaps; text in it other than True / False is a
+    ValueError naming the column (no "1" or "on" passes for True)."""
+    from zerobench.engines.options import flag_axes
+
+    for col in flag_axes() & set(frame.columns):
+        if frame[col].dtype == bool:
+            continue
+        frame[col] = [_boolean(col, v) for v in frame[col]]
+    return frame
+
+
+def _boolean(column: str, value):
+    if isinstance(value, bool) or pd.isna(value):
+        return value
+    if hasattr(value, "dtype") and value.dtype == bool:  # numpy's
+        return bool(value)
+    if value in ("True", "False"):
+        return value == "True"
+    raise ValueError(f"{column}: {value!r} is not allowed in a boolean column (allowed: True, False or empty)")
 
 
 def integers_as_written(frame: pd.DataFrame) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from zerobench.analysis.figures import flag
 from zerobench.analysis.profiling import intervals as iv
 from zerobench.analysis.profiling.analyze import find_traces
 from zerobench.analysis.profiling.collective_table import collectives
@@ -177,7 +178,7 @@ def _knobs(config: dict, on_gpu: bool) -> Knobs:
         if axis == "backward_prefetch":
             v = {"backward_pre": "pre", "backward_post": "post"}.get(str(v).lower(), str(v).lower())
         elif axis_named(axis).is_flag:
-            v = v if isinstance(v, bool) else str(v).lower() in ("true", "1", "on")
+            v = flag(v)  # the cell record's boolean
         elif axis_named(axis).type is int:
             v = int(v)
         setattr(k, axis, v)
