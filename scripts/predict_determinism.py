@@ -56,12 +56,13 @@ def _predict(results: Path, run_jobs) -> Path:
     """``zerobench predict`` of the gate's workload, its configurations run by ``run_jobs``
     (in place of ``zerobench.whatif.predict._run_jobs``, same arguments)."""
     import zerobench.whatif.predict as predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     original = predict._run_jobs
     predict._run_jobs = run_jobs
     try:
-        return predict.predict(WORKLOAD, ARGS["world_sizes"], gpu=ARGS["gpu"], link=ARGS["link"],
-                               results_root=results, log=lambda *_: None)
+        return predict.predict(PredictRequest(WORKLOAD, ARGS["world_sizes"], gpu=ARGS["gpu"], link=ARGS["link"],
+                                              results_root=results), log=lambda *_: None)
     finally:
         predict._run_jobs = original
 

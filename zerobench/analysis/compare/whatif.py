@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.runs.kinds import folder_kind
+from zerobench.runs.kinds import WHATIF_TABLES, folder_kind
 from zerobench.schema.columns import COLUMN_ALIASES
 from zerobench.spec.cell import CellId
 
-#: tool -> the table its folder holds
-TABLES = {"predict": "predict.csv", "estimate": "estimate.csv"}
+#: tool -> the table its folder holds (zerobench/runs/whatif.py owns the paths)
+TABLES = WHATIF_TABLES
 
 #: columns that say what a row is without being its configuration
 _NOT_CONFIG = ("config", "reason", "depth_from")

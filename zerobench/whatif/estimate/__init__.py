@@ -15,13 +15,12 @@ import os
 from pathlib import Path
 
 from zerobench.whatif.cells import (
-    check_hybrid_shard_size,
     configurations_to_run,
     new_results_folder,
-    parse_world_sizes,
     versions,
     why_not,
 )
+from zerobench.whatif.estimate.request import EstimateRequest
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
@@ -56,19 +55,11 @@ def _psi(workload) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
-             fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl", full_depth: bool = False, progress=None,
-             overrides=(), gpu=None) -> Path:
-    """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
-    Every argument is checked before the folder is made. ``progress``: told each
-    configuration as it finishes (zerobench.commands.progress.Progress).
-    ``backend``: whose own communication buffers to count (zerobench/whatif/estimate/rank.py).
-    ``full_depth``: run every block even where the estimate would extrapolate from two
-    shallow copies of the model (zerobench/whatif/estimate/depth.py). ``overrides``: ``--set
-    KEY=VALUE`` applied to the workload file ([Note: overrides] in zerobench/spec/workload.py). ``gpu``: a GPU preset
-    (a name or a file): each row then says what its caching allocator may reserve there
-    (``capacity_bytes``, as predict counts it: [Note: capacity a process sees])."""
+def estimate(request: EstimateRequest, *, log=print, progress=None) -> Path:
+    """Estimate every configuration of the request's workload at its world sizes (every
+    option: :class:`EstimateRequest`); returns the folder. Every option is checked before
+    the folder is made. ``log``: each line to say; ``progress``: told each configuration
+    as it finishes (zerobench.commands.progress.Progress)."""
     from dataclasses import replace
 
     import pandas as pd
@@ -79,22 +70,18 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
         keeps_master_copy,
         paper_bytes_from_counts,
     )
-    from zerobench.runs.files import write_csv_atomic
+    from zerobench.runs.whatif import EstimateFolder
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.estimate import depth
 
-    w = load_workload(workload_path, overrides)
+    r = request  # its fields by the names the steps below use
+    workload_path, world_sizes, rank, backend, gpu = r.workload, list(r.world_sizes), r.rank, r.backend, r.gpu
+    fake_tensors, hybrid_shard_size, full_depth = r.fake_tensors, r.hybrid_shard_size, r.full_depth
+    w = load_workload(workload_path, r.overrides)
     from zerobench.spec.user_check import check_user_model
 
     # the user's code fails here, not in a rank
     check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
-    world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
-    if rank < 0:
-        raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")
-    for ws in world_sizes:
-        if rank >= ws:
-            raise ValueError(f"--rank: {rank} is not allowed at world size {ws} (allowed: 0..{ws - 1})")
-    check_hybrid_shard_size(hybrid_shard_size, world_sizes)
     from zerobench.rank.worlds import BACKENDS
 
     if backend not in BACKENDS:
@@ -110,8 +97,8 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
     psi = _psi(w)
     if fake_tensors is None:
         fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = configurations_to_run(w, workload_path, only, world_sizes, "estimate", log)
-    out_dir = new_results_folder(results_root, w, "estimate")
+    cells = configurations_to_run(w, workload_path, r.only, world_sizes, "estimate", log)
+    out_dir = new_results_folder(r.results_root, w, "estimate")
     rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
@@ -165,7 +152,7 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
                 **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
             })
     frame = pd.DataFrame(rows)
-    write_csv_atomic(out_dir / "estimate.csv", frame)
+    EstimateFolder(out_dir).write_table(frame)
     from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
 
     plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))

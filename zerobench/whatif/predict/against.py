@@ -74,18 +74,19 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
     from zerobench.analysis.profiling.kernels import mean_breakdown
     from zerobench.analysis.profiling.trace import load_trace
     from zerobench.runs.folder import RunFolder
+    from zerobench.runs.whatif import PredictFolder
     from zerobench.spec.cell import CellId
 
-    predict_dir = Path(predict_dir)
-    if not (predict_dir / "predict.csv").exists():
+    folder = PredictFolder(predict_dir)
+    if not folder.exists():
         raise AgainstError(f"{predict_dir}: no predict.csv (a `zerobench predict` folder)")
-    predicted = pd.read_csv(predict_dir / "predict.csv")
+    predicted = folder.table()
     timed = RunFolder(run_dir).results()
     if "rank" in timed.columns:
         timed = timed[timed["rank"] == rank]
     rows = []
     for cell, path in run_cells(run_dir, rank).items():
-        virtual = predict_dir / "traces" / f"{cell}.trace.json.gz"
+        virtual = folder.trace_path(cell)
         if not virtual.exists():
             continue  # not predicted (another configuration or world size)
         measured, modelled = mean_breakdown(load_trace(path)), mean_breakdown(load_trace(virtual))

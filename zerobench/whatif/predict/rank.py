@@ -55,6 +55,7 @@ from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu.host import HostPreset
 from zerobench.instruments.vgpu.presets import load_preset_file
+from zerobench.runs.whatif import predicted_trace
 from zerobench.spec.cell import Cell
 from zerobench.spec.workload import parse_workload
 
@@ -173,7 +174,7 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
     cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings;
     ``host``: a host preset (or its name)."""
     cell = job.cell()
-    trace = traces / f"{cell.id}.trace.json.gz" if traces else None
+    trace = predicted_trace(traces, cell.id) if traces else None
     vgpu = None
     try:
         vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)

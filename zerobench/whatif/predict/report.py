@@ -115,6 +115,6 @@ def model_kind(folder: Path) -> str | None:
 
 def show_predict(folder: Path, console=None) -> None:
     """``zerobench show`` of a predict folder: its table, from predict.csv."""
-    import pandas as pd
+    from zerobench.runs.whatif import PredictFolder
 
-    print_predict(pd.read_csv(Path(folder) / "predict.csv"), console, model_kind(folder))
+    print_predict(PredictFolder(folder).table(), console, model_kind(folder))
