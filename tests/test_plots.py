@@ -122,7 +122,7 @@ def test_every_curated_folder_replots(folder, tmp_path, figures):
 
 
 def _record(cell_id, engine, world_size=2, dtype="fp32", status="ok", **options):
-    """A cell record as the ranks write it (zerobench/rank/worker.py), small numbers."""
+    """A cell record as the ranks write it (zerobench/rank/passes.py), small numbers."""
     scale = {"ddp": 1.0, "impl-fsdp": 0.55}[engine] * (1.1 if options.get("limit_all_gathers") is False else 1.0)
     config = {"engine": engine, "world_size": world_size, "dtype": dtype, **options}
     if status != "ok":

@@ -12,7 +12,7 @@ from zerobench.instruments.link import resolve_link
 from zerobench.spec.cell import Cell
 from zerobench.spec.workload import load_workload
 from zerobench.whatif.cells import configurations
-from zerobench.whatif.predict.rank import timeline_metrics
+from zerobench.whatif.predict.job import timeline_metrics
 
 
 def test_exposed_communication_is_what_compute_does_not_cover():
@@ -48,8 +48,8 @@ def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
     and the backward thread's, 32 MiB each on sm90: [Note: cuBLAS workspaces]): within 1 %
     (and never below it)."""
     from zerobench.instruments.vgpu.device import cublas_workspace_bytes
-    from zerobench.whatif.estimate.rank import estimate_one
-    from zerobench.whatif.predict.rank import predict_one
+    from zerobench.whatif.estimate.job import estimate_one
+    from zerobench.whatif.predict.job import predict_one
 
     cell = _cell(quickstart, cell_id, world_size)
     estimated = estimate_one(quickstart, cell, 0, True)

@@ -1,4 +1,4 @@
-"""The validation table's plumbing (zerobench/whatif/predict/validation.py): every published
+"""The validation table's plumbing (zerobench/whatif/predict/published.py): every published
 run names a workload that loads and a configuration it has, and the table reads errors
 off predict.csv. (Predicting the runs themselves takes minutes: docs/vgpu.md.)"""
 
@@ -9,7 +9,7 @@ import pytest
 
 from zerobench.spec.workload import load_workload
 from zerobench.whatif.cells import configurations
-from zerobench.whatif.predict.validation import PUBLISHED, to_markdown, validate
+from zerobench.whatif.predict.published import PUBLISHED, to_markdown, validate
 
 
 @pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p.name)

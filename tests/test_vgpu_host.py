@@ -251,7 +251,7 @@ def test_a_predictions_measured_step_does_not_depend_on_what_ran_before(monkeypa
     from zerobench.rank.session import Session
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.cells import select_configurations
-    from zerobench.whatif.predict.rank import predict_one
+    from zerobench.whatif.predict.job import predict_one
 
     warm_up, first = Session.warm_up, [True]
 

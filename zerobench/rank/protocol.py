@@ -15,7 +15,7 @@ from pathlib import Path
 
 #: Set by the harness in each rank's environment: the harness's pid. A rank that sees it
 #: dies with the harness and never records a result once the harness is gone
-#: (zerobench.rank.worker.watch_harness). Unset under torchrun, where nothing changes.
+#: (zerobench.rank.passes.watch_harness). Unset under torchrun, where nothing changes.
 HARNESS_ENV = "ZEROBENCH_HARNESS_PID"
 
 

@@ -426,11 +426,6 @@ class Workload:
 SHIPPED_WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 
 
-def shipped_workloads() -> list[str]:
-    """Names of the shipped workloads (``zerobench run NAME`` finds them)."""
-    return sorted(p.stem for p in SHIPPED_WORKLOADS.glob("*.toml"))
-
-
 def find_workload(text: str | Path) -> Path:
     """The workload file ``text`` names: a path, or the name of a shipped workload
     (``quickstart``, ``gpt-small.toml``), looked up in ./workloads/ first, then in the

@@ -190,7 +190,7 @@ def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, prog
     env.pop("LOCAL_WORLD_SIZE", None)
     if hybrid_shard_size:
         env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
-    return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process",
+    return run_jobs("zerobench.whatif.estimate.job", w, jobs, args, env, log, what="estimating process",
                     progress=progress)
 
 

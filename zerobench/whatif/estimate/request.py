@@ -29,7 +29,7 @@ class EstimateRequest:
     only: tuple[str, ...] | None = None
     """Configuration ids to estimate (``--config``); None: every one."""
     backend: str = "nccl"
-    """Whose own communication buffers to count (zerobench/whatif/estimate/rank.py)."""
+    """Whose own communication buffers to count (zerobench/whatif/estimate/job.py)."""
     full_depth: bool = False
     """Run every block even where the estimate would extrapolate from two shallow copies
     of the model (zerobench/whatif/estimate/depth.py)."""

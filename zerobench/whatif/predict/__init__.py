@@ -3,7 +3,7 @@
 For each engine configuration of a workload and each world size, one rank runs a
 warm-up and one measured step on the virtual GPU (zerobench/instruments/vgpu) against a fake
 process group, with fake tensors: any model size, every cell in turn in one child
-process (zerobench/whatif/predict/rank.py; [Note: one process for many cells] in
+process (zerobench/whatif/predict/job.py; [Note: one process for many cells] in
 zerobench/whatif/jobs.py). Out come ``predict.csv`` (one row per cell and world size,
 [Note: predicted columns]), a Chrome trace per cell under ``traces/`` and
 ``plots/pareto.png`` and ``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
@@ -162,6 +162,6 @@ def _run_jobs(w, jobs, gpu_file: Path, host, links, node_size, traces: Path, mem
         args += ["--inter-link", _link_json(links["inter_link"])]
     # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
-    return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process",
+    return run_jobs("zerobench.whatif.predict.job", w, jobs, args, env, log, what="predicting process",
                     progress=progress)
 

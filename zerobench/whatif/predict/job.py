@@ -4,7 +4,7 @@ The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/
 against a fake process group of the cell's world size, with fake tensors (shapes only)
 and the virtual GPU installed (zerobench/instruments/vgpu, [Note: virtual device]): the
 rank session (zerobench/rank/session.py) warms up and runs one measured step whose timeline and memory are read off the virtual device.
-Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, every cell in
+Run as ``python -m zerobench.whatif.predict.job`` by ``zerobench predict``, every cell in
 one process, each in a fake world of its own ([Note: one process for many cells] in
 zerobench/whatif/jobs.py).
 
@@ -197,7 +197,7 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
 def main(argv=None) -> None:
     from zerobench.whatif.jobs import child_loop
 
-    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.rank")
+    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.job")
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to predict (zerobench/whatif/jobs.py)")
     parser.add_argument("--gpu-file", type=Path, required=True, help="the GPU preset, as predict wrote it")

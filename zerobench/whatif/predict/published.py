@@ -1,7 +1,7 @@
 """The validation table: published GPU runs beside what ``zerobench predict`` says of
 them (docs/vgpu.md, "Validation against published runs").
 
-``python -m zerobench.whatif.predict.validation [--only NAME ...] [--results DIR] [--out TABLE.md]``
+``python -m zerobench.whatif.predict.published [--only NAME ...] [--results DIR] [--out TABLE.md]``
 
 For each published run, the workload that rebuilds it (``workloads/``) is predicted on
 the preset of the card it ran on, and each published figure is put beside the
@@ -156,7 +156,7 @@ def to_markdown(frame) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.validation",
+    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.published",
                                      description="predict the published GPU runs and compare")
     parser.add_argument("--only", action="append", help=f"only this run (repeatable): "
                                                          f"{', '.join(p.name for p in PUBLISHED)}")
