@@ -60,9 +60,91 @@ def estimate(request: EstimateRequest, *, log=print, progress=None) -> Path:
     option: :class:`EstimateRequest`); returns the folder. Every option is checked before
     the folder is made. ``log``: each line to say; ``progress``: told each configuration
     as it finishes (zerobench.commands.progress.Progress)."""
-    from dataclasses import replace
-
     import pandas as pd
+
+    from zerobench.runs.whatif import EstimateFolder
+    from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
+
+    r = request
+    w, preset = _load(r)
+    psi = _psi(w)
+    fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE if r.fake_tensors is None else r.fake_tensors
+    cells = configurations_to_run(w, r.workload, r.only, list(r.world_sizes), "estimate", log)
+    folder = EstimateFolder(new_results_folder(r.results_root, w, "estimate"))
+    plans, jobs = _plan(w, cells, r, fake_tensors)
+    ran = _run_jobs(w, jobs, r.rank, fake_tensors, r.hybrid_shard_size, r.backend, log, progress)
+    found = {(job.label, job.world_size, job.layers): row for job, row in zip(jobs, ran)}
+    rows = [row for cell in cells
+            for row in _rows(w, cell, _results(w, cell, r, plans, found), r, psi, fake_tensors, preset)]
+    frame = pd.DataFrame(rows)
+    folder.write_table(frame)
+    plot_estimate(frame, folder.plots_dir / "estimate_peak.png", estimate_setting(frame, w.name))
+    return folder.root
+
+
+def _load(r: EstimateRequest):
+    """(the workload, its user code run once; the GPU preset or None), the backend and
+    the preset checked by name."""
+    from zerobench.rank.worlds import BACKENDS
+    from zerobench.spec.user_check import check_user_model
+    from zerobench.spec.workload import load_workload
+
+    w = load_workload(r.workload, r.overrides)
+    # the user's code fails here, not in a rank
+    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
+    if r.backend not in BACKENDS:
+        raise ValueError(f"--backend: {r.backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+    if r.gpu is None:
+        return w, None
+    from zerobench.instruments.vgpu.presets import gpu_preset
+
+    try:
+        return w, gpu_preset(r.gpu)
+    except ValueError as err:
+        raise ValueError(f"--gpu: {err}") from None
+
+
+def _plan(w, cells, r: EstimateRequest, fake_tensors: bool) -> tuple[dict, list]:
+    """(plans, jobs): every cell (and depth) to run, in one process ([Note: one process
+    for many cells]). ``plans`` holds each configuration's shallow depths (None: its own
+    depth) and each (configuration, world size) that cannot run, with why."""
+    from zerobench.whatif.estimate import depth
+    from zerobench.whatif.jobs import Job
+
+    plans, jobs = {}, []
+    for cell in cells:
+        shallow = None if (r.full_depth or not fake_tensors) else depth.depths(w, cell.opts)
+        for ws in r.world_sizes:
+            why = why_not(cell, ws, r.hybrid_shard_size)
+            if why:
+                plans[(cell.config_id, ws)] = {"status": "skipped", "reason": why}
+                continue
+            for layers in (shallow or (None,)):
+                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=cell.config_id))
+        plans[cell.config_id] = shallow
+    return plans, jobs
+
+
+def _results(w, cell, r: EstimateRequest, plans: dict, found: dict) -> dict:
+    """world size -> the estimating process's row for one configuration: its own, or
+    extrapolated from two shallow depths, or why there is none."""
+    cid, shallow = cell.config_id, plans[cell.config_id]
+    results = {}
+    for ws in r.world_sizes:
+        if (cid, ws) in plans:
+            results[ws] = plans[(cid, ws)]
+        elif shallow is None:
+            results[ws] = found.get((cid, ws, None))
+        else:
+            results[ws] = _extrapolated(w, cell, ws, r.rank, shallow, found.get((cid, ws, shallow[0])),
+                                        found.get((cid, ws, shallow[1])))
+    return results
+
+
+def _rows(w, cell, results: dict, r: EstimateRequest, psi: float, fake_tensors: bool, preset) -> list[dict]:
+    """estimate.csv's rows of one configuration: each world size's result beside the ZeRO
+    paper's model states of it (analytic, and in the paper's mixed precision)."""
+    from dataclasses import replace
 
     from zerobench.engines.stages import (
         engine_model_state_bytes,
@@ -70,93 +152,32 @@ def estimate(request: EstimateRequest, *, log=print, progress=None) -> Path:
         keeps_master_copy,
         paper_bytes_from_counts,
     )
-    from zerobench.runs.whatif import EstimateFolder
-    from zerobench.spec.workload import load_workload
-    from zerobench.whatif.estimate import depth
 
-    r = request  # its fields by the names the steps below use
-    workload_path, world_sizes, rank, backend, gpu = r.workload, list(r.world_sizes), r.rank, r.backend, r.gpu
-    fake_tensors, hybrid_shard_size, full_depth = r.fake_tensors, r.hybrid_shard_size, r.full_depth
-    w = load_workload(workload_path, r.overrides)
-    from zerobench.spec.user_check import check_user_model
-
-    # the user's code fails here, not in a rank
-    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
-    from zerobench.rank.worlds import BACKENDS
-
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
-    preset = None
-    if gpu is not None:
-        from zerobench.instruments.vgpu.presets import gpu_preset
-
-        try:
-            preset = gpu_preset(gpu)
-        except ValueError as err:
-            raise ValueError(f"--gpu: {err}") from None
-    psi = _psi(w)
-    if fake_tensors is None:
-        fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = configurations_to_run(w, workload_path, r.only, world_sizes, "estimate", log)
-    out_dir = new_results_folder(r.results_root, w, "estimate")
-    rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
         opt = "sgd-momentum"
-    # Every cell (and depth) to run, in one process ([Note: one process for many cells]).
-    from zerobench.whatif.jobs import Job
-
-    plans, jobs = {}, []
-    for cell in cells:
-        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
-        for ws in world_sizes:
-            why = why_not(cell, ws, hybrid_shard_size)
-            if why:
-                plans[(cell.config_id, ws)] = {"status": "skipped", "reason": why}
-                continue
-            for layers in (shallow or (None,)):
-                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=cell.config_id))
-        plans[cell.config_id] = shallow
-    found = {}
-    for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, progress)):
-        found[(job.label, job.world_size, job.layers)] = row
-    for cell in cells:
-        cid, shallow = cell.config_id, plans[cell.config_id]
-        results = {}
-        for ws in world_sizes:
-            if (cid, ws) in plans:
-                results[ws] = plans[(cid, ws)]
-            elif shallow is None:
-                results[ws] = found.get((cid, ws, None))
-            else:
-                results[ws] = _extrapolated(w, cell, ws, rank, shallow, found.get((cid, ws, shallow[0])),
-                                            found.get((cid, ws, shallow[1])))
-        for ws in world_sizes:
-            res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
-            opts, group = cell.opts, hybrid_shard_size or replace(cell, world_size=ws).shard_group_size
-            stage, shard = engine_stage(cell.engine, opts, ws, group)
-            kind = opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam"
-            analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, shard_group_size=group)
-            paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed", shard_group_size=group)
-            if res.get("status") == "ok":
-                res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
-                    res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,
-                    master_copy=keeps_master_copy(cell.engine))}
-            rows.append({
-                "config": cell.config_id, "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions(),
-                "zero_stage": stage, "shard_ranks": shard,
-                "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
-                "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
-                "paper_analytic_model_states_bytes": paper["total"],
-                **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
-            })
-    frame = pd.DataFrame(rows)
-    EstimateFolder(out_dir).write_table(frame)
-    from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
-
-    plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
-    return out_dir
+    kind = opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam"
+    rows = []
+    for ws in r.world_sizes:
+        res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
+        opts, group = cell.opts, r.hybrid_shard_size or replace(cell, world_size=ws).shard_group_size
+        stage, shard = engine_stage(cell.engine, opts, ws, group)
+        analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, shard_group_size=group)
+        paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed", shard_group_size=group)
+        if res.get("status") == "ok":
+            res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
+                res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,
+                master_copy=keeps_master_copy(cell.engine))}
+        rows.append({
+            "config": cell.config_id, "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
+            "rank": r.rank, "fake_tensors": fake_tensors, "backend": r.backend, "params_total": psi, **versions(),
+            "zero_stage": stage, "shard_ranks": shard,
+            "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
+            "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
+            "paper_analytic_model_states_bytes": paper["total"],
+            **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
+        })
+    return rows
 
 
 def _capacity(preset, world_size: int) -> dict:
