@@ -86,6 +86,9 @@ def test_knob_lists_come_from_the_options():
             for v in values:
                 OPTIONS[engine].axes()[axis].check(axis, v)
     assert set(axes_with_role("sharding")) == {"sharding_strategy", "reshard_after_forward"}
+    from zerobench.analysis.pareto import STYLE_OPTIONS
+
+    assert STYLE_OPTIONS == (*axes_with_role("sharding"), "activation_checkpointing")
 
 
 def test_hybrid_shard_group_is_a_property_of_the_cell(monkeypatch):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.analysis.figures import REFERENCE_ENGINE, EngineStyles, Setting, figure_title, numeric, plt, save_figure
+from zerobench.engines.options import axes_with_role
 
 
 def pareto_front(frame: pd.DataFrame, x: str, y: str) -> pd.Series:
@@ -33,8 +34,9 @@ def pareto_front(frame: pd.DataFrame, x: str, y: str) -> pd.Series:
     return pd.Series(on, index=frame.index, dtype=bool)
 
 
-#: Option columns a point's look is read from ([Note: one look per configuration]).
-STYLE_OPTIONS = ("sharding_strategy", "reshard_after_forward", "activation_checkpointing")
+#: Option columns a point's look is read from ([Note: one look per configuration]): the
+#: engines' sharding knobs (zerobench/engines/options.py) and activation checkpointing.
+STYLE_OPTIONS = (*axes_with_role("sharding"), "activation_checkpointing")
 
 
 def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: str, y_label: str,
