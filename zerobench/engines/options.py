@@ -192,7 +192,7 @@ class FSDP1Options(EngineOptions):
         if self.sharding_strategy == "NO_SHARD":
             return 1
         if self.sharding_strategy == "HYBRID_SHARD":
-            from impl.fsdp.process_groups import default_shard_size  # torch-free: reads the environment
+            from impl.fsdp.process_groups import default_shard_size  # imports impl (torch) only when asked
 
             return default_shard_size(world_size)
         return world_size
