@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from zerobench.runs.folder import RunFolder, check_record, read_table
+from zerobench.runs.folder import DamagedFile, RunFolder, check_record, read_table
 from zerobench.schema.records import CellRecord, RankRecord, RecordError
 
 RANK = {"metrics": {"step_time_s": 0.01}, "step_times": [0.01, 0.02], "losses": [1.0, 0.9], "rank": 0}
@@ -63,6 +63,6 @@ def test_booleans_come_back_as_booleans_by_their_columns_type(tmp_path):
     assert pd.isna(frame["limit_all_gathers"].tolist()[1])
     assert [v for v in frame["forward_prefetch"].tolist()[:2]] == [True, False]
     pd.DataFrame({"cell_id": ["a"], "limit_all_gathers": ["on"]}).to_csv(path, index=False)
-    with pytest.raises(ValueError, match=r"limit_all_gathers: 'on' is not allowed in a boolean column "
+    with pytest.raises(DamagedFile, match=r"limit_all_gathers: 'on' is not allowed in a boolean column "
                                          r"\(allowed: True, False or empty\)"):
         read_table(path)

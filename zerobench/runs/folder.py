@@ -462,8 +462,8 @@ def read_table(source, aliases: dict[str, str] | None = None) -> pd.DataFrame:
 def booleans_as_read(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with each boolean column (an engine's on/off axis:
     zerobench/engines/options.py) holding True, False or NaN, as ``read_csv`` gives a
-    column of True / False written with gaps; text in it other than True / False is a
-    ValueError naming the column (no "1" or "on" passes for True)."""
+    column of True / False written with gaps; text in it other than True / False is
+    DamagedFile naming the column (no "1" or "on" passes for True)."""
     from zerobench.engines.options import flag_axes
 
     for col in flag_axes() & set(frame.columns):
@@ -480,7 +480,7 @@ def _boolean(column: str, value):
         return bool(value)
     if value in ("True", "False"):
         return value == "True"
-    raise ValueError(f"{column}: {value!r} is not allowed in a boolean column (allowed: True, False or empty)")
+    raise DamagedFile(f"{column}: {value!r} is not allowed in a boolean column (allowed: True, False or empty)")
 
 
 def integers_as_written(frame: pd.DataFrame) -> pd.DataFrame:
