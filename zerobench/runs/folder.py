@@ -456,7 +456,11 @@ def read_table(source, aliases: dict[str, str] | None = None) -> pd.DataFrame:
     by ``aliases`` (old name -> new): the types a user's own ``read_csv`` gets
     ([Note: types in results.csv] in zerobench/schema/columns.py), each boolean column
     holding booleans (:func:`booleans_as_read`)."""
-    return booleans_as_read(pd.read_csv(source).rename(columns=aliases or {}))
+    frame = pd.read_csv(source).rename(columns=aliases or {})
+    try:
+        return booleans_as_read(frame)
+    except DamagedFile as err:
+        raise DamagedFile(f"{source}: {err}" if isinstance(source, (str, Path)) else str(err)) from None
 
 
 def booleans_as_read(frame: pd.DataFrame) -> pd.DataFrame:
