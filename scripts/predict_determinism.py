@@ -18,7 +18,7 @@ Predicts the gate's workload (workloads/ci-predict.toml, its command in .ci/gate
   ``avx2``, ``avx512``: which kernels torch picks), which the child inherits;
 * in this process with torch at each of ``--threads`` threads (the gate's child pins
   torch to one): each configuration as the child runs it
-  (zerobench.whatif.predict.rank.run_job).
+  (zerobench.whatif.predict.job.run_job).
 
 and compares every prediction with the first through ``zerobench compare`` (exact on
 every figure). It prints one line per prediction with the number of figures that moved,
@@ -56,12 +56,13 @@ def _predict(results: Path, run_jobs) -> Path:
     """``zerobench predict`` of the gate's workload, its configurations run by ``run_jobs``
     (in place of ``zerobench.whatif.predict._run_jobs``, same arguments)."""
     import zerobench.whatif.predict as predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     original = predict._run_jobs
     predict._run_jobs = run_jobs
     try:
-        return predict.predict(WORKLOAD, ARGS["world_sizes"], gpu=ARGS["gpu"], link=ARGS["link"],
-                               results_root=results, log=lambda *_: None)
+        return predict.predict(PredictRequest(WORKLOAD, ARGS["world_sizes"], gpu=ARGS["gpu"], link=ARGS["link"],
+                                              results_root=results), log=lambda *_: None)
     finally:
         predict._run_jobs = original
 
@@ -83,7 +84,7 @@ def _in_process_prediction(results: Path, threads: int) -> Path:
     import torch
 
     from zerobench.instruments.vgpu.presets import load_preset_file
-    from zerobench.whatif.predict.rank import run_job
+    from zerobench.whatif.predict.job import run_job
 
     def here(w, jobs, gpu_file, host, links, node_size, traces, memory, log):
         return [run_job(w, job, load_preset_file(gpu_file), host, links["link"], links["inter_link"], node_size,

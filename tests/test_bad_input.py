@@ -273,7 +273,8 @@ BASE_MODELS = {
 BASE = {"model": BASE_MODELS["mlp"], "data": {"batch_size": 2, "warmup_steps": 1, "steps": 2},
         "run": {"timeout_s": 120, "memory_pass": False}, "matrix": {"engine": ["ddp"], "world_size": [1]}}
 #: dataclass fields that are no TOML key
-NOT_KEYS = {"model", "data", "optimizer", "run", "matrix", "source", "overrides", "kwargs"}
+#: (dropped_axes and no_matrix say how the file was read: they are no keys of it)
+NOT_KEYS = {"model", "data", "optimizer", "run", "matrix", "source", "overrides", "kwargs", "dropped_axes", "no_matrix"}
 #: values out of range of fields whose range is a shape, not a Range or a Literal
 SHAPED = {"name": "../up", "model.preset": "llama9", "model.factory": "nocolon", "model.batch": "nocolon",
           "model.loss": "nocolon", "model.config": "missing.json", "model.wrap": ["NoSuchBlock"]}
@@ -356,7 +357,7 @@ def _field_cases() -> list:
 def _axis_cases() -> list:
     """Every axis of the matrix: the common ones and each engine's."""
     from zerobench.engines import ENGINES
-    from zerobench.spec.matrix import engine_axes
+    from zerobench.spec.axes import engine_axes
 
     cases = [("matrix", None, "engine", 3, "type"), ("matrix", None, "engine", "not-an-engine", "range"),
              ("matrix", None, "world_size", "x", "type"), ("matrix", None, "world_size", 0, "range"),
@@ -399,7 +400,7 @@ def test_every_field_refuses_a_wrong_type_a_value_out_of_range_and_a_misspelt_ke
         raw["model"] = dict(BASE_MODELS[kind])
     if table == "matrix" and key not in ("engine", "world_size", "dtype", "world_sizes"):
         from zerobench.engines import ENGINES
-        from zerobench.spec.matrix import engine_axes
+        from zerobench.spec.axes import engine_axes
 
         raw["matrix"]["engine"] = [e for e in ENGINES if key in engine_axes(e)]
     if table == "optimizer":

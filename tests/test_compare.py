@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.compare_runs import MiB, cli, make_run, run_folder, write_run
 from zerobench.analysis.compare.gate import Rule, compare_runs, config_mismatches, exit_code, load_run
-from zerobench.runs.schema import METRICS
+from zerobench.schema.columns import METRICS
 
 # --------------------------------------------------------------------------- rules
 
@@ -136,7 +136,7 @@ def test_peaks_a_memory_pass_could_not_make_exact_are_reported_not_gated(tmp_pat
     """memory_steps above MEMORY_PASS_ATTEMPTS: no step's peak was exact on every rank (a
     storage freed late on gloo's thread may be counted), so that cell's peaks do not gate;
     communication still does, and a rule naming the peak still gates it."""
-    from zerobench.runs.schema import MEMORY_PASS_ATTEMPTS
+    from zerobench.schema.columns import MEMORY_PASS_ATTEMPTS
 
     base_results, base_steps = make_run(run_id="base")
     new_results, new_steps = make_run(run_id="new", peak_mem=40 * MiB + 525_312)

@@ -168,7 +168,7 @@ def test_a_pass_fits_the_log_one_line_per_cell_and_one_for_metrics_the_baseline_
     columns the baseline does not: every line fits COLUMNS, each cell is one line, and the
     new metrics are one line whatever their number."""
     from tests.helpers.compare_runs import make_run, write_run
-    from zerobench.runs.schema import METRICS
+    from zerobench.schema.columns import METRICS
 
     cells = tuple(f"torch-fsdp1-ws2-fp32-sharding_strategy=SHARD_GRAD_OP-backward_prefetch=post-n{i}" for i in range(3))
     base = write_run(tmp_path / "base", *make_run(run_id="base", cells=cells, step_mad=0.001))

@@ -38,7 +38,7 @@ class _FakeAllocator:
 
 
 def test_allocator_metrics_read_any_device_module():
-    from zerobench.runs.schema import METRIC_BY_NAME, allocator_columns
+    from zerobench.schema.columns import METRIC_BY_NAME, allocator_columns
 
     fake = _FakeAllocator()
     metrics = allocator_columns(fake.memory_stats(torch.device("cuda", 1)))
@@ -50,7 +50,7 @@ def test_allocator_metrics_read_any_device_module():
 
 def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeypatch):
     """The worker's timing pass with torch.cuda faked: the three peaks are recorded."""
-    from zerobench.rank import worker
+    from zerobench.rank import passes
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import World
     from zerobench.spec.matrix import expand
@@ -60,7 +60,7 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
     monkeypatch.setattr(torch.cuda, "memory_stats", fake.memory_stats)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
-    monkeypatch.setattr(worker, "_gpu_telemetry", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(passes, "_gpu_telemetry", lambda device: contextlib.nullcontext())
 
     class CudaWorld(World):  # a rank of a one-rank NCCL world, without the process group
         rank, size, local_rank, backend = 0, 1, 0, "nccl"
@@ -81,7 +81,7 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
         def extra_metrics(self):
             return {}
 
-    metrics = worker.timing_pass(session, Engine())["metrics"]
+    metrics = passes.timing_pass(session, Engine())["metrics"]
     assert metrics["peak_active_bytes"] == 7 << 20
     assert metrics["peak_allocated_bytes"] == 3 << 20
     assert metrics["peak_reserved_bytes"] == 8 << 20
@@ -90,7 +90,7 @@ def test_timing_pass_on_cuda_records_active_allocated_and_reserved_peaks(monkeyp
 
 def test_active_peak_is_compared_like_the_allocated_peak():
     from zerobench.analysis.compare.rules import default_rule, resolve_metric
-    from zerobench.runs.schema import COLUMN_DTYPES, METRIC_BY_NAME
+    from zerobench.schema.columns import COLUMN_DTYPES, METRIC_BY_NAME
 
     active, allocated = METRIC_BY_NAME["peak_active_bytes"], METRIC_BY_NAME["peak_allocated_bytes"]
     assert (active.unit, active.kind, active.better) == (allocated.unit, allocated.kind, allocated.better)
@@ -422,7 +422,7 @@ def test_gpu_doc_names_the_pinned_torch():
 def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypatch):
     """[Note: model FLOPs]: a timing pass on an H100 (faked) of a Llama records
     tflops_per_gpu and mfu against the bf16 peak of the closest preset, 989 TFLOP/s."""
-    from zerobench.rank import worker
+    from zerobench.rank import passes
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import World
     from zerobench.spec.flops import model_flops_per_token
@@ -433,7 +433,7 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(worker, "_gpu_telemetry", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(passes, "_gpu_telemetry", lambda device: contextlib.nullcontext())
 
     class CudaWorld(World):
         rank, size, local_rank, backend = 0, 1, 0, "nccl"
@@ -456,7 +456,7 @@ def test_a_gpu_run_of_a_token_model_records_mfu_against_its_cards_peak(monkeypat
         def extra_metrics(self):
             return {}
 
-    metrics = worker.timing_pass(session, Engine())["metrics"]
+    metrics = passes.timing_pass(session, Engine())["metrics"]
     per_gpu = metrics["throughput_tokens_s"]  # one rank
     flops = model_flops_per_token(workload.model)
     assert metrics["tflops_per_gpu"] == pytest.approx(per_gpu * flops / 1e12)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zerobench.engines import OptimizerSpec, RankContext, get_engine
+from zerobench.engines import get_engine
+from zerobench.engines.base import OptimizerSpec, RankContext
 from zerobench.engines.deepspeed import deepspeed_unavailable
 from zerobench.harness.testing import run_ranks
 from zerobench.instruments.memory import StorageTracker

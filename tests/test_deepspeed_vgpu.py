@@ -17,7 +17,7 @@ if deepspeed_unavailable():
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from zerobench.instruments.link import resolve_link  # noqa: E402
-from zerobench.spec.matrix import Cell  # noqa: E402
+from zerobench.spec.cell import Cell  # noqa: E402
 from zerobench.spec.workload import load_workload  # noqa: E402
 
 BUCKET = 20_000_000  # elements: 40 MB in bf16, far above this model's 2.6 MB of bf16 parameters
@@ -53,7 +53,7 @@ def _cell(name: str, world_size: int, **options) -> Cell:
 
 
 def _predict(w, cell):
-    from zerobench.whatif.predict.rank import predict_one
+    from zerobench.whatif.predict.job import predict_one
 
     row = predict_one(w, cell, "h100-sxm", "fast", resolve_link("nvlink4-8gpu"), None, 8)
     assert row["status"] == "ok", row
@@ -87,7 +87,7 @@ def test_estimate_and_predict_agree_on_memory(quickstart, name, world_size, opti
     cuBLAS's two workspaces (the forward's and the backward thread's: [Note: cuBLAS
     workspaces]), is the tracker's tensor-byte peak within 3 %, and never below it."""
     from zerobench.instruments.vgpu.device import cublas_workspace_bytes
-    from zerobench.whatif.estimate.rank import estimate_one
+    from zerobench.whatif.estimate.job import estimate_one
 
     cell = _cell(name, world_size, **options)
     estimated = estimate_one(quickstart, cell, 0, True)

@@ -145,7 +145,7 @@ def check_pytest(argv: list[str]) -> None:
 def check_torchrun(argv: list[str]) -> None:
     assert "-m" in argv and argv[argv.index("-m") + 1] == "zerobench.worker", argv
     worker = argv[argv.index("-m") + 2:]
-    known = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "zerobench" / "rank" / "worker.py").read_text()))
+    known = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "zerobench" / "rank" / "passes.py").read_text()))
     given = {a.split("=")[0] for a in worker if a.startswith("--")}
     assert given <= known, f"{' '.join(argv)}: the worker takes {sorted(known)}"
 

@@ -187,3 +187,36 @@ def test_the_path_check_finds_repository_paths_and_tells_outputs_apart(tmp_path)
     assert not missing_path("tests/test_docs_*.py") and missing_path("tests/test_predict_gate*.py")
     assert not missing_path("results/ci/run") and missing_path("results/baselines/nothing-here")
     assert _BARE_PY.findall("in compare_rules.py and zerobench/x.py (rules.py)") == ["compare_rules.py", "rules.py"]
+
+
+def _layout_entries() -> dict[str, str]:
+    """zerobench's folder -> its entry in docs/layout.md's tree (the top folder's own
+    lines under ``zerobench``), with ``zerobench`` itself for its top-level modules."""
+    import re
+
+    tree = (ROOT / "docs" / "layout.md").read_text().split("```")[1]
+    block = tree.split("\nzerobench/", 1)[1].split("\nworkloads/", 1)[0]
+    entries, name = {"zerobench": ""}, "zerobench"
+    for line in block.splitlines():
+        m = re.match(r"^  (\S+?)/?\s", line)
+        if m and not line.startswith("   "):
+            name = m.group(1).rstrip("/") if line.split()[0].endswith("/") else "zerobench"
+        entries[name] = entries.get(name, "") + " " + line
+    return entries
+
+
+def test_the_layout_names_every_module_in_its_folders_entry():
+    """docs/layout.md says what every module of zerobench/ is for, in the entry of the
+    folder it is in (a subfolder's, such as vgpu/, inside its top folder's)."""
+    import re
+
+    entries = _layout_entries()
+    missing = []
+    for path in sorted((ROOT / "zerobench").rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        parts = path.relative_to(ROOT / "zerobench").parts
+        folder = parts[0] if len(parts) > 1 else "zerobench"
+        if not re.search(rf"\b{re.escape(path.stem)}\b", entries.get(folder, "")):
+            missing.append(f"zerobench/{'/'.join(parts)} (not in the entry of {folder})")
+    assert not missing, "modules docs/layout.md does not name:\n" + "\n".join(missing)

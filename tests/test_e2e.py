@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from zerobench.cli import main
-from zerobench.runs.schema import CORE_METRICS
+from zerobench.schema.columns import CORE_METRICS
 
 pytestmark = pytest.mark.slow
 

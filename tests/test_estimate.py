@@ -68,7 +68,7 @@ def test_estimate_on_a_gpu_gives_what_its_allocator_may_reserve():
 
 
 def test_hybrid_shard_group_must_divide_world_size():
-    from zerobench.spec.matrix import Cell
+    from zerobench.spec.cell import Cell
     from zerobench.whatif.cells import why_not
 
     cell = Cell("impl-fsdp", 2, "fp32", (("sharding_strategy", "HYBRID_SHARD"),))
@@ -83,9 +83,10 @@ def test_estimate_matches_curated_memory_pass(tmp_path):
     import pandas as pd
 
     from zerobench.whatif.estimate import against_run, estimate
+    from zerobench.whatif.estimate.request import EstimateRequest
 
-    out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path, log=lambda *_: None,
-                   only=["ddp-fp32", "impl-fsdp-fp32"], gpu="a100-40gb")
+    out = estimate(EstimateRequest("workloads/quickstart.toml", [2], results_root=tmp_path,
+                   only=["ddp-fp32", "impl-fsdp-fp32"], gpu="a100-40gb"), log=lambda *_: None)
     frame = pd.read_csv(out / "estimate.csv")
     assert (frame["status"] == "ok").all(), frame["reason"].tolist()
     assert (frame["gpu"] == "a100-40gb").all() and (frame["capacity_bytes"] == (40960 - 512 - 688) * 2**20).all()
@@ -127,12 +128,13 @@ def test_fake_tensors_estimate_as_real_tensors_do(tmp_path):
     import pandas as pd
 
     from zerobench.whatif.estimate import estimate
+    from zerobench.whatif.estimate.request import EstimateRequest
 
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY_GPT)
 
     def run(fake: bool) -> pd.DataFrame:
-        out = estimate(workload, [4, 64], results_root=tmp_path / str(fake), log=lambda *_: None, fake_tensors=fake)
+        out = estimate(EstimateRequest(workload, [4, 64], results_root=tmp_path / str(fake), fake_tensors=fake), log=lambda *_: None)
         return pd.read_csv(out / "estimate.csv").set_index(["config", "world_size"])
 
     fake, real = run(True), run(False)
@@ -201,12 +203,13 @@ def test_gloo_backend_estimate_matches_the_gloo_memory_pass(tmp_path):
     import pandas as pd
 
     from zerobench.whatif.estimate import against_run, estimate
+    from zerobench.whatif.estimate.request import EstimateRequest
 
     baseline = pd.read_csv("results/baselines/cpu-quickstart/results.csv")
     diffs = {}
     for backend in ("nccl", "gloo"):
-        out = estimate("workloads/quickstart.toml", [2], results_root=tmp_path / backend, log=lambda *_: None,
-                       only=["impl-zero2-fp32", "torch-fsdp1-bf16"], backend=backend)
+        out = estimate(EstimateRequest("workloads/quickstart.toml", [2], results_root=tmp_path / backend,
+                       only=["impl-zero2-fp32", "torch-fsdp1-bf16"], backend=backend), log=lambda *_: None)
         frame = pd.read_csv(out / "estimate.csv")
         assert (frame["status"] == "ok").all(), frame["reason"].tolist()
         diffs[backend] = against_run(frame, baseline).set_index("config")["diff_pct"]

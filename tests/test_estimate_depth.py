@@ -7,7 +7,7 @@ import pytest
 from zerobench.spec.matrix import expand
 from zerobench.spec.workload import parse_workload
 from zerobench.whatif.estimate import depth
-from zerobench.whatif.estimate.rank import estimate_one
+from zerobench.whatif.estimate.job import estimate_one
 
 LAYERS = 5
 WORKLOAD = parse_workload({

@@ -26,7 +26,7 @@ from zerobench.harness import active, launch, preflight
 from zerobench.harness.reference import ReferenceFailed, reference_losses
 from zerobench.harness.runner import finished, new_run_dir, run_metadata
 from zerobench.runs.folder import RunFolder
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -125,7 +125,7 @@ def _requested_peaks(world_size: int) -> dict[str, int]:
     from zerobench.instruments.vgpu import VirtualGpu
     from zerobench.rank.session import Session
     from zerobench.rank.worlds import FakeWorld
-    from zerobench.spec.matrix import Cell
+    from zerobench.spec.cell import Cell
     from zerobench.spec.workload import parse_workload
     from zerobench.whatif.cells import configurations
 

@@ -86,29 +86,32 @@ def test_fsdp_hooks_and_utilities_do_not_need_the_module_class(graph, module):
 # -- zerobench's floors ---------------------------------------------------------------------
 
 #: What each folder of zerobench/ may import (besides itself, impl and LEAVES). The order
-#: is how a cell's data flows, bottom up: the instruments a rank is measured with, the
-#: engines, the spec of a cell, run folders (which read their workload.json with spec's
-#: parser: RunFolder.workload), the rank, the harness; analysis reads run
+#: is how a cell's data flows, bottom up: the column vocabulary every floor shares (schema,
+#: which imports none), the instruments a rank is measured with, the engines, the spec of a
+#: cell, run folders (which read their workload.json with spec's parser:
+#: RunFolder.workload), the rank, the harness; analysis reads run
 #: folders and never runs a cell (so never the rank or the harness: readers run no code,
 #: [Note: readers have no side effects]); the what-if tools use everything. cli.py,
 #: __main__.py and worker.py sit on top.
 FLOORS = {
-    "instruments": set(),
-    "engines": {"instruments"},
-    "spec": {"engines", "instruments"},
-    "runs": {"spec", "engines", "instruments"},
-    "rank": {"runs", "spec", "engines", "instruments"},
-    "harness": {"rank", "runs", "spec", "engines", "instruments"},
-    "analysis": {"runs", "spec", "engines", "instruments"},
-    "whatif": {"analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+    "schema": set(),
+    "instruments": {"schema"},
+    "engines": {"instruments", "schema"},
+    "spec": {"engines", "instruments", "schema"},
+    "runs": {"spec", "engines", "instruments", "schema"},
+    "rank": {"runs", "spec", "engines", "instruments", "schema"},
+    "harness": {"rank", "runs", "spec", "engines", "instruments", "schema"},
+    "analysis": {"runs", "spec", "engines", "instruments", "schema"},
+    "whatif": {"analysis", "harness", "rank", "runs", "spec", "engines", "instruments", "schema"},
     # checks against real hardware: they drive ranks, engines and the virtual GPU
-    "validation": {"whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+    "validation": {"whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments", "schema"},
     # the command line: one module per subcommand, each calling whichever floor it needs
-    "commands": {"validation", "whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments"},
+    "commands": {"validation", "whatif", "analysis", "harness", "rank", "runs", "spec", "engines", "instruments",
+                 "schema"},
 }
-#: Modules anyone may import: the column vocabulary, atomic writes and the one "did you mean"
-#: message (no imports of their own).
-LEAVES = {"zerobench.runs.schema", "zerobench.runs.files", "zerobench.choices"}
+#: Modules anyone may import: atomic writes and the one "did you mean" message (no imports
+#: of their own). The column vocabulary is a floor of its own (schema, the lowest).
+LEAVES = {"zerobench.runs.files", "zerobench.choices"}
 #: Modules that build models from a workload, importing whatever factory it names.
 USER_CODE = {"zerobench.spec.models", "zerobench.spec.user_models", "zerobench.spec.data"}
 
@@ -146,7 +149,7 @@ def test_folders_import_only_the_floors_below(graph):
 
 
 def test_the_floor_check_catches_an_upward_import():
-    graph = {"zerobench.instruments.memory": {"zerobench.spec.checkpointing", "zerobench.runs.schema"},
+    graph = {"zerobench.instruments.memory": {"zerobench.spec.checkpointing", "zerobench.schema.columns"},
              "zerobench.analysis.plots": {"zerobench.harness.reference"}, "zerobench.whatif.predict": {"zerobench.rank"}}
     assert floor_violations(graph) == ["zerobench.analysis.plots -> zerobench.harness.reference",
                                        "zerobench.instruments.memory -> zerobench.spec.checkpointing"]

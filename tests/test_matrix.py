@@ -2,7 +2,8 @@
 
 import pytest
 
-from zerobench.spec.matrix import engine_axes, expand
+from zerobench.spec.axes import engine_axes
+from zerobench.spec.matrix import expand
 from zerobench.spec.workload import WorkloadError, parse_workload
 
 
@@ -72,20 +73,68 @@ def test_axis_of_no_engine_is_an_error():
     with pytest.raises(WorkloadError, match=r"unknown key matrix.sharding_stratgy; did you mean "
                                             r"matrix.sharding_strategy\? \(allowed in matrix: .*dtype, .*engine, .*"
                                             r"sharding_strategy, .*world_size; `zerobench engines` lists"):
-        cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"], "sharding_stratgy": ["FULL_SHARD"]})
+        cells({"engine": ["torch-fsdp1"], "sharding_strategy": ["FULL_SHARD"], "sharding_stratgy": ["FULL_SHARD"]})
 
 
-def test_narrowing_the_engines_drops_their_axes_with_a_note():
-    """quickstart extended with fewer engines keeps the others' axes: dropped, not refused."""
+PARENT = """
+[model]
+kind = "mlp"
+[matrix]
+engine = ["ddp", "impl-fsdp", "torch-fsdp2"]
+sharding_strategy = ["FULL_SHARD"]
+reshard_after_forward = [true, false]
+"""
+
+
+def test_narrowing_the_engines_drops_their_axes_with_a_note(tmp_path):
+    """A workload extended with fewer engines (or narrowed with --set) keeps the others'
+    axes: dropped as it is loaded, with a note, and left out of what the run folder keeps."""
     from zerobench.spec.matrix import matrix_notes
+    from zerobench.spec.workload import load_workload
 
-    workload = parse_workload({"matrix": {"engine": ["ddp", "impl-fsdp"], "sharding_strategy": ["FULL_SHARD"],
-                                          "reshard_after_forward": [True, False]}})
-    assert [c.id for c in expand(workload)] == ["ddp-ws2-fp32", "impl-fsdp-ws2-fp32"]
-    assert matrix_notes(workload) == ["matrix.reshard_after_forward dropped: no engine of matrix.engine "
-                                      "(ddp, impl-fsdp) has it (it is torch-fsdp2's)"]
-    assert matrix_notes(parse_workload({"matrix": {"engine": ["torch-fsdp2"],
-                                                   "reshard_after_forward": [True]}})) == []
+    (tmp_path / "parent.toml").write_text(PARENT)
+    (tmp_path / "child.toml").write_text('extends = "parent.toml"\n[matrix]\nengine = ["ddp", "impl-fsdp"]\n')
+    note = ("matrix.reshard_after_forward dropped: no engine of matrix.engine (ddp, impl-fsdp) has it "
+            "(it is torch-fsdp2's)")
+    for workload in (load_workload(tmp_path / "child.toml"),
+                     load_workload(tmp_path / "parent.toml", ["matrix.engine=ddp,impl-fsdp"])):
+        assert [c.id for c in expand(workload)] == ["ddp-ws2-fp32", "impl-fsdp-ws2-fp32"]
+        assert matrix_notes(workload) == [note]
+        assert "reshard_after_forward" not in workload.to_dict()["matrix"]
+    assert matrix_notes(load_workload(tmp_path / "parent.toml")) == []
+
+
+def test_an_axis_written_beside_engines_that_do_not_take_it_is_refused(tmp_path):
+    """Once dropped without a word: sharding_strategy with ddp alone."""
+    from zerobench.spec.workload import load_workload
+
+    message = (r"matrix.sharding_strategy: no engine of matrix.engine \(ddp\) takes it \(allowed: the axes of ddp; "
+               r"sharding_strategy is torch-fsdp1, impl-fsdp's")
+    with pytest.raises(WorkloadError, match=message):
+        cells({"engine": ["ddp"], "sharding_strategy": ["FULL_SHARD"]})
+    (tmp_path / "w.toml").write_text('[model]\nkind = "mlp"\n[matrix]\nengine = ["ddp"]\n'
+                                     'sharding_strategy = ["SHARD_GRAD_OP"]\n')
+    with pytest.raises(WorkloadError, match=rf"w.toml: {message}"):
+        expand(load_workload(tmp_path / "w.toml"))
+    # an axis the parent had, then set again beside the narrowed engines, is the child's own
+    (tmp_path / "parent.toml").write_text(PARENT)
+    (tmp_path / "child.toml").write_text('extends = "parent.toml"\n[matrix]\nengine = ["ddp"]\n'
+                                         'reshard_after_forward = [false]\n')
+    with pytest.raises(WorkloadError, match=r"matrix.reshard_after_forward: no engine of matrix.engine \(ddp\)"):
+        expand(load_workload(tmp_path / "child.toml"))
+
+
+def test_a_workload_with_no_matrix_says_what_it_runs(tmp_path):
+    from zerobench.spec.matrix import matrix_notes
+    from zerobench.spec.workload import load_workload
+
+    (tmp_path / "w.toml").write_text('[model]\nkind = "mlp"\n')
+    workload = load_workload(tmp_path / "w.toml")
+    assert [c.id for c in expand(workload)] == ["ddp-ws2-fp32"]
+    assert matrix_notes(workload) == ["no [matrix] table: runs the default matrix, engine ddp at world size 2 in "
+                                      "fp32 (add a [matrix] table to choose engines and axes: `zerobench engines` "
+                                      "lists them)"]
+    assert matrix_notes(parse_workload(workload.to_dict())) == []  # the run folder's copy has its matrix
 
 
 def test_unknown_engine_is_an_error():

@@ -52,12 +52,13 @@ def test_a_collective_of_a_measured_size_takes_the_time_measured(calibrated):
 
 def test_predict_prices_collectives_with_the_measured_link(calibrated, tmp_path):
     from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     path = str(calibrated / "link.json")
     rows = {}
     for name, link in (("measured", path), ("nvlink4", "nvlink4-8gpu")):
-        out = predict("workloads/quickstart.toml", [2], link=link, results_root=tmp_path / name,
-                      only=["impl-fsdp-fp32"], log=lambda *_: None)
+        out = predict(PredictRequest("workloads/quickstart.toml", (2,), link=link, results_root=tmp_path / name,
+                                     only=("impl-fsdp-fp32",)), log=lambda *_: None)
         rows[name] = pd.read_csv(out / "predict.csv").iloc[0]
     assert rows["measured"]["status"] == "ok" and rows["measured"]["link"] == read_link_file(path).name
     # gloo between two CPU processes moves about 0.1 GB/s, NVLink 4 hundreds: the step's

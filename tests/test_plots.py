@@ -122,7 +122,7 @@ def test_every_curated_folder_replots(folder, tmp_path, figures):
 
 
 def _record(cell_id, engine, world_size=2, dtype="fp32", status="ok", **options):
-    """A cell record as the ranks write it (zerobench/rank/worker.py), small numbers."""
+    """A cell record as the ranks write it (zerobench/rank/passes.py), small numbers."""
     scale = {"ddp": 1.0, "impl-fsdp": 0.55}[engine] * (1.1 if options.get("limit_all_gathers") is False else 1.0)
     config = {"engine": engine, "world_size": world_size, "dtype": dtype, **options}
     if status != "ok":
@@ -233,8 +233,10 @@ def test_pareto_front_keeps_what_nothing_beats():
 
 
 def test_values_as_plots_read_them():
-    assert [flag(v) for v in (True, "True", "true", 1, 1.0, False, "False", 0, None, float("nan"), pd.NA)] == \
-        [True, True, True, True, True, False, False, False, False, False, False]
+    import numpy as np
+
+    assert [flag(v) for v in (True, np.bool_(True), "True", "true", 1, 1.0, "on", False, np.bool_(False), "False", 0,
+                              None, float("nan"), pd.NA)] == [True, True] + [False] * 12
     assert numeric(pd.array([1, None], dtype="Int64")).tolist()[0] == 1.0
     assert numeric(pd.array([1, None], dtype="Int64")).isna().tolist() == [False, True]
     assert short_label("impl-fsdp-ws2-bf16-sharding_strategy=SHARD_GRAD_OP-limit_all_gathers=off") == \

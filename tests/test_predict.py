@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from zerobench.instruments.link import resolve_link
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import load_workload
 from zerobench.whatif.cells import configurations
-from zerobench.whatif.predict.rank import timeline_metrics
+from zerobench.whatif.predict.job import timeline_metrics
 
 
 def test_exposed_communication_is_what_compute_does_not_cover():
@@ -48,8 +48,8 @@ def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
     and the backward thread's, 32 MiB each on sm90: [Note: cuBLAS workspaces]): within 1 %
     (and never below it)."""
     from zerobench.instruments.vgpu.device import cublas_workspace_bytes
-    from zerobench.whatif.estimate.rank import estimate_one
-    from zerobench.whatif.predict.rank import predict_one
+    from zerobench.whatif.estimate.job import estimate_one
+    from zerobench.whatif.predict.job import predict_one
 
     cell = _cell(quickstart, cell_id, world_size)
     estimated = estimate_one(quickstart, cell, 0, True)
@@ -64,13 +64,15 @@ def test_predict_and_estimate_agree_on_memory(quickstart, cell_id, world_size):
 
 
 def test_zerobench_predict_writes_its_folder(tmp_path, quickstart):
-    from zerobench.whatif.predict import COLUMNS, predict
+    from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
-    out = predict("workloads/quickstart.toml", [8], link="ib-400g", results_root=tmp_path,
-                  only=["impl-fsdp-fp32"], log=lambda *_: None)
+    out = predict(PredictRequest("workloads/quickstart.toml", [8], link="ib-400g", results_root=tmp_path,
+                  only=["impl-fsdp-fp32"]), log=lambda *_: None)
     frame = pd.read_csv(out / "predict.csv")
     assert list(frame["config"]) == ["impl-fsdp-fp32"] and frame["status"].tolist() == ["ok"]
-    for column in COLUMNS:
+    for column in ("step_time_s", "compute_s", "exposed_comm_s", "overlap_ratio", "peak_allocated_bytes",
+                   "peak_active_bytes", "peak_reserved_bytes", "max_unsharded_units", "host_lead_max_s"):
         assert column in frame.columns and frame[column].notna().all()
     assert frame["link"].tolist() == ["ib-400g"]
     assert (out / "traces" / "impl-fsdp-ws8-fp32.trace.json.gz").exists()
@@ -85,13 +87,14 @@ def test_predict_takes_a_preset_file_and_keeps_what_it_ran_on(tmp_path):
 
     from zerobench.instruments.vgpu.presets import GPU_DIR, gpu_preset, load_preset_file
     from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     mine = json.loads((GPU_DIR / "h200.json").read_text())
     mine["name"] = "my-h200"
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(mine))
-    out = predict("workloads/quickstart.toml", [2], gpu=str(path), results_root=tmp_path / "a",
-                  only=["impl-fsdp-fp32"], log=lambda *_: None)
+    out = predict(PredictRequest("workloads/quickstart.toml", [2], gpu=str(path), results_root=tmp_path / "a",
+                  only=["impl-fsdp-fp32"]), log=lambda *_: None)
     frame = pd.read_csv(out / "predict.csv")
     assert frame["gpu"].tolist() == ["my-h200"] and frame["host"].tolist() == ["my-h200-host"]
     assert frame["status"].tolist() == ["ok"]
@@ -107,22 +110,23 @@ def test_predict_takes_a_preset_file_and_keeps_what_it_ran_on(tmp_path):
 
 def test_predict_names_bad_presets_and_configurations(tmp_path):
     from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     with pytest.raises(ValueError, match="--gpu: gpu: h800 is neither a shipped preset nor a preset file .*allowed: a100-40gb, .*h200"):
-        predict("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], gpu="h800", results_root=tmp_path))
     with pytest.raises(ValueError, match=r"--alloc-conf: 'roundup_power2_divisions' is not modelled"):
-        predict("workloads/quickstart.toml", [8], alloc_conf="roundup_power2_divisions:4", results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], alloc_conf="roundup_power2_divisions:4", results_root=tmp_path))
     with pytest.raises(ValueError, match=r"--context-mib: -1 is not allowed \(allowed: ints >= 0\)"):
-        predict("workloads/quickstart.toml", [8], context_mib=-1, results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], context_mib=-1, results_root=tmp_path))
     with pytest.raises(ValueError, match="unknown preset 'nvlink9'"):
-        predict("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], link="nvlink9", results_root=tmp_path))
     with pytest.raises(ValueError, match=r"--sdpa-backend: 'fa3' is not allowed \(allowed: 'auto', 'cudnn', 'flash'"):
-        predict("workloads/quickstart.toml", [8], sdpa_backend="fa3", results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], sdpa_backend="fa3", results_root=tmp_path))
     with pytest.raises(ValueError, match="--gpu: gpu preset file missing.json does not exist"):
-        predict("workloads/quickstart.toml", [8], gpu="missing.json", results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], gpu="missing.json", results_root=tmp_path))
     # a --config that names no configuration (here a cell id, with its world size)
     with pytest.raises(ValueError, match=r"--config: impl-fsdp-ws2-fp32 is not a configuration .*allowed: ddp-fp32"):
-        predict("workloads/quickstart.toml", [8], only=["impl-fsdp-ws2-fp32"], results_root=tmp_path)
+        predict(PredictRequest("workloads/quickstart.toml", [8], only=["impl-fsdp-ws2-fp32"], results_root=tmp_path))
     assert not any(tmp_path.iterdir())  # and no empty results folder is left behind
 
 
@@ -157,9 +161,10 @@ def test_a_cell_that_runs_out_of_memory_says_what_it_needed(tmp_path):
     runs out of memory: the row says so and gives what the allocator would have had to
     reserve, which is more than it could."""
     from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
-    out = predict("workloads/quickstart.toml", [8], results_root=tmp_path, only=["impl-fsdp-fp32"],
-                  context_mib=81_559 - 16, nccl_mib=0, log=lambda *_: None)
+    out = predict(PredictRequest("workloads/quickstart.toml", [8], results_root=tmp_path, only=["impl-fsdp-fp32"],
+                  context_mib=81_559 - 16, nccl_mib=0), log=lambda *_: None)
     row = pd.read_csv(out / "predict.csv").iloc[0]
     assert row["status"] == "oom" and "out of memory" in row["reason"]
     assert row["capacity_bytes"] == 16 * 2**20 and row["oom_needed_bytes"] > 16 * 2**20
@@ -176,6 +181,7 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     from zerobench.spec.workload import load_workload
     from zerobench.whatif.cells import configurations
     from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     w = load_workload("workloads/quickstart.toml")
     w = dataclasses.replace(w, matrix={**w.matrix, "sharding_strategy": ["HYBRID_SHARD"]})
@@ -188,7 +194,7 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
         f'extends = "{Path("workloads/quickstart.toml").resolve()}"\n'
         '[matrix]\nengine = ["torch-fsdp1"]\ndtype = ["fp32"]\nsharding_strategy = ["HYBRID_SHARD"]\n'
         'reshard_after_forward = []\n')
-    out = predict(tmp_path / "hsdp.toml", [16], results_root=tmp_path, inter_link="ib-400g", log=lambda *_: None)
+    out = predict(PredictRequest(tmp_path / "hsdp.toml", [16], results_root=tmp_path, inter_link="ib-400g"), log=lambda *_: None)
     row = pd.read_csv(out / "predict.csv").iloc[0]
     assert row["status"] == "ok", row["reason"]
     import gzip
@@ -197,3 +203,20 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     trace = json.load(gzip.open(next((out / "traces").glob("*.trace.json.gz")), "rt"))
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
     assert len([lane for lane in lanes if lane.startswith("stream comm")]) == 2
+
+
+def test_predict_and_estimate_take_one_request_checked_as_it_is_made(tmp_path):
+    from zerobench.whatif.estimate.request import EstimateRequest
+    from zerobench.whatif.predict.request import PredictRequest
+
+    request = PredictRequest("quickstart", [8, "64"], only=["ddp-fp32"], overrides=["data.steps=2"])
+    assert request.world_sizes == (8, 64) and request.only == ("ddp-fp32",) and request.node_size == 8
+    with pytest.raises(ValueError, match=r"--node-size: 0 is not allowed \(allowed: ints >= 1\)"):
+        PredictRequest("quickstart", [8], node_size=0)
+    with pytest.raises(ValueError, match=r"--world-sizes: 8 is repeated"):
+        PredictRequest("quickstart", [8, 8])
+    with pytest.raises(ValueError, match=r"--rank: 2 is not allowed at world size 2 \(allowed: 0..1\)"):
+        EstimateRequest("quickstart", [2, 8], rank=2)
+    with pytest.raises(ValueError, match=r"--hybrid-shard-size: 3 does not divide world size 8"):
+        EstimateRequest("quickstart", [8], hybrid_shard_size=3)
+    assert not any(tmp_path.iterdir())  # refused before anything is made

@@ -15,7 +15,7 @@ import pytest
 
 from zerobench.cli import main
 from zerobench.runs.folder import RunFolder
-from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DOCS, METRIC_BY_NAME
+from zerobench.schema.columns import COLUMN_ALIASES, COLUMN_DOCS, METRIC_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = textwrap.dedent("""
@@ -185,7 +185,7 @@ def test_worker_records_errors_for_torchrun(tmp_path):
 
 def test_every_results_column_is_documented():
     from zerobench.engines import ENGINES
-    from zerobench.spec.matrix import EMULATION_AXES, engine_axes
+    from zerobench.spec.axes import EMULATION_AXES, engine_axes
 
     axes = set(EMULATION_AXES) | {a for e in ENGINES for a in engine_axes(e)}
     documented = set(METRIC_BY_NAME) | set(COLUMN_DOCS) | axes | set(COLUMN_ALIASES)  # old names read as new
@@ -195,10 +195,10 @@ def test_every_results_column_is_documented():
 
 
 def test_schema_imports_no_pandas_or_analyses():
-    code = "import sys, zerobench.runs.schema; print(sorted(m for m in sys.modules if m == 'pandas' or m.startswith('zerobench.')))"
+    code = "import sys, zerobench.schema.columns; print(sorted(m for m in sys.modules if m == 'pandas' or m.startswith('zerobench.')))"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['zerobench.runs', 'zerobench.runs.schema']"  # the package's __init__ holds no code
+    assert out.strip() == "['zerobench.schema', 'zerobench.schema.columns']"  # the package's __init__ holds no code
 
 
 def _imports(package: str) -> dict[str, set[str]]:

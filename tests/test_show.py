@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,20 @@ def test_a_finished_run_says_nothing_about_resuming(tmp_path, capsys):
     assert "--resume" not in out and "interrupted" not in out
     for cell in CELLS:
         assert whole(out, cell)
+    assert "cells is missing" not in out
+
+
+def test_a_folder_without_cells_says_its_table_is_read_as_saved(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    from zerobench.runs.folder import RunFolder
+
+    run = interrupted_run(tmp_path / "results", finished=3)
+    RunFolder(run).write_tables()  # as the harness does; then cells/ goes, as in a baseline
+    shutil.rmtree(run / "cells")
+    assert main(["show", str(run)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"note: {run / 'cells'} is missing (as in curated runs and baselines), so this was read from " \
+           "results.csv as saved: its cells cannot be rebuilt or resumed" in out
 
 
 @pytest.mark.parametrize("folder, expect", [

@@ -212,7 +212,7 @@ def test_extract_units_from_a_trace(tmp_path):
     assert 0 < m["blocked_comm_s"] < m["traced_step_s"]
     # the real transport under any emulation: gloo's own time per collective kind
     assert set(m["transport_s"]) == {"all_gather", "reduce_scatter"} and all(v > 0 for v in m["transport_s"].values())
-    from zerobench.whatif.simulate.validate import emulation_margin
+    from zerobench.whatif.simulate.against import emulation_margin
 
     ag = m["transport_s"]["all_gather"]
     # 33280 B over 2 ranks, bus factor 1/2: a link of 16640 B / ag seconds takes as long as gloo did
@@ -257,7 +257,7 @@ def test_cli_simulate_refuses_bad_world_sizes_and_asks_for_a_link(tmp_path, caps
 def test_cross_validation_predicts_each_cell_from_the_others(tmp_path):
     import pandas as pd
 
-    from zerobench.whatif.simulate.validate import cross_validate, validation_summary
+    from zerobench.whatif.simulate.against import cross_validate, validation_summary
 
     def cell(name, engine="impl-fsdp", fwd=10, **knobs):
         s = sched(3, engine=engine, fwd=fwd, **knobs)

@@ -19,7 +19,7 @@ import pytest
 from zerobench.instruments import collectives, storages
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import FakeWorld
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import parse_workload
 from zerobench.whatif.simulate import Knobs, Schedule, Unit, simulate
 

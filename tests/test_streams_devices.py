@@ -194,7 +194,7 @@ def test_fewer_gpus_than_local_ranks_is_an_error_naming_both(gpus, requested):
     gpus(1)
     with pytest.raises(devices.DeviceError, match=r"4 ranks per node but 1 GPU is visible"):
         devices.choose(requested, 0, 4, env={})
-    from zerobench.rank.worker import pick_device
+    from zerobench.rank.passes import pick_device
 
     with pytest.raises(devices.DeviceError):
         pick_device(requested, 0, 4)

@@ -1,4 +1,4 @@
-"""The validation table's plumbing (zerobench/whatif/predict/validation.py): every published
+"""The validation table's plumbing (zerobench/whatif/predict/published.py): every published
 run names a workload that loads and a configuration it has, and the table reads errors
 off predict.csv. (Predicting the runs themselves takes minutes: docs/vgpu.md.)"""
 
@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 
 from zerobench.spec.workload import load_workload
-from zerobench.whatif.cells import config_id, configurations
-from zerobench.whatif.predict.validation import PUBLISHED, to_markdown, validate
+from zerobench.whatif.cells import configurations
+from zerobench.whatif.predict.published import PUBLISHED, to_markdown, validate
 
 
 @pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p.name)
 def test_each_published_run_has_its_workload_and_configuration(published):
     w = load_workload(published.workload)
-    ids = [config_id(c) for c in configurations(w, [published.world_size])]
+    ids = [c.config_id for c in configurations(w, [published.world_size])]
     assert published.config in ids
     assert published.figures
 

@@ -250,8 +250,8 @@ def test_a_predictions_measured_step_does_not_depend_on_what_ran_before(monkeypa
     from zerobench.instruments.link import resolve_link
     from zerobench.rank.session import Session
     from zerobench.spec.workload import load_workload
-    from zerobench.whatif.cells import config_id, select_configurations
-    from zerobench.whatif.predict.rank import predict_one
+    from zerobench.whatif.cells import select_configurations
+    from zerobench.whatif.predict.job import predict_one
 
     warm_up, first = Session.warm_up, [True]
 
@@ -264,7 +264,7 @@ def test_a_predictions_measured_step_does_not_depend_on_what_ran_before(monkeypa
     monkeypatch.setattr(Session, "warm_up", warm_up_first_call_code)
     w = load_workload("workloads/ci-predict.toml")
     (cell,) = [dataclasses.replace(c, world_size=8) for c in select_configurations(w, None, [8])
-               if config_id(c) == "torch-fsdp2-bf16"]
+               if c.config_id == "torch-fsdp2-bf16"]
 
     def row():
         out = predict_one(w, cell, "h100-sxm", None, resolve_link("pcie4"), None, 8)

@@ -9,15 +9,16 @@ Read it in the order a cell travels (each folder's ``__init__.py`` gives its own
 2. ``harness/``: running a matrix on this machine. runner.py drives the cells,
    preflight.py refuses what cannot fit, reference.py computes single-process losses,
    launch.py starts every rank process.
-3. ``rank/``: one rank. worker.py is the torchrun entry point (``python -m
-   zerobench.worker``); session.py runs a cell's engine ([Note: the rank session]) in a
+3. ``rank/``: one rank. passes.py runs a cell's passes under the torchrun entry point
+   (``python -m zerobench.worker``); session.py runs a cell's engine ([Note: the rank session]) in a
    world of worlds.py: real ranks, or one rank of a fake process group ([Note: two worlds]).
 4. ``instruments/``: what a rank is measured with. collectives.py is the one
    interception of ``torch.distributed`` ([Note: one interception]); link.py the
    interconnect model; emulation.py the emulated link; memory.py the storage tracker;
    vgpu/ the virtual GPU.
-5. ``runs/``: run folders. schema.py names every column; folder.py reads and writes a
-   folder ([Note: readers have no side effects]); files.py writes atomically.
+5. ``runs/``: run folders. folder.py reads and writes a folder ([Note: readers have no
+   side effects]); files.py writes atomically. The columns of every table are named
+   below every floor, in ``schema/columns.py``.
 6. ``analysis/``: reading runs. summary.py, plots.py, profiling/ (traces), compare/ (the
    CI gate).
 7. ``whatif/``: cells.py (what estimate and predict share), estimate/ (memory at any

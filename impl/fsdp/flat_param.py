@@ -103,6 +103,24 @@ def alloc_storage(t: torch.Tensor) -> None:
         t.untyped_storage().resize_(nbytes)
 
 
+def _uniform(infos: list[ParamInfo], unique: list[nn.Parameter], use_orig_params: bool) -> tuple[bool, torch.dtype]:
+    """(requires_grad, dtype) that every parameter of a unit shares: ValueError naming
+    them where they differ (with use_orig_params, frozen ones simply get no gradient)."""
+    requires_grad = {p.requires_grad for p in unique}
+    if len(requires_grad) > 1 and use_orig_params:
+        requires_grad = {True}  # frozen parameters simply get no gradient (as FSDP1 with use_orig_params)
+    if len(requires_grad) > 1:
+        names = [f"{i.fqn}(requires_grad={p.requires_grad})" for i, p in zip(infos, unique)]
+        raise ValueError(
+            "FlatParameter requires uniform requires_grad within one FSDP unit; wrap frozen and "
+            f"trainable parameters in different units. Got: {', '.join(names)}"
+        )
+    dtypes = {p.dtype for p in unique}
+    if len(dtypes) > 1:
+        raise ValueError(f"FlatParameter requires uniform dtype within one FSDP unit, got {sorted(map(str, dtypes))}")
+    return requires_grad.pop(), dtypes.pop()
+
+
 class FlatParamHandle:
     """One unit's flat parameter: the shard this rank owns and the unsharded buffer.
 
@@ -128,9 +146,53 @@ class FlatParamHandle:
         the parameters' device, when that device is an accelerator (on plain CPU there
         is nowhere else to put it). ``use_orig_params``: keep the original parameters
         on their modules as views of the shard ([Note: use_orig_params])."""
+        self.use_orig_params = use_orig_params
+        unique = self._index_params(params)  # self.infos, self.shared, self.aliases
+        self.requires_grad, self.dtype = _uniform(self.infos, unique, use_orig_params)
+        self.device = unique[0].device  # the compute device: where the unsharded parameters live
+        self.numel = sum(info.numel for info in self.infos)
+        self.shard_rank = shard_rank
+        self.shard_world = shard_world
+        self.shard_numel = math.ceil(self.numel / shard_world)  # per-rank numel, padding included
+        self.padded_numel = self.shard_numel * shard_world
+        self.compute_dtype = compute_dtype or self.dtype
+        # What compute_dtype is outside FSDP_USE_FULL_PREC_IN_EVAL's full-precision
+        # evaluation (set_compute_dtype switches between the two).
+        self.mixed_compute_dtype = self.compute_dtype
+        # Split sizes of views of a full copy (summon_full_params): every original parameter,
+        # then the right padding.
+        self._split_sizes = [i.numel for i in self.infos] + [self.padded_numel - self.numel]
+
+        # CPU offload: the shard (and so its gradient and optimizer state) lives in host
+        # memory; each all-gather copies it to the device first (device_shard).
+        self.offloaded = offload_to_cpu and accelerator(self.device) is not None
+        # The optimizer's parameter: this rank's shard, in the original dtype.
+        self.sharded_flat = nn.Parameter(self._shard_of(unique), requires_grad=self.requires_grad)
+
+        # All-gather destination; its storage exists only while unsharded. When the
+        # unsharded parameters are the shard itself (NO_SHARD, no cast) it aliases the shard.
+        self.keeps_unsharded = keep_unsharded_alias
+        self._make_unsharded([p.requires_grad for p in unique])
+        # Where the unsharded storage is in its life; unit.py moves it, the hooks read it.
+        self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
+
+        # The original parameters leave the module (unsharded_params replace them while
+        # unsharded), or, with use_orig_params, stay as views of the shard.
+        self.orig: OrigParamViews | None = None
+        if use_orig_params:
+            self.orig = OrigParamViews(self, unique)
+            self.orig.use_sharded_views()
+        else:
+            self._remove_originals()
+
+    # -- construction, in steps ------------------------------------------------------
+
+    def _index_params(self, params) -> list[nn.Parameter]:
+        """Each distinct parameter once, in flattening order (``infos``, at its offset in
+        the flat parameter); a parameter met again (tied weights) as ``shared``; a module's
+        attribute met again under another name as ``aliases``. Returns the distinct ones."""
         self.infos: list[ParamInfo] = []
         self.shared: list[SharedParamInfo] = []
-        self.use_orig_params = use_orig_params
         seen: dict[int, int] = {}  # id(parameter) -> index into self.infos
         # A module registered under two names (``self.b = self.a``) is one module: its
         # parameters are flattened once, and the second name is only an alias (state dicts
@@ -152,69 +214,30 @@ class FlatParamHandle:
             self.infos.append(ParamInfo(fqn, module, name, param.shape, param.numel(), offset))
             first_ref[(id(module), name)] = self.infos[-1]
             offset += param.numel()
-        requires_grad = {p.requires_grad for p in unique}
-        if len(requires_grad) > 1 and use_orig_params:
-            requires_grad = {True}  # frozen parameters simply get no gradient (as FSDP1 with use_orig_params)
-        if len(requires_grad) > 1:
-            names = [f"{i.fqn}(requires_grad={p.requires_grad})" for i, p in zip(self.infos, unique)]
-            raise ValueError(
-                "FlatParameter requires uniform requires_grad within one FSDP unit; wrap frozen and "
-                f"trainable parameters in different units. Got: {', '.join(names)}"
-            )
-        dtypes = {p.dtype for p in unique}
-        if len(dtypes) > 1:
-            raise ValueError(f"FlatParameter requires uniform dtype within one FSDP unit, got {sorted(map(str, dtypes))}")
-        self.requires_grad = requires_grad.pop()
-        self.dtype = dtypes.pop()
-        self.device = unique[0].device  # the compute device: where the unsharded parameters live
-        self.numel = offset
-        self.shard_rank = shard_rank
-        self.shard_world = shard_world
-        self.shard_numel = math.ceil(self.numel / shard_world)  # per-rank numel, padding included
-        self.padded_numel = self.shard_numel * shard_world
-        self.compute_dtype = compute_dtype or self.dtype
-        # What compute_dtype is outside FSDP_USE_FULL_PREC_IN_EVAL's full-precision
-        # evaluation (set_compute_dtype switches between the two).
-        self.mixed_compute_dtype = self.compute_dtype
-        # Split sizes of views of a full copy (summon_full_params): every original parameter,
-        # then the right padding.
-        self._split_sizes = [i.numel for i in self.infos] + [self.padded_numel - self.numel]
+        return unique
 
+    def _shard_of(self, unique: list[nn.Parameter]) -> torch.Tensor:
+        """This rank's slice of the parameters flattened and padded (1D, shard_numel), in
+        pinned host memory when offloaded."""
         with torch.no_grad():
             full = torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
             for info, param in zip(self.infos, unique):
                 full[info.offset : info.offset + info.numel].copy_(param.reshape(-1))
-            start = shard_rank * self.shard_numel
-            shard = full if shard_world == 1 else full[start : start + self.shard_numel].clone()
+            start = self.shard_rank * self.shard_numel
+            shard = full if self.shard_world == 1 else full[start : start + self.shard_numel].clone()
         del full
-        # CPU offload: the shard (and so its gradient and optimizer state) lives in host
-        # memory; each all-gather copies it to the device first (device_shard).
-        self.offloaded = offload_to_cpu and accelerator(self.device) is not None
         if self.offloaded:
             host = torch.empty(shard.shape, dtype=shard.dtype, device="cpu", pin_memory=True)
             host.copy_(shard)
             shard = host
-        # The optimizer's parameter: this rank's shard, in the original dtype.
-        self.sharded_flat = nn.Parameter(shard, requires_grad=self.requires_grad)
+        return shard
 
-        # All-gather destination; its storage exists only while unsharded. When the
-        # unsharded parameters are the shard itself (NO_SHARD, no cast) it aliases the shard.
-        self.keeps_unsharded = keep_unsharded_alias
-        self._make_unsharded([p.requires_grad for p in unique])
-        # Where the unsharded storage is in its life; unit.py moves it, the hooks read it.
-        self.sharded_state = ShardedState.UNSHARDED if keep_unsharded_alias else ShardedState.SHARDED
-
-        # The original parameters leave the module (unsharded_params replace them while
-        # unsharded), or, with use_orig_params, stay as views of the shard.
-        self.orig: OrigParamViews | None = None
-        if use_orig_params:
-            self.orig = OrigParamViews(self, unique)
-            self.orig.use_sharded_views()
-        else:
-            for info in self.infos:
-                del info.module._parameters[info.name]
-            for s in self.shared:
-                del s.module._parameters[s.name]
+    def _remove_originals(self) -> None:
+        """The original parameters off their modules (the unsharded ones replace them)."""
+        for info in self.infos:
+            del info.module._parameters[info.name]
+        for s in self.shared:
+            del s.module._parameters[s.name]
 
     # -- storage -------------------------------------------------------------------
 

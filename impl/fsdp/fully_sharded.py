@@ -98,89 +98,25 @@ class FullyShardedDataParallel(nn.Module):
         limiter_depth: int = DEFAULT_LIMITER_DEPTH,
     ):
         super().__init__()
-        if not dist.is_initialized():
-            raise RuntimeError("FullyShardedDataParallel needs torch.distributed to be initialized")
-        if isinstance(limiter_depth, bool) or not isinstance(limiter_depth, int) or limiter_depth < 1:
-            raise ValueError(f"limiter_depth must be an int >= 1, got {limiter_depth!r}")
-        if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
-            raise ValueError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
-        if sharding_strategy is not None and not isinstance(sharding_strategy, ShardingStrategy):
-            raise ValueError(f"sharding_strategy must be a ShardingStrategy or None, got {sharding_strategy!r}")
-        if not isinstance(use_orig_params, bool):
-            raise ValueError(f"use_orig_params must be True or False, got {use_orig_params!r}")
-        if device_mesh is not None and not isinstance(device_mesh, DeviceMesh):
-            raise ValueError(f"device_mesh must be a torch.distributed.device_mesh.DeviceMesh or None, got {device_mesh!r}")
-        if process_group is not None and device_mesh is not None:
-            raise ValueError(
-                "Cannot pass both process_group and device_mesh at the same time. Please just pass only one of them."
-            )
-
-        # The process group(s), resolved before wrapping so that auto-wrapped children share them.
+        _check_arguments(process_group, sharding_strategy, backward_prefetch, use_orig_params, device_mesh,
+                         limiter_depth)
         hybrid = sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
-        child_process_group = process_group
-        if device_mesh is not None:
-            process_group = process_groups.groups_of_mesh(device_mesh, hybrid)
-        elif hybrid and process_group is None:
-            if auto_wrap_policy is None:  # as PyTorch 2.x: instances wrapped one by one may not agree on groups
-                raise ValueError(f"Manual wrapping with {sharding_strategy} requires explicit specification of "
-                                 "process group or device_mesh.")
-            process_group = child_process_group = process_groups.hybrid_groups(None)
+        process_group, child_process_group = _resolve_process_groups(process_group, device_mesh, sharding_strategy,
+                                                                     hybrid, auto_wrap_policy)
 
         # Steps in the order docs/behaviour.md §F2 lists them.
         # 1. ignored modules (and parameters), expanded over subtrees and nested instances' sets.
-        ignored_modules, ignored_param_list = _ignored_states(ignored_modules, ignored_states)
-        ignored = _ignored_modules(module, ignored_modules)
-        ignored_params = {id(p) for m in ignored for p in m.parameters()} | {id(p) for p in ignored_param_list}
-        for state in traversal.fsdp_states(module):
-            ignored_params |= state.ignored_params
+        ignored, ignored_param_list, ignored_params = _init_ignored(module, ignored_modules, ignored_states)
 
         # 2. auto-wrap the children; each child instance gets the same arguments.
         if auto_wrap_policy is not None:
-            for name, _ in traversal.named_fsdp_states(module):
-                raise ValueError(
-                    f"Expected {name or 'the module'} to NOT be FullyShardedDataParallel if using an "
-                    "`auto_wrap_policy`"
-                )
-            child_kwargs = dict(
-                process_group=child_process_group,
-                sharding_strategy=sharding_strategy,
-                cpu_offload=cpu_offload,
-                backward_prefetch=backward_prefetch,
-                mixed_precision=mixed_precision,
-                param_init_fn=param_init_fn,
-                device_id=device_id,
-                sync_module_states=sync_module_states,
-                forward_prefetch=forward_prefetch,
-                limit_all_gathers=limit_all_gathers,
-                use_orig_params=use_orig_params,
-                device_mesh=device_mesh,
+            _auto_wrap_children(module, auto_wrap_policy, ignored, ignored_param_list, ignored_params, dict(
+                process_group=child_process_group, sharding_strategy=sharding_strategy, cpu_offload=cpu_offload,
+                backward_prefetch=backward_prefetch, mixed_precision=mixed_precision, param_init_fn=param_init_fn,
+                device_id=device_id, sync_module_states=sync_module_states, forward_prefetch=forward_prefetch,
+                limit_all_gathers=limit_all_gathers, use_orig_params=use_orig_params, device_mesh=device_mesh,
                 limiter_depth=limiter_depth,
-            )
-            overrides_of = getattr(auto_wrap_policy, "wrap_kwargs", None)  # CustomPolicy's per-module arguments
-            # See [Note: modules exempt from mixed precision] (wrap.py).
-            exempt = tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
-            found = wrap.exempt_from_mixed_precision(module, exempt, ignored)
-            policy = wrap.or_classes_policy(auto_wrap_policy, exempt) if found else auto_wrap_policy
-            if found:
-                warnings.warn(
-                    "Both mixed precision and an auto_wrap_policy were specified to FSDP, where the wrapped module "
-                    f"has submodules of type:\n{found}\nThese modules will be wrapped as separate FSDP instances "
-                    "with mixed precision disabled.",
-                    stacklevel=2,
-                )
-
-            def wrap_child(child: nn.Module) -> nn.Module:
-                inside = set(child.modules())
-                child_ignored = [m for m in ignored if m in inside]
-                child_params = [p for p in ignored_param_list if any(p is q for q in child.parameters())]
-                kwargs = {**child_kwargs, **(overrides_of(child) if overrides_of else {})}
-                if found and isinstance(child, exempt):
-                    kwargs["mixed_precision"] = None
-                if child_params:
-                    return FullyShardedDataParallel(child, ignored_states=child_params, **kwargs)
-                return FullyShardedDataParallel(child, ignored_modules=child_ignored, **kwargs)
-
-            recursive_wrap(module, policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
+            ))
 
         # 3-6. devices: materialize meta modules, move to device_id.
         _materialize(module, param_init_fn, device_id, ignored)
@@ -197,26 +133,7 @@ class FullyShardedDataParallel(nn.Module):
                 )
 
         # 7. groups and the effective strategy.
-        strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
-        if hybrid:
-            shard_group, replicate_group = process_groups.hybrid_groups(process_group)
-            self._inter_node_pg = replicate_group  # PyTorch 2.x's name for the replicate group (even of one rank)
-            if dist.get_world_size(replicate_group) == 1:
-                replicate_group = None
-            world = dist.get_world_size(shard_group) * (dist.get_world_size(replicate_group) if replicate_group else 1)
-        else:
-            if isinstance(process_group, tuple):
-                raise ValueError(f"a (shard_group, replicate_group) pair is only valid with HYBRID_SHARD, not {strategy.name}")
-            shard_group = process_group if process_group is not None else dist.group.WORLD
-            replicate_group = self._inter_node_pg = None
-            world = dist.get_world_size(shard_group)
-            if world == 1:
-                strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
-        # PyTorch 1.13's public attributes: the (shard) process group, rank and size in it.
-        # Descriptive only: the unit keeps the groups it communicates over.
-        self.process_group = shard_group
-        self.rank = dist.get_rank(shard_group)
-        self.world_size = dist.get_world_size(shard_group)
+        strategy, shard_group, replicate_group, world = self._init_groups(process_group, sharding_strategy, hybrid)
         self._device_mesh = device_mesh  # PyTorch 2.x's attribute
         # 8. sync_module_states: rank 0's parameters and buffers everywhere.
         if sync_module_states:
@@ -250,41 +167,74 @@ class FullyShardedDataParallel(nn.Module):
         self._fsdp_wrapped_module = module
         self.params: list[nn.Parameter] = []
         if managed:
-            for fqn, _, _, p in managed:
-                if getattr(p, "_impl_fsdp_flattened", False):
-                    raise ValueError(
-                        f"parameter {fqn} is already managed by another FSDP unit: shared (tied) parameters "
-                        "must be wrapped in the same unit (their lowest common ancestor)"
-                    )
-            sharded = strategy is not ShardingStrategy.NO_SHARD
-            param_dtype = mixed_precision.param_dtype if mixed_precision else None
-            handle = FlatParamHandle(
-                managed,
-                shard_rank=dist.get_rank(shard_group) if sharded else 0,
-                shard_world=dist.get_world_size(shard_group) if sharded else 1,
-                compute_dtype=param_dtype,
-                keep_unsharded_alias=not sharded
-                and (param_dtype is None or param_dtype == managed[0][3].dtype)
-                and not (state.cpu_offload.offload_params and accelerator(compute_device) is not None),
-                offload_to_cpu=state.cpu_offload.offload_params,
-                use_orig_params=use_orig_params,
-            )
-            for _, _, _, p in managed:
-                p._impl_fsdp_flattened = True
-            state.unit = FlatParamUnit(handle, strategy, shard_group, replicate_group, world, mixed_precision)
-            # On the wrapped module, under PyTorch 2.x's name: a registered parameter, or
-            # with use_orig_params a plain attribute (the original parameters are the module's).
-            handle.sharded_flat._impl_fsdp_flat = True  # what state dicts and clipping skip
-            if use_orig_params:
-                module.__dict__[utils.FLAT_PARAM] = handle.sharded_flat
-            else:
-                module.register_parameter(utils.FLAT_PARAM, handle.sharded_flat)
-            self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
-            handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
-            if not use_orig_params:
-                # The attributes exist from the start, as in PyTorch (``repr``, ``hasattr``): the
-                # unsharded parameters, whose storage is freed while sharded (stale until used).
-                handle.use_unsharded_params()
+            self._flatten_and_shard(module, managed, state, shard_group, replicate_group, world)
+
+    def _init_groups(self, process_group, sharding_strategy, hybrid: bool):
+        """Step 7: (the effective strategy, shard group, replicate group or None, ranks
+        in all), with PyTorch's public attributes of them. NO_SHARD where the shard group
+        has one rank, as in PyTorch: nothing to shard over."""
+        strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
+        if hybrid:
+            shard_group, replicate_group = process_groups.hybrid_groups(process_group)
+            self._inter_node_pg = replicate_group  # PyTorch 2.x's name for the replicate group (even of one rank)
+            if dist.get_world_size(replicate_group) == 1:
+                replicate_group = None
+            world = dist.get_world_size(shard_group) * (dist.get_world_size(replicate_group) if replicate_group else 1)
+        else:
+            if isinstance(process_group, tuple):
+                raise ValueError(f"a (shard_group, replicate_group) pair is only valid with HYBRID_SHARD, not {strategy.name}")
+            shard_group = process_group if process_group is not None else dist.group.WORLD
+            replicate_group = self._inter_node_pg = None
+            world = dist.get_world_size(shard_group)
+            if world == 1:
+                strategy = ShardingStrategy.NO_SHARD  # as in PyTorch: nothing to shard over
+        # PyTorch 1.13's public attributes: the (shard) process group, rank and size in it.
+        # Descriptive only: the unit keeps the groups it communicates over.
+        self.process_group = shard_group
+        self.rank = dist.get_rank(shard_group)
+        self.world_size = dist.get_world_size(shard_group)
+        return strategy, shard_group, replicate_group, world
+
+    def _flatten_and_shard(self, module: nn.Module, managed, state: FSDPState, shard_group, replicate_group,
+                           world: int) -> None:
+        """Step 9: the managed parameters into one flat parameter, sharded (or not, under
+        NO_SHARD), its unit in ``state``, and the flat parameter on the wrapped module."""
+        strategy, mixed_precision, use_orig_params = state.sharding_strategy, state.mixed_precision, state.use_orig_params
+        for fqn, _, _, p in managed:
+            if getattr(p, "_impl_fsdp_flattened", False):
+                raise ValueError(
+                    f"parameter {fqn} is already managed by another FSDP unit: shared (tied) parameters "
+                    "must be wrapped in the same unit (their lowest common ancestor)"
+                )
+        sharded = strategy is not ShardingStrategy.NO_SHARD
+        param_dtype = mixed_precision.param_dtype if mixed_precision else None
+        handle = FlatParamHandle(
+            managed,
+            shard_rank=dist.get_rank(shard_group) if sharded else 0,
+            shard_world=dist.get_world_size(shard_group) if sharded else 1,
+            compute_dtype=param_dtype,
+            keep_unsharded_alias=not sharded
+            and (param_dtype is None or param_dtype == managed[0][3].dtype)
+            and not (state.cpu_offload.offload_params and accelerator(state.compute_device) is not None),
+            offload_to_cpu=state.cpu_offload.offload_params,
+            use_orig_params=use_orig_params,
+        )
+        for _, _, _, p in managed:
+            p._impl_fsdp_flattened = True
+        state.unit = FlatParamUnit(handle, strategy, shard_group, replicate_group, world, mixed_precision)
+        # On the wrapped module, under PyTorch 2.x's name: a registered parameter, or
+        # with use_orig_params a plain attribute (the original parameters are the module's).
+        handle.sharded_flat._impl_fsdp_flat = True  # what state dicts and clipping skip
+        if use_orig_params:
+            module.__dict__[utils.FLAT_PARAM] = handle.sharded_flat
+        else:
+            module.register_parameter(utils.FLAT_PARAM, handle.sharded_flat)
+        self.params = [handle.sharded_flat]  # PyTorch 1.13: this instance's flat parameters
+        handle.sync_requires_grad(functools.partial(runtime.post_accumulate_grad, state))
+        if not use_orig_params:
+            # The attributes exist from the start, as in PyTorch (``repr``, ``hasattr``): the
+            # unsharded parameters, whose storage is freed while sharded (stale until used).
+            handle.use_unsharded_params()
 
     # -- forward ---------------------------------------------------------------------
 
@@ -557,6 +507,89 @@ class FullyShardedDataParallel(nn.Module):
 
 
 # -- construction helpers ----------------------------------------------------------------
+
+
+def _check_arguments(process_group, sharding_strategy, backward_prefetch, use_orig_params, device_mesh,
+                     limiter_depth) -> None:
+    """The constructor's arguments of a kind it takes (ValueError naming the argument)."""
+    if not dist.is_initialized():
+        raise RuntimeError("FullyShardedDataParallel needs torch.distributed to be initialized")
+    if isinstance(limiter_depth, bool) or not isinstance(limiter_depth, int) or limiter_depth < 1:
+        raise ValueError(f"limiter_depth must be an int >= 1, got {limiter_depth!r}")
+    if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
+        raise ValueError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
+    if sharding_strategy is not None and not isinstance(sharding_strategy, ShardingStrategy):
+        raise ValueError(f"sharding_strategy must be a ShardingStrategy or None, got {sharding_strategy!r}")
+    if not isinstance(use_orig_params, bool):
+        raise ValueError(f"use_orig_params must be True or False, got {use_orig_params!r}")
+    if device_mesh is not None and not isinstance(device_mesh, DeviceMesh):
+        raise ValueError(f"device_mesh must be a torch.distributed.device_mesh.DeviceMesh or None, got {device_mesh!r}")
+    if process_group is not None and device_mesh is not None:
+        raise ValueError(
+            "Cannot pass both process_group and device_mesh at the same time. Please just pass only one of them."
+        )
+
+
+def _resolve_process_groups(process_group, device_mesh, sharding_strategy, hybrid: bool, auto_wrap_policy):
+    """(this instance's process group(s), the children's), resolved before wrapping so that
+    auto-wrapped children share them: a mesh's groups, or HYBRID_SHARD's built once."""
+    child_process_group = process_group
+    if device_mesh is not None:
+        process_group = process_groups.groups_of_mesh(device_mesh, hybrid)
+    elif hybrid and process_group is None:
+        if auto_wrap_policy is None:  # as PyTorch 2.x: instances wrapped one by one may not agree on groups
+            raise ValueError(f"Manual wrapping with {sharding_strategy} requires explicit specification of "
+                             "process group or device_mesh.")
+        process_group = child_process_group = process_groups.hybrid_groups(None)
+    return process_group, child_process_group
+
+
+def _init_ignored(module: nn.Module, ignored_modules, ignored_states):
+    """Step 1: (ignored modules, over their subtrees; ignored parameters as given; ids of
+    every ignored parameter, nested instances' too)."""
+    ignored_modules, ignored_param_list = _ignored_states(ignored_modules, ignored_states)
+    ignored = _ignored_modules(module, ignored_modules)
+    ignored_params = {id(p) for m in ignored for p in m.parameters()} | {id(p) for p in ignored_param_list}
+    for state in traversal.fsdp_states(module):
+        ignored_params |= state.ignored_params
+    return ignored, ignored_param_list, ignored_params
+
+
+def _auto_wrap_children(module: nn.Module, auto_wrap_policy, ignored, ignored_param_list, ignored_params,
+                        child_kwargs: dict) -> None:
+    """Step 2: each child the policy picks wrapped in its own instance, with this one's
+    arguments (``child_kwargs``), its own ignored states, and the policy's overrides."""
+    for name, _ in traversal.named_fsdp_states(module):
+        raise ValueError(
+            f"Expected {name or 'the module'} to NOT be FullyShardedDataParallel if using an "
+            "`auto_wrap_policy`"
+        )
+    mixed_precision = child_kwargs["mixed_precision"]
+    overrides_of = getattr(auto_wrap_policy, "wrap_kwargs", None)  # CustomPolicy's per-module arguments
+    # See [Note: modules exempt from mixed precision] (wrap.py).
+    exempt = tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
+    found = wrap.exempt_from_mixed_precision(module, exempt, ignored)
+    policy = wrap.or_classes_policy(auto_wrap_policy, exempt) if found else auto_wrap_policy
+    if found:
+        warnings.warn(
+            "Both mixed precision and an auto_wrap_policy were specified to FSDP, where the wrapped module "
+            f"has submodules of type:\n{found}\nThese modules will be wrapped as separate FSDP instances "
+            "with mixed precision disabled.",
+            stacklevel=3,  # the caller of the constructor
+        )
+
+    def wrap_child(child: nn.Module) -> nn.Module:
+        inside = set(child.modules())
+        child_ignored = [m for m in ignored if m in inside]
+        child_params = [p for p in ignored_param_list if any(p is q for q in child.parameters())]
+        kwargs = {**child_kwargs, **(overrides_of(child) if overrides_of else {})}
+        if found and isinstance(child, exempt):
+            kwargs["mixed_precision"] = None
+        if child_params:
+            return FullyShardedDataParallel(child, ignored_states=child_params, **kwargs)
+        return FullyShardedDataParallel(child, ignored_modules=child_ignored, **kwargs)
+
+    recursive_wrap(module, policy, wrap_child, ignored, ignored_params, only_wrap_children=True)
 
 
 def _ignored_states(ignored_modules, ignored_states) -> tuple[list | None, list[nn.Parameter]]:

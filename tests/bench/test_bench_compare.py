@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from zerobench.analysis.compare.gate import RunTables, _classify_columns, compare_runs
-from zerobench.runs.schema import METRICS
+from zerobench.schema.columns import METRICS
 
 
 def _run(path: str, scale: float) -> RunTables:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.cli import main as cli_main
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS
+from zerobench.schema.columns import CONTEXT_COLUMNS, ID_COLUMNS
 
 MiB = 2**20
 

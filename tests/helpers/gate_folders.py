@@ -5,7 +5,7 @@
 
 * :func:`run_folder`: every cell of a workload on real gloo ranks forked from this
   process (tests' ``run_ranks``), each rank running the worker's own timing and memory
-  passes (zerobench/rank/worker.py: ``timing_pass``, ``memory_pass``), rank 0 writing the cell record the
+  passes (zerobench/rank/passes.py: ``timing_pass``, ``memory_pass``), rank 0 writing the cell record the
   worker writes; ``zerobench compare`` reads the folder as any run's.
 * :func:`predict_folder`: ``zerobench.whatif.predict.predict`` itself, with its child
   process replaced by the same ``run_job`` for each job here.
@@ -29,8 +29,8 @@ from zerobench.spec.workload import load_workload
 
 
 def _cell_records(rank: int, world_size: int, workload, cell_ids: list[str]) -> dict | None:
+    from zerobench.rank.passes import memory_pass, timing_pass
     from zerobench.rank.session import Session
-    from zerobench.rank.worker import memory_pass, timing_pass
     from zerobench.rank.worlds import JoinedWorld
 
     records = {}
@@ -68,9 +68,9 @@ def run_folder(root: Path, workload_path: str | Path, name: str, only: tuple[str
 
 def _predict_here(w, jobs, gpu_file, host, links, node_size, traces, memory, log, progress) -> list[dict]:
     """``zerobench.whatif.predict._run_jobs`` in this process: each job as the predicting
-    child runs it (zerobench.whatif.predict.rank.run_job)."""
+    child runs it (zerobench.whatif.predict.job.run_job)."""
     from zerobench.instruments.vgpu.presets import load_preset_file
-    from zerobench.whatif.predict.rank import run_job
+    from zerobench.whatif.predict.job import run_job
 
     preset = load_preset_file(gpu_file)
     return [run_job(w, job, preset, host, links["link"], links["inter_link"], node_size, None,

@@ -118,41 +118,21 @@ def numeric(values) -> "pd.Series":
 
 
 def flag(value) -> bool:
-    """Whether a table cell holds a true boolean: True, "True", "true", 1; empty (NaN, NA,
-    None) and anything else are False."""
-    if value is None or value is False:
-        return False
-    try:
-        import pandas as pd
+    """Whether a table cell holds True. Boolean columns are read as booleans
+    (zerobench/runs/folder.py, booleans_as_read), so anything else -- empty (NaN, NA,
+    None), a number, text -- is False."""
+    import numpy as np
 
-        if pd.isna(value):
-            return False
-    except (TypeError, ValueError):
-        return False
-    return str(value).strip().lower() in ("true", "1", "1.0", "on")
-
-
-#: How a cell id's options read in a plot's labels (the id spells them in full).
-_SHORT_OPTIONS = (("sharding_strategy=", ""), ("backward_prefetch=", "bwd "), ("forward_prefetch=", "fwd "),
-                  ("limit_all_gathers=", "limiter "), ("limiter_depth=", "depth "), ("reshard_after_forward=", "reshard "),
-                  ("activation_checkpointing=", "ckpt "),
-                  ("emulate_link=", "link "), ("parameters_as_bucket_view=", "bucket view "),
-                  ("gradient_as_bucket_view=", "grad view "), ("cpu_offload=", "offload "))
+    return value is True or (isinstance(value, np.bool_) and bool(value))  # Python's or numpy's True
 
 
 def short_label(cell_id: str) -> str:
     """A cell id (or a configuration id: a cell id without the world size) as a plot
-    label: without its world size and dtype (the panel says them), its options shortened
-    (``impl-fsdp SHARD_GRAD_OP, bwd post``)."""
-    import re
+    label: :attr:`CellId.short` (``impl-fsdp SHARD_GRAD_OP, bwd post``); a bare engine
+    name as it is."""
+    from zerobench.spec.cell import CellId
 
-    rest = re.sub(r"-(fp32|bf16|fp16)(?=-|$)", "", re.sub(r"-ws\d+(?=-)", "", str(cell_id), count=1), count=1)
-    engine, *options = re.split(r"-(?=[a-z_]+=)", rest)
-    for long, short in _SHORT_OPTIONS:
-        options = [o.replace(long, short) if o.startswith(long) else o for o in options]
-    options = [re.sub(r"^emulate_gbps=(.*)$", r"\1 GB/s", re.sub(r"^emulate_latency_us=(.*)$", r"\1 µs", o))
-               for o in options]
-    return engine + (" " + ", ".join(options) if options else "")
+    return (CellId.try_parse(cell_id) or CellId(str(cell_id), "")).short
 
 
 # [Note: one look per configuration]

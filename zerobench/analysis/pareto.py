@@ -24,6 +24,7 @@ from zerobench.analysis.figures import (
     plt,
     save_figure,
 )
+from zerobench.engines.options import axes_with_role
 
 
 def pareto_front(frame: pd.DataFrame, x: str, y: str, x_spread: tuple[str, str] | None = None) -> pd.Series:
@@ -63,8 +64,9 @@ def pareto_front(frame: pd.DataFrame, x: str, y: str, x_spread: tuple[str, str] 
 # two close cells are both on the front. Predictions have no spread: their front is exact.
 
 
-#: Option columns a point's look is read from ([Note: one look per configuration]).
-STYLE_OPTIONS = ("sharding_strategy", "reshard_after_forward", "activation_checkpointing")
+#: Option columns a point's look is read from ([Note: one look per configuration]): the
+#: engines' sharding knobs (zerobench/engines/options.py) and activation checkpointing.
+STYLE_OPTIONS = (*axes_with_role("sharding"), "activation_checkpointing")
 
 
 def plot_pareto(points: pd.DataFrame, path: Path, *, x: str, y: str, x_label: str, y_label: str,

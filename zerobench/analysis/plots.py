@@ -45,9 +45,10 @@ from zerobench.analysis.figures import (
     short_label,
 )
 from zerobench.analysis.render import memory_unit
+from zerobench.engines.options import axes_with_role
 from zerobench.runs.folder import DamagedFile, RunFolder
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
-from zerobench.runs.tables import cell_records, load_results, reference_cells
+from zerobench.runs.tables import cell_records, default_cells, is_reference, load_results, reference_cells
+from zerobench.schema.columns import CONTEXT_COLUMNS, ID_COLUMNS, METRIC_BY_NAME, PEAK_ROLE_COLUMNS
 
 STEP_TIME = "step_time_s"
 CATEGORY_COLORS = {
@@ -107,7 +108,7 @@ def _groups(ok: pd.DataFrame):
 
 
 def _reference_value(frame: pd.DataFrame, column: str, how: str) -> float | None:
-    ref = numeric(frame.loc[reference_cells(frame["cell_id"]).fillna(False).astype(bool), column]).dropna()
+    ref = numeric(frame.loc[reference_cells(frame["cell_id"]), column]).dropna()
     if ref.empty:
         return None
     return float(getattr(ref, how)())
@@ -182,7 +183,7 @@ def plot_pareto_run(results: pd.DataFrame, path: Path, setting: Setting | None =
     for (ws, dtype), frame in ok.groupby(["world_size", "dtype"], sort=True):
         for cell, ranks in frame.groupby("cell_id", sort=False):
             rows.append({"group": f"world size {ws}, {dtype}", "label": short_label(cell), "engine": ranks["engine"].iloc[0],
-                         "reference": bool(reference_cells(pd.Series([cell])).fillna(False).iloc[0]),
+                         "reference": is_reference(cell),
                          "step_ms": numeric(ranks[STEP_TIME]).median() * 1e3,
                          **{f"step_{q}_ms": numeric(ranks[column]).median() * 1e3 if column in ranks else float("nan")
                             for q, column in (("p10", "step_time_p10_s"), ("p90", "step_time_p90_s"))},
@@ -317,7 +318,7 @@ def plot_losses(run_dir: Path, results: pd.DataFrame, path: Path, setting: Setti
         if ref:
             ref_series, ref_name = pd.Series(ref, dtype="float64"), "single-process reference (fp32)"
         else:
-            base = [c for c in cells if reference_cells(pd.Series([c])).fillna(False).iloc[0]] or cells[:1]
+            base = [c for c in cells if is_reference(c)] or cells[:1]
             frame = mean[mean["cell_id"] == base[0]]
             ref_series = pd.Series(frame["loss"].to_numpy(), index=frame["step"].to_numpy())
             ref_name = f"{short_label(base[0])} (no single-process reference)"
@@ -397,7 +398,7 @@ def plot_memory_timelines(run_dir: Path, path: Path, setting: Setting | None = N
     for col, group in enumerate(groups):
         in_group = [r for r in records if (r["config"].get("world_size"), r["config"].get("dtype")) == group]
         reference = next((r for r in in_group if r["config"].get("engine") == REFERENCE_ENGINE
-                          and reference_cells(pd.Series([r["cell_id"]])).fillna(False).iloc[0]), None)
+                          and is_reference(r["cell_id"])), None)
         for row, engine in enumerate(engines):
             ax = axes[row, col]
             mine = [r for r in in_group if r["config"].get("engine") == engine]
@@ -482,7 +483,7 @@ def _shade_phases(ax, marks: list[tuple[str, float]]) -> None:
                     fontsize=6.5, color="0.3")
 
 
-KNOB_AXES = ("backward_prefetch", "forward_prefetch", "limit_all_gathers", "limiter_depth")
+KNOB_AXES = axes_with_role("schedule")  # prefetch and the limiter (zerobench/engines/options.py)
 
 
 def _knob_label(row) -> str:
@@ -543,7 +544,7 @@ def plot_knobs(results: pd.DataFrame, path: Path, setting: Setting | None = None
     ) if m in ok.columns and numeric(ok[m]).notna().any()]
     fig, axes = plt.subplots(len(metrics), len(engines), figsize=(6.5 * len(engines) + 1.5, 2.8 * len(metrics) + 0.8),
                              squeeze=False, sharex="col")
-    refs = {name: ok[ok["cell_id"].str.fullmatch(rf"{name}-ws\d+-\w+").fillna(False).astype(bool)]
+    refs = {name: ok[default_cells(ok["cell_id"], name)]
             for name in (REFERENCE_ENGINE, "torch-fsdp2")}
     for col, engine in enumerate(engines):
         frame = ok[ok["engine"] == engine]

@@ -156,7 +156,7 @@ def unfinished_cells(run_dir: Path) -> list[str]:
 def folder_notes(run_dir: Path, running: dict | None = None) -> list[str]:
     """What a reader of the folder should know that the table does not say: cells not run
     yet (a run interrupted, or running now) and how to finish them, tables shown from
-    cells/ and cells never checked against the reference ([Note: readers have no side
+    cells/ (or, without cells/, from results.csv alone) and cells never checked against the reference ([Note: readers have no side
     effects] in zerobench/runs/folder.py). A command to copy is on a line of its own,
     indented."""
     folder = RunFolder(run_dir)
@@ -178,6 +178,9 @@ def folder_notes(run_dir: Path, running: dict | None = None) -> list[str]:
     if folder.tables_stale():
         notes.append(f"note: results.csv is missing or older than cells/, so this was read from cells/; this writes "
                      f"the tables:\n  zerobench reference {run_dir}")
+    elif not folder.cells_dir.is_dir() and folder.results_path.is_file():
+        notes.append(f"note: {folder.cells_dir} is missing (as in curated runs and baselines), so this was read "
+                     "from results.csv as saved: its cells cannot be rebuilt or resumed")
     try:
         loaded = verdict(folder.meta().get("machine_load"))  # [Note: machine load]
     except DamagedFile:

@@ -75,7 +75,7 @@ def main(args) -> int:
     from zerobench.analysis.render import make_console
     from zerobench.commands.progress import Progress
     from zerobench.runs.files import write_csv_atomic
-    from zerobench.runs.schema import METRICS
+    from zerobench.schema.columns import METRICS
 
     console = make_console()
     with Progress(2 + sum(p is not None for p in outputs.values()), "compare") as progress:

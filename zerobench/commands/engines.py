@@ -16,7 +16,7 @@ def arguments(p) -> None:
 def main(args) -> int:
     from zerobench.analysis.render import console_width
     from zerobench.engines import ENGINES, get_engine
-    from zerobench.spec.matrix import engine_axes
+    from zerobench.spec.axes import engine_axes
 
     width = console_width()
     names = list(ENGINES)

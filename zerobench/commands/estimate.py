@@ -43,23 +43,23 @@ def main(args) -> int:
 
     import time
 
-    import pandas as pd
-
     from zerobench.analysis.render import make_console, print_table
     from zerobench.commands.progress import Progress
+    from zerobench.runs.whatif import EstimateFolder
     from zerobench.whatif.cells import parse_world_sizes
     from zerobench.whatif.estimate import against_run, check_against, estimate
     from zerobench.whatif.estimate.report import against_table, print_estimate
+    from zerobench.whatif.estimate.request import EstimateRequest
 
     started = time.perf_counter()
     real = check_against(against) if against is not None else None  # before any work: [Note: refuse early] in zerobench/cli.py
+    request = EstimateRequest(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank,
+                              results_root=args.results, fake_tensors=args.fake_tensors,
+                              hybrid_shard_size=args.hybrid_shard_size, only=args.config, backend=args.backend,
+                              full_depth=args.full_depth, overrides=args.overrides, gpu=args.gpu)
     with Progress(None, "estimate") as progress:
-        out_dir = estimate(args.workload, parse_world_sizes(args.world_sizes), rank=args.rank,
-                           results_root=args.results, fake_tensors=args.fake_tensors,
-                           hybrid_shard_size=args.hybrid_shard_size, only=args.config, backend=args.backend,
-                           full_depth=args.full_depth, progress=progress, log=progress.print, overrides=args.overrides,
-                           gpu=args.gpu)
-    frame = pd.read_csv(out_dir / "estimate.csv")
+        out_dir = estimate(request, progress=progress, log=progress.print)
+    frame = EstimateFolder(out_dir).table()
     console = make_console()
     print_estimate(frame, console)
     if real is not None:

@@ -59,12 +59,13 @@ def main(args) -> int:
     import time
     from pathlib import Path
 
-    import pandas as pd
-
     from zerobench.analysis.render import make_console
     from zerobench.commands.progress import Progress
-    from zerobench.whatif.predict import parse_world_sizes, predict
+    from zerobench.runs.whatif import PredictFolder
+    from zerobench.whatif.cells import parse_world_sizes
+    from zerobench.whatif.predict import predict
     from zerobench.whatif.predict.report import model_kind, print_predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     started = time.perf_counter()
     world_sizes, only = args.world_sizes or "8,64", args.config
@@ -74,18 +75,19 @@ def main(args) -> int:
         configs, sizes = configurations(args.against)
         world_sizes = args.world_sizes or ",".join(map(str, sizes))
         only = only or configs
+    request = PredictRequest(args.workload, parse_world_sizes(world_sizes), gpu=args.gpu, host=args.host,
+                             link=args.link, inter_link=args.inter_link, node_size=args.node_size,
+                             results_root=args.results, matrix=args.matrix, only=only, alloc_conf=args.alloc_conf,
+                             context_mib=args.context_mib, nccl_mib=args.nccl_mib,
+                             record_streams=args.nccl_record_streams, sdpa_backend=args.sdpa_backend,
+                             overrides=args.overrides)
     with Progress(None, "predict") as progress:
-        out_dir = predict(args.workload, parse_world_sizes(world_sizes), gpu=args.gpu, host=args.host,
-                          link=args.link, inter_link=args.inter_link, node_size=args.node_size,
-                          results_root=args.results, matrix=args.matrix, only=only,
-                          alloc_conf=args.alloc_conf, context_mib=args.context_mib, nccl_mib=args.nccl_mib,
-                          record_streams=args.nccl_record_streams, sdpa_backend=args.sdpa_backend,
-                          progress=progress, log=progress.print,
-                          overrides=args.overrides)
-    frame = pd.read_csv(out_dir / "predict.csv")
+        out_dir = predict(request, progress=progress, log=progress.print)
+    folder = PredictFolder(out_dir)
+    frame = folder.table()
     print_predict(frame, make_console(), model_kind(out_dir))
-    print(f"predict: {out_dir / 'predict.csv'} ({len(frame)} cells, {time.perf_counter() - started:.1f} s wall)")
-    print(f"traces: {out_dir / 'traces'}")
+    print(f"predict: {folder.table_path} ({len(frame)} cells, {time.perf_counter() - started:.1f} s wall)")
+    print(f"traces: {folder.traces_dir}")
     if args.against is not None:
         from zerobench.analysis.render import print_table
         from zerobench.whatif.predict import against

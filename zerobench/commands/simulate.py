@@ -42,8 +42,8 @@ def main(args) -> int:
     from zerobench.analysis.render import print_table
     from zerobench.instruments.link import resolve_link
     from zerobench.runs.folder import RunFolder
+    from zerobench.whatif.simulate.against import validation_summary
     from zerobench.whatif.simulate.run import simulate_run, tag
-    from zerobench.whatif.simulate.validate import validation_summary
 
     for option, value, low, allowed in (("--gbps", args.gbps, 0, "a finite number > 0"),
                                         ("--latency-us", args.latency_us, None, "a finite number >= 0"),

@@ -1,13 +1,19 @@
-"""The engine registry: name -> adapter class, imported on first use."""
+"""The engine registry: name -> adapter class, imported on first use. Each engine's
+options are declared in options.py (torch-free: readers import it); the interface every
+adapter implements is base.py's ``Engine``."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from zerobench.choices import not_allowed
-from zerobench.engines.base import Axis, Engine, OptimizerSpec, RankContext
+from zerobench.engines.options import OPTIONS, Axis
 
-__all__ = ["ENGINES", "get_engine", "Axis", "Engine", "OptimizerSpec", "RankContext"]
+if TYPE_CHECKING:
+    from zerobench.engines.base import Engine
+
+__all__ = ["ENGINES", "OPTIONS", "get_engine", "Axis"]
 
 #: engine name -> "module:Class"
 ENGINES: dict[str, str] = {

@@ -4,15 +4,16 @@ An engine is a small adapter around one way of training data-parallel: PyTorch's
 ZeroRedundancyOptimizer, FSDP1, fully_shard, or this project's ``impl`` engines. The
 harness only ever talks to this interface, so every engine is measured the same way.
 
-Engine-specific matrix axes (sharding strategy, prefetch, ...) are declared in
-``options``: each maps an axis name to an :class:`Axis` (its default and the values
-it allows). A cell only carries the axes its engine declares, so an axis never
-multiplies the cells of an engine it does not apply to.
+Engine-specific matrix axes (sharding strategy, prefetch, ...) are declared once, as the
+fields of the engine's frozen options class (``Options``, zerobench/engines/options.py);
+``options`` maps each axis name to its :class:`Axis` (its default and the values it
+allows), and ``settings`` is the engine's options as a value. A cell only carries the
+axes its engine declares, so an axis never multiplies the cells of an engine it does
+not apply to.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,50 +21,7 @@ import torch
 import torch.nn as nn
 from torch.autograd.profiler import record_function
 
-
-@dataclass(frozen=True)
-class Axis:
-    """One engine-specific matrix axis: its default and what values it allows."""
-
-    default: Any
-    choices: tuple | None = None
-    """The allowed values; None means any value of ``type`` passing ``minimum``."""
-    type: type | None = None
-    minimum: float | None = None
-    doc: str = ""
-    applies_when: tuple[str, Any] | None = None
-    """(other axis, value or predicate): this axis only means something when the other
-    axis has that value (``limiter_depth`` only with ``limit_all_gathers=True``);
-    otherwise the matrix pins it to its default so that no two cells run the same
-    configuration."""
-
-    def applies(self, chosen: dict[str, Any]) -> bool:
-        if self.applies_when is None:
-            return True
-        other, want = self.applies_when
-        return want(chosen.get(other)) if callable(want) else chosen.get(other) == want
-
-    def allowed(self) -> str:
-        """What values the axis allows, in words (``zerobench engines``)."""
-        if self.choices is not None:
-            return ", ".join(map(repr, self.choices))
-        return f"{self.type.__name__} >= {self.minimum}" if self.minimum is not None else self.type.__name__
-
-    def check(self, name: str, value: Any) -> Any:
-        """Return ``value`` if allowed, else raise ValueError naming the axis and what it allows."""
-        if self.choices is not None:
-            if value not in self.choices:
-                raise ValueError(f"{name}: {value!r} is not allowed (allowed: {', '.join(map(repr, self.choices))})")
-            return value
-        ok_type = isinstance(value, self.type) and not isinstance(value, bool)
-        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok_type = float(value), True
-        finite = not (ok_type and isinstance(value, float)) or math.isfinite(value)
-        if not ok_type or not finite or (self.minimum is not None and value < self.minimum):
-            bound = f" >= {self.minimum}" if self.minimum is not None else ""
-            kind = f"a finite {self.type.__name__}" if self.type is float else self.type.__name__
-            raise ValueError(f"{name}: {value!r} is not allowed (allowed: {kind}{bound})")
-        return value
+from zerobench.engines.options import Axis, EngineOptions
 
 
 @dataclass(frozen=True)
@@ -202,7 +160,9 @@ class Engine:
     """
 
     name: ClassVar[str]
-    #: engine-specific matrix axes
+    #: the engine's options, declared once (zerobench/engines/options.py)
+    Options: ClassVar[type[EngineOptions]] = EngineOptions
+    #: engine-specific matrix axes: those of ``Options``
     options: ClassVar[dict[str, Axis]] = {}
     #: dtypes ("fp32", "bf16") this engine can run
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
@@ -211,8 +171,15 @@ class Engine:
     #: emulation wraps torch.distributed (zerobench/instruments/emulation.py, [Note: emulation]).
     supports_emulation: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "Options" in cls.__dict__:
+            cls.options = cls.Options.axes()
+
     def __init__(self, options: dict[str, Any], ctx: RankContext, dtype: str):
         self.opts = options
+        #: this engine's options as a value: every axis, the cell's or its declared default
+        self.settings = self.Options.from_options(options)
         self.ctx = ctx
         self.dtype = dtype
         self.module: nn.Module | None = None

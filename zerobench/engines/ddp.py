@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from zerobench.engines.base import AutocastEngine, Axis
+from zerobench.engines.base import AutocastEngine
+from zerobench.engines.options import DDPOptions
 from zerobench.instruments import collectives
 
 
@@ -20,11 +21,8 @@ def wrap_ddp(model, ctx, gradient_as_bucket_view: bool = False):
 
 class DDPEngine(AutocastEngine):
     name = "ddp"
-    options = {
-        "gradient_as_bucket_view": Axis(False, choices=(False, True),
-                                        doc="gradients are views into DDP's all-reduce buckets (saves one gradient copy)"),
-    }
+    Options = DDPOptions
 
     def wrap(self, model, blocks):
-        self.module = wrap_ddp(model, self.ctx, self.opts["gradient_as_bucket_view"])
+        self.module = wrap_ddp(model, self.ctx, self.settings.gradient_as_bucket_view)
         return self.module

@@ -73,7 +73,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from zerobench.engines.base import Axis, Engine
+from zerobench.engines.base import Engine
+from zerobench.engines.options import Axis, DeepSpeedZero3Options, DeepSpeedZero12Options
 from zerobench.instruments.memory import allocated_as
 from zerobench.instruments.vgpu import device as vgpu
 
@@ -103,30 +104,10 @@ def deepspeed_unavailable() -> str | None:
     return None
 
 
-def _knob(default: int, doc: str, minimum: int = 0) -> Axis:
-    return Axis(default, type=int, minimum=minimum, doc=doc)
-
-
-#: DeepSpeed's zero_optimization knobs as matrix axes, with DeepSpeed 0.19.8's defaults
-#: (deepspeed/runtime/zero/config.py). Sizes are in elements, as DeepSpeed counts them.
-KNOBS: dict[str, Axis] = {
-    "contiguous_gradients": Axis(True, choices=(True, False),
-                                 doc="copy gradients into one contiguous buffer as they are produced"),
-    "reduce_bucket_size": _knob(500_000_000, "elements reduced at a time: the gradient bucket, allocated whole",
-                                minimum=1),
-    "allgather_bucket_size": _knob(500_000_000, "elements all-gathered at a time after the step (an even number; "
-                                                "unused where torch has all_gather_into_tensor)", minimum=2),
-    "stage3_prefetch_bucket_size": _knob(50_000_000, "elements of parameters fetched ahead of use"),
-    "stage3_max_live_parameters": _knob(1_000_000_000, "unsharded elements kept before releasing"),
-    "stage3_max_reuse_distance": _knob(1_000_000_000,
-                                       "keep a parameter gathered if it is used again within this many elements"),
-    "stage3_param_persistence_threshold": _knob(100_000, "parameters this small are never sharded"),
-}
-
-
-def _overlap(default: bool) -> Axis:
-    return Axis(default, choices=(False, True),
-                doc="reduce gradients on a side stream while backward goes on (double-buffers the bucket)")
+#: DeepSpeed's zero_optimization knobs besides overlap_comm (declared with DeepSpeed
+#: 0.19.8's defaults in zerobench/engines/options.py), of any stage.
+KNOBS: dict[str, Axis] = {k: v for cls in (DeepSpeedZero12Options, DeepSpeedZero3Options)
+                          for k, v in cls.axes().items() if k != "overlap_comm"}
 
 
 def ds_config(stage: int, options: dict[str, Any], dtype: str) -> dict[str, Any]:
@@ -266,21 +247,19 @@ class DeepSpeedZeroEngine(Engine):
 class DeepSpeedZero1Engine(DeepSpeedZeroEngine):
     name = "deepspeed-zero1"
     stage = 1
-    options = {"overlap_comm": _overlap(False),
-               **{k: KNOBS[k] for k in ("contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size")}}
+    Options = DeepSpeedZero12Options
 
 
 class DeepSpeedZero2Engine(DeepSpeedZeroEngine):
     name = "deepspeed-zero2"
     stage = 2
-    options = dict(DeepSpeedZero1Engine.options)
+    Options = DeepSpeedZero12Options
 
 
 class DeepSpeedZero3Engine(DeepSpeedZeroEngine):
     name = "deepspeed-zero3"
     stage = 3
-    options = {"overlap_comm": _overlap(True),  # DeepSpeed's default is on for stage 3 only
-               **{k: v for k, v in KNOBS.items() if k != "allgather_bucket_size"}}
+    Options = DeepSpeedZero3Options  # overlap_comm on by default: DeepSpeed's, for stage 3 only
 
 
 # [Note: DeepSpeed's tensors by role]

@@ -8,8 +8,8 @@ import torch
 
 from impl.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from impl.fsdp import FullyShardedDataParallel as FSDP
-from impl.fsdp.process_groups import default_shard_size
-from zerobench.engines.base import Axis, Engine
+from zerobench.engines.base import Engine
+from zerobench.engines.options import ImplFSDPOptions
 
 _BACKWARD_PREFETCH = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
 
@@ -21,36 +21,16 @@ BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, bu
 
 class FSDPEngine(Engine):
     name = "impl-fsdp"
-    options = {
-        "sharding_strategy": Axis(
-            "FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
-            doc="HYBRID_SHARD shards within groups of world/2 ranks (or LOCAL_WORLD_SIZE) and replicates across them",
-        ),
-        # Defaults follow torch-fsdp1's (PyTorch 2.x FSDP: BACKWARD_PRE, limit_all_gathers=True), as
-        # impl's class does, so a workload that leaves these axes out compares the same schedule on both.
-        "backward_prefetch": Axis("pre", choices=("none", "pre", "post"),
-                                  doc="BACKWARD_PRE / BACKWARD_POST / no backward prefetch"),
-        "forward_prefetch": Axis(False, choices=(False, True),
-                                 doc="prefetch the next unit's all-gather in forward (recorded order)"),
-        "limit_all_gathers": Axis(True, choices=(True, False),
-                                  doc="bound the unsharded units in flight to limiter_depth"),
-        "limiter_depth": Axis(2, type=int, minimum=1, applies_when=("limit_all_gathers", True),
-                              doc="units in flight allowed by limit_all_gathers"),
-        "use_orig_params": Axis(False, choices=(False, True),
-                                doc="the optimizer sees the original parameters (views of each unit's shard) "
-                                    "instead of flat shards: per-parameter groups (optimizer.no_decay)"),
-        "cpu_offload": Axis(False, choices=(False, True),
-                            doc="keep sharded parameters and gradients in host memory "
-                                "(on a GPU or the virtual GPU; a no-op on a CPU device)"),
-    }
+    Options = ImplFSDPOptions
 
     @classmethod
     def unsupported(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
         why = super().unsupported(options, dtype, world_size, device_type)
         if why:
             return why
-        if options.get("sharding_strategy") == "HYBRID_SHARD":
-            shard = default_shard_size(world_size)
+        settings = cls.Options.from_options(options)
+        if settings.sharding_strategy == "HYBRID_SHARD":
+            shard = settings.shard_group_size(world_size)
             if shard < 2 or world_size // shard < 2:
                 return (
                     f"HYBRID_SHARD needs at least 2 groups of at least 2 ranks; world size {world_size} gives "
@@ -60,25 +40,26 @@ class FSDPEngine(Engine):
 
     def wrap(self, model, blocks):
         ids = {id(b) for b in blocks}
+        s = self.settings  # every option, the cell's or its declared default
         self.module = FSDP(
             model,
-            sharding_strategy=ShardingStrategy[self.opts.get("sharding_strategy", "FULL_SHARD")],
-            cpu_offload=CPUOffload(offload_params=bool(self.opts.get("cpu_offload", False))),
+            sharding_strategy=ShardingStrategy[s.sharding_strategy],
+            cpu_offload=CPUOffload(offload_params=s.cpu_offload),
             auto_wrap_policy=lambda module, recurse, unwrapped_params: recurse or id(module) in ids,
-            backward_prefetch=_BACKWARD_PREFETCH[self.opts.get("backward_prefetch", "none")],
+            backward_prefetch=_BACKWARD_PREFETCH[s.backward_prefetch],
             mixed_precision=BF16 if self.dtype == "bf16" else None,
             device_id=self.ctx.device if self.ctx.device.type == "cuda" else None,
-            forward_prefetch=bool(self.opts.get("forward_prefetch", False)),
-            limit_all_gathers=bool(self.opts.get("limit_all_gathers", False)),
-            limiter_depth=int(self.opts.get("limiter_depth", 2)),
-            use_orig_params=bool(self.opts.get("use_orig_params", False)),
+            forward_prefetch=s.forward_prefetch,
+            limit_all_gathers=s.limit_all_gathers,
+            limiter_depth=s.limiter_depth,
+            use_orig_params=s.use_orig_params,
         )
         return self.module
 
     def ran(self):
         """NO_SHARD where impl's FSDP switched to it at world size 1, as PyTorch's FSDP1 does
         ([Note: say what ran])."""
-        asked = self.opts.get("sharding_strategy", "FULL_SHARD")
+        asked = self.settings.sharding_strategy
         strategies = {m.sharding_strategy.name for m in self.module.fsdp_instances()}
         if strategies == {asked} or len(strategies) != 1:
             return {}

@@ -32,7 +32,8 @@ from impl import comm
 from impl.zero import ZeroRedundancyOptimizer, ZeroStage2Optimizer
 from impl.zero.overlap import OverlapStatus
 from impl.zero.partition import imbalance
-from zerobench.engines.base import AutocastEngine, Axis
+from zerobench.engines.base import AutocastEngine
+from zerobench.engines.options import ImplZero1Options, ImplZero2Options
 from zerobench.engines.torch_zero1 import TorchZero1Engine
 
 
@@ -49,19 +50,11 @@ class Zero1Engine(TorchZero1Engine):
 
     name = "impl-zero1"
     zero_class = ZeroRedundancyOptimizer
-    options = {
-        "parameters_as_bucket_view": Axis(False, choices=(False, True), applies_when=("overlap_with_ddp", False),
-                                          doc="pack each rank's parameters into one flat bucket per device"),
-        "overlap_with_ddp": Axis(False, choices=(False, True),
-                                 doc="run the optimizer step inside DDP's communication hook, bucket by bucket"),
-        "overlap_hook": Axis("step", choices=("step", "interleaved"), applies_when=("overlap_with_ddp", True),
-                             doc="step: all buckets after the last all-reduce (hook_with_zero_step); "
-                                 "interleaved: each bucket as its all-reduce completes"),
-    }
+    Options = ImplZero1Options
 
     @property
     def _overlap(self) -> bool:
-        return bool(self.opts.get("overlap_with_ddp", False))
+        return self.settings.overlap_with_ddp
 
     def build_optimizer(self, spec):
         spec.refuse_groups(self.name)
@@ -74,7 +67,7 @@ class Zero1Engine(TorchZero1Engine):
         self.optimizer = self.zero_class(
             self.module.parameters(), optimizer_class=spec.cls, overlap_with_ddp=True, **spec.kwargs()
         )
-        make_hook = hook_with_zero_step_interleaved if self.opts.get("overlap_hook") == "interleaved" else hook_with_zero_step
+        make_hook = hook_with_zero_step_interleaved if self.settings.overlap_hook == "interleaved" else hook_with_zero_step
         self.module.register_comm_hook(None, make_hook(allreduce_hook, self.module, self.optimizer))
         return self.optimizer
 
@@ -107,12 +100,7 @@ class Zero1Engine(TorchZero1Engine):
 
 class Zero2Engine(AutocastEngine):
     name = "impl-zero2"
-    options = {
-        "bucket_cap_mb": Axis(25.0, type=float, minimum=0,
-                              doc="reduce-scatter (and all-gather) bucket size; 0 sends every gradient alone"),
-        "max_in_flight": Axis(2, type=int, minimum=1,
-                              doc="reduce-scatters in flight before backward waits for the oldest"),
-    }
+    Options = ImplZero2Options
 
     @torch.no_grad()
     def wrap(self, model, blocks):
@@ -128,8 +116,8 @@ class Zero2Engine(AutocastEngine):
         self.optimizer = ZeroStage2Optimizer(
             self.module.parameters(),
             optimizer_class=spec.cls,
-            bucket_cap_mb=float(self.opts.get("bucket_cap_mb", 25.0)),
-            max_in_flight=int(self.opts.get("max_in_flight", 2)),
+            bucket_cap_mb=float(self.settings.bucket_cap_mb),
+            max_in_flight=self.settings.max_in_flight,
             **spec.kwargs(),
         )
         return self.optimizer

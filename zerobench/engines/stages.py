@@ -54,12 +54,13 @@ def model_state_bytes(psi: float, world_size: int, stage: int, precision: str = 
     return out
 
 
-def engine_stage(engine: str, options: dict, world_size: int) -> tuple[int, int]:
+def engine_stage(engine: str, options: dict, world_size: int, shard_group_size: int | None = None) -> tuple[int, int]:
     """(ZeRO stage, ranks the model states are sharded over) of an engine cell.
 
     FSDP's SHARD_GRAD_OP and fully_shard(reshard_after_forward=False) shard parameters at
     rest like stage 3 (they only keep them unsharded between forward and backward, which
-    the peak, not the model states, pays for). HYBRID_SHARD shards within its shard group."""
+    the peak, not the model states, pays for). HYBRID_SHARD shards within its shard group,
+    ``shard_group_size`` (the cell's ``Cell.shard_group_size``; None: the world)."""
     if engine == "ddp":
         return 0, 1
     if engine in ("torch-zero1", "impl-zero1"):
@@ -72,13 +73,14 @@ def engine_stage(engine: str, options: dict, world_size: int) -> tuple[int, int]
     if strategy == "NO_SHARD":
         return 0, 1
     if strategy == "HYBRID_SHARD":
-        return 3, int(options.get("_shard_size") or world_size)
+        return 3, int(shard_group_size or world_size)
     return 3, world_size
 
 
 def engine_model_state_bytes(engine: str, options: dict, world_size: int, psi: float,
-                             optimizer: str = "adam", precision: str = "fp32") -> dict[str, float]:
-    stage, n = engine_stage(engine, options, world_size)
+                             optimizer: str = "adam", precision: str = "fp32",
+                             shard_group_size: int | None = None) -> dict[str, float]:
+    stage, n = engine_stage(engine, options, world_size, shard_group_size)
     return model_state_bytes(psi, n, stage, precision, optimizer)
 
 

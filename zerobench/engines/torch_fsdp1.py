@@ -5,21 +5,15 @@ from __future__ import annotations
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, MixedPrecision, ShardingStrategy
 
-from zerobench.engines.base import Axis, Engine
+from zerobench.engines.base import Engine
+from zerobench.engines.options import TorchFSDP1Options
 
 _PREFETCH = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
 
 
 class TorchFSDP1Engine(Engine):
     name = "torch-fsdp1"
-    options = {
-        "sharding_strategy": Axis("FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")),
-        "backward_prefetch": Axis("pre", choices=tuple(_PREFETCH)),
-        "forward_prefetch": Axis(False, choices=(False, True)),
-        "limit_all_gathers": Axis(True, choices=(True, False)),
-        "use_orig_params": Axis(False, choices=(False, True),
-                                doc="the optimizer sees the original parameters (per-parameter groups)"),
-    }
+    Options = TorchFSDP1Options
 
     @classmethod
     def unsupported(cls, options, dtype, world_size, device_type):
@@ -29,7 +23,7 @@ class TorchFSDP1Engine(Engine):
 
     def ran(self):
         """NO_SHARD where FSDP1 switched to it: a shard group of one rank ([Note: say what ran])."""
-        asked = self.opts["sharding_strategy"]
+        asked = self.settings.sharding_strategy
         strategies = {m.sharding_strategy.name for m in FullyShardedDataParallel.fsdp_modules(self.module)}
         if strategies == {asked} or len(strategies) != 1:
             return {}
@@ -52,13 +46,12 @@ class TorchFSDP1Engine(Engine):
         # meaning on a CPU device (torch.cpu says 1). The shard groups are given as a 2-D mesh
         # instead, of the size impl's HYBRID_SHARD takes (LOCAL_WORLD_SIZE, the ranks of one
         # node as torchrun sets it, else half the world), as users pass one with device_mesh.
+        s = self.settings
         mesh = None
-        if self.opts["sharding_strategy"] == "HYBRID_SHARD":
+        if s.sharding_strategy == "HYBRID_SHARD":
             from torch.distributed.device_mesh import init_device_mesh
 
-            from impl.fsdp.process_groups import default_shard_size
-
-            shard = default_shard_size(self.ctx.world_size)
+            shard = s.shard_group_size(self.ctx.world_size)
             mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size // shard, shard),
                                     mesh_dim_names=("replicate", "shard"))
         mp = None
@@ -67,12 +60,12 @@ class TorchFSDP1Engine(Engine):
         self.module = FullyShardedDataParallel(
             model,
             auto_wrap_policy=policy,
-            sharding_strategy=ShardingStrategy[self.opts["sharding_strategy"]],
-            backward_prefetch=_PREFETCH[self.opts["backward_prefetch"]],
-            forward_prefetch=self.opts["forward_prefetch"],
-            limit_all_gathers=self.opts["limit_all_gathers"],
+            sharding_strategy=ShardingStrategy[s.sharding_strategy],
+            backward_prefetch=_PREFETCH[s.backward_prefetch],
+            forward_prefetch=s.forward_prefetch,
+            limit_all_gathers=s.limit_all_gathers,
             mixed_precision=mp,
-            use_orig_params=bool(self.opts.get("use_orig_params", False)),
+            use_orig_params=s.use_orig_params,
             device_mesh=mesh,
             # FSDP1 refuses CPU-only execution unless told the device explicitly.
             device_id=self.ctx.device if self.ctx.device.type == "cuda" else torch.device("cpu"),

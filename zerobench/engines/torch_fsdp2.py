@@ -11,7 +11,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from zerobench.engines.base import Axis, Engine
+from zerobench.engines.base import Engine
+from zerobench.engines.options import TorchFSDP2Options
 
 
 def _local(t):
@@ -20,22 +21,18 @@ def _local(t):
 
 class TorchFSDP2Engine(Engine):
     name = "torch-fsdp2"
-    options = {
-        "reshard_after_forward": Axis(True, choices=(True, False)),
-        "forward_prefetch": Axis(False, choices=(False, True),
-                                 doc="explicitly prefetch the next block's all-gather in forward"),
-    }
+    Options = TorchFSDP2Options
 
     def wrap(self, model, blocks):
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
         mp = MixedPrecisionPolicy()
         if self.dtype == "bf16":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        kwargs = dict(mesh=mesh, reshard_after_forward=self.opts["reshard_after_forward"], mp_policy=mp)
+        kwargs = dict(mesh=mesh, reshard_after_forward=self.settings.reshard_after_forward, mp_policy=mp)
         for block in blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
-        if self.opts["forward_prefetch"]:
+        if self.settings.forward_prefetch:
             for current, following in zip(blocks, blocks[1:]):
                 current.set_modules_to_forward_prefetch([following])
         self.module = model

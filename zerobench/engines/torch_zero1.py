@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from zerobench.engines.base import AutocastEngine, Axis
+from zerobench.engines.base import AutocastEngine
 from zerobench.engines.ddp import wrap_ddp
+from zerobench.engines.options import TorchZero1Options
 
 
 class TorchZero1Engine(AutocastEngine):
     name = "torch-zero1"
     #: the ZeroRedundancyOptimizer class; impl-zero1 swaps in impl's drop-in
     zero_class = ZeroRedundancyOptimizer
-    options = {
-        "parameters_as_bucket_view": Axis(False, choices=(False, True),
-                                          doc="pack each rank's parameters into one flat bucket per device"),
-    }
+    Options = TorchZero1Options
 
     def wrap(self, model, blocks):
         self.module = wrap_ddp(model, self.ctx)
@@ -26,7 +24,7 @@ class TorchZero1Engine(AutocastEngine):
         self.optimizer = self.zero_class(
             self.module.parameters(),
             optimizer_class=spec.cls,
-            parameters_as_bucket_view=self.opts["parameters_as_bucket_view"],
+            parameters_as_bucket_view=self.settings.parameters_as_bucket_view,
             **spec.kwargs(),
         )
         return self.optimizer

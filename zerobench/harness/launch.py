@@ -73,13 +73,6 @@ def start_module(module: str, args: list[str] = (), env: dict[str, str] | None =
     return subprocess.Popen(module_command(module, args), env=code_env(env), **popen)
 
 
-def run_module(module: str, args: list[str] = (), env: dict[str, str] | None = None,
-               timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -P -m module args`` to completion with :func:`code_env`, output captured."""
-    return subprocess.run(module_command(module, args), env=code_env(env), capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def rank_command(run_dir: Path, cell_id: str, device: str, profile: bool) -> list[str]:
     """The command of every rank of a cell: the worker's torchrun entry point."""
     args = ["--run-dir", str(run_dir), "--cell", cell_id, "--device", device]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from zerobench.engines.stages import engine_model_state_bytes
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.models import construct
 from zerobench.spec.workload import Workload
 
@@ -134,7 +134,8 @@ def cell_need(workload: Workload, cell: Cell, device_type: str, params: int | No
     if workload.optimizer.kind == "sgd" and not float(workload.optimizer.hyper().get("momentum", 0) or 0):
         optimizer = "sgd"
     precision = "fp32" if cell.dtype == "fp32" else "mixed"
-    need = engine_model_state_bytes(cell.engine, cell.opts, cell.world_size, params, optimizer, precision)["total"]
+    need = engine_model_state_bytes(cell.engine, cell.opts, cell.world_size, params, optimizer, precision,
+                                    shard_group_size=cell.shard_group_size)["total"]
     if device_type == "cuda" and torch.cuda.is_available():
         available = float(torch.cuda.get_device_properties(0).total_memory)
         where = f"the GPU's {available / GiB:.1f} GiB"

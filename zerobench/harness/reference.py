@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from zerobench.engines import OptimizerSpec
+from zerobench.engines.base import OptimizerSpec
 from zerobench.spec import data as data_mod
 from zerobench.spec.models import build_model, loss_fn
 from zerobench.spec.workload import Workload

@@ -26,7 +26,8 @@ from zerobench.rank import devices
 from zerobench.runs.files import new_stamped_dir
 from zerobench.runs.folder import DamagedFile, RunFolder, zerobench_version
 from zerobench.runs.tables import write_tables
-from zerobench.spec.matrix import Cell, expand, matrix_notes
+from zerobench.spec.cell import Cell
+from zerobench.spec.matrix import expand, matrix_notes
 from zerobench.spec.user_check import check_user_model
 from zerobench.spec.workload import Workload, WorkloadError, load_workload
 
@@ -242,7 +243,7 @@ class CannotWrite(OSError):
 def finished(record: dict | None) -> bool:
     """Whether ``--resume`` leaves this cell record be: ok or skipped, and (when written by
     ranks under the harness) accepted by a harness that saw the cell through. A rank
-    outliving its harness writes no record (zerobench.rank.worker.watch_harness); should one
+    outliving its harness writes no record (zerobench.rank.passes.watch_harness); should one
     have slipped through, it lacks the cell_wall_s the harness adds, and is run again."""
     if record is None or record.get("status") not in FINISHED:
         return False

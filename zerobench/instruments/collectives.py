@@ -284,7 +284,7 @@ class CommCounter(Layer):
 
     def columns(self) -> dict[str, int]:
         """``comm_<kind>_bytes`` and ``comm_<kind>_calls`` for every kind,
-        ``comm_total_bytes`` and ``comm_calls`` (runs/schema.py)."""
+        ``comm_total_bytes`` and ``comm_calls`` (schema/columns.py)."""
         out = {f"comm_{kind}_bytes": self.bytes.get(kind, 0) for kind in KINDS}
         out["comm_total_bytes"] = sum(self.bytes.values())
         out["comm_calls"] = sum(self.calls.values())

@@ -38,7 +38,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from zerobench.runs.schema import COLLECTIVE_KINDS as KINDS  # the one vocabulary of kinds
+from zerobench.schema.columns import COLLECTIVE_KINDS as KINDS  # the one vocabulary of kinds
 
 
 def bus_factor(kind: str, group_size: int) -> float:

@@ -100,7 +100,7 @@ from impl.streams import accelerator
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.collectives import CommCounter, Layer
 from zerobench.instruments.storages import Listener, storages_of
-from zerobench.runs.schema import MEMORY_PASS_ATTEMPTS
+from zerobench.schema.columns import MEMORY_PASS_ATTEMPTS
 
 CATEGORIES = ("params", "grads", "optim", "unsharded", "activations", "other")
 #: The parts of "other" by when they were allocated: [Note: what other holds].

@@ -33,7 +33,7 @@ from typing import Mapping
 
 #: Set by the harness in each rank's environment: the harness's pid. A rank that sees it
 #: dies with the harness and never records a result once the harness is gone
-#: (zerobench.rank.worker.watch_harness). Unset under torchrun, where nothing changes.
+#: (zerobench.rank.passes.watch_harness). Unset under torchrun, where nothing changes.
 HARNESS_ENV = "ZEROBENCH_HARNESS_PID"
 
 #: MASTER_PORT under Slurm: this plus the last four digits of SLURM_JOB_ID (Lightning's choice).

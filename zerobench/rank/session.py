@@ -22,13 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from zerobench.engines import OptimizerSpec, get_engine
+from zerobench.engines import get_engine
+from zerobench.engines.base import OptimizerSpec
 from zerobench.instruments.memory import StorageTracker
 from zerobench.instruments.storages import distinct_nbytes
 from zerobench.rank.worlds import World
-from zerobench.runs.schema import allocator_columns, state_columns
+from zerobench.schema.columns import allocator_columns, state_columns
 from zerobench.spec import data as data_mod
-from zerobench.spec.matrix import Cell
+from zerobench.spec.cell import Cell
 from zerobench.spec.models import build_for_cell, loss_fn
 from zerobench.spec.workload import Workload
 

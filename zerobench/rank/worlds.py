@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerobench.engines import RankContext
+from zerobench.engines.base import RankContext
 from zerobench.instruments import collectives, storages
 from zerobench.instruments.gloo import GlooReduceScatterBuffers
 from zerobench.rank import devices

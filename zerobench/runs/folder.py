@@ -1,7 +1,7 @@
 """One run folder ``results/<run-id>/``: where each file lives, how it is read back with
 the right types, and how it is updated atomically. Every reader and writer of a run
 folder goes through :class:`RunFolder`, the one piece of code that knows its layout
-(the columns of its tables are :mod:`zerobench.runs.schema`'s)::
+(the columns of its tables are :mod:`zerobench.schema.columns`'s)::
 
     workload.json        the fully resolved workload the run used (what the ranks read)
     meta.json            workload, git commit, torch version, backend, machine, date, command line
@@ -44,7 +44,9 @@ import pandas as pd
 from zerobench.instruments.link import link_from_config
 from zerobench.runs.files import write_csv_atomic, write_json_atomic
 from zerobench.runs.kinds import WORKLOAD_FILE, workload_name
-from zerobench.runs.schema import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.schema.columns import COLUMN_ALIASES, COLUMN_DTYPES, ID_COLUMNS, METRICS
+from zerobench.schema.records import CellRecord, RecordError
+from zerobench.spec.cell import CellId
 
 if TYPE_CHECKING:  # parsed on demand: readers of the tables need no workload
     from zerobench.spec.workload import Workload
@@ -65,8 +67,6 @@ class DamagedFile(ValueError):
     the message names it."""
 
 
-STATUSES = ("ok", "failed", "skipped")
-_CELL_ID = re.compile(r"^(?P<engine>.+?)-ws(?P<world_size>\d+)-(?P<dtype>[a-z0-9]+)")
 
 
 def read_json(path: Path) -> Any:
@@ -80,22 +80,18 @@ def read_json(path: Path) -> Any:
 def damaged_record(path: Path, reason: str) -> dict:
     """What a cell file that cannot be read stands for: a failed cell saying why, with the
     configuration its id spells (engine, world size, dtype), so the other cells carry on."""
-    m = _CELL_ID.match(path.stem)
-    config = {"engine": m["engine"], "world_size": int(m["world_size"]), "dtype": m["dtype"]} if m else {}
-    return {"cell_id": path.stem, "status": "failed", "error": f"damaged cell record {path}: {reason}",
-            "config": config, "ranks": [], "damaged": True}
+    cid = CellId.try_parse(path.stem)
+    config = {"engine": cid.engine, "world_size": cid.world_size, "dtype": cid.dtype} if cid and cid.world_size else {}
+    return CellRecord(cell_id=path.stem, status="failed", error=f"damaged cell record {path}: {reason}",
+                      config=config, damaged=True).to_json()
 
 
 def check_record(record: Any) -> str | None:
-    """Why a parsed cell record is not one (None when it is)."""
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {type(record).__name__}"
-    if record.get("status") not in STATUSES:
-        return f"status {record.get('status')!r} is not one of {', '.join(STATUSES)}"
-    if not isinstance(record.get("cell_id"), str) or not isinstance(record.get("config"), dict):
-        return "no cell_id or config"
-    if not isinstance(record["config"].get("world_size"), int) or not isinstance(record.get("ranks", []), list):
-        return "no config.world_size or ranks"
+    """Why a parsed cell record is not one (None when it is): :class:`CellRecord`'s check."""
+    try:
+        CellRecord.from_json(record)
+    except RecordError as err:
+        return str(err)
     return None
 
 
@@ -279,7 +275,7 @@ class RunFolder:
 
     def results(self) -> pd.DataFrame:
         """results.csv as plain ``pandas.read_csv`` reads it ([Note: types in results.csv] in
-        zerobench/runs/schema.py), or, when it is missing or stale (:meth:`tables_stale`),
+        zerobench/schema/columns.py), or, when it is missing or stale (:meth:`tables_stale`),
         the same table built from cells/ in memory, with the types the file would have.
         Writes nothing ([Note: readers have no side effects])."""
         if self.tables_stale():
@@ -342,9 +338,11 @@ class RunFolder:
         """reference.json: world size -> the single-process reference losses."""
         write_json_atomic(self.reference_path, {str(k): v for k, v in sorted(references.items())})
 
-    def write_cell(self, record: dict) -> None:
-        """cells/<cell>.json: one cell's record (its ``cell_id`` names the file)."""
-        write_json_atomic(self.cell_path(record["cell_id"]), record)
+    def write_cell(self, record: CellRecord | dict) -> None:
+        """cells/<cell>.json: one cell's record (its ``cell_id`` names the file), checked
+        before it is written (RecordError naming the field)."""
+        record = record if isinstance(record, CellRecord) else CellRecord.from_json(record)
+        write_json_atomic(self.cell_path(record.cell_id), record.to_json())
 
     def discard_cell(self, cell_id: str) -> None:
         """Remove a cell's record, so that a stale one never passes for a new attempt's."""
@@ -456,8 +454,37 @@ def merge_columns(results: pd.DataFrame, columns: pd.DataFrame) -> pd.DataFrame:
 def read_table(source, aliases: dict[str, str] | None = None) -> pd.DataFrame:
     """A CSV of the run folder as plain ``pandas.read_csv`` reads it, its columns renamed
     by ``aliases`` (old name -> new): the types a user's own ``read_csv`` gets
-    ([Note: types in results.csv] in zerobench/runs/schema.py)."""
-    return pd.read_csv(source).rename(columns=aliases or {})
+    ([Note: types in results.csv] in zerobench/schema/columns.py), each boolean column
+    holding booleans (:func:`booleans_as_read`)."""
+    frame = pd.read_csv(source).rename(columns=aliases or {})
+    try:
+        return booleans_as_read(frame)
+    except DamagedFile as err:
+        raise DamagedFile(f"{source}: {err}" if isinstance(source, (str, Path)) else str(err)) from None
+
+
+def booleans_as_read(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each boolean column (an engine's on/off axis:
+    zerobench/engines/options.py) holding True, False or NaN, as ``read_csv`` gives a
+    column of True / False written with gaps; text in it other than True / False is
+    DamagedFile naming the column (no "1" or "on" passes for True)."""
+    from zerobench.engines.options import flag_axes
+
+    for col in flag_axes() & set(frame.columns):
+        if frame[col].dtype == bool:
+            continue
+        frame[col] = [_boolean(col, v) for v in frame[col]]
+    return frame
+
+
+def _boolean(column: str, value):
+    if isinstance(value, bool) or pd.isna(value):
+        return value
+    if hasattr(value, "dtype") and value.dtype == bool:  # numpy's
+        return bool(value)
+    if value in ("True", "False"):
+        return value == "True"
+    raise DamagedFile(f"{column}: {value!r} is not allowed in a boolean column (allowed: True, False or empty)")
 
 
 def integers_as_written(frame: pd.DataFrame) -> pd.DataFrame:

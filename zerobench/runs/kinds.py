@@ -10,12 +10,14 @@ from pathlib import Path
 #: The resolved workload a results folder of any kind was made from.
 WORKLOAD_FILE = "workload.json"
 
+#: what-if tool -> the table its folder holds (zerobench/runs/whatif.py owns the paths)
+WHATIF_TABLES = {"estimate": "estimate.csv", "predict": "predict.csv"}
+
 #: kind -> the files that mark it, looked for in this order (a run that also holds an
 #: estimate.csv, as a curated one may, is a run).
 FOLDER_KINDS: dict[str, tuple[str, ...]] = {
     "run": ("meta.json", "cells", "results.csv"),
-    "estimate": ("estimate.csv",),
-    "predict": ("predict.csv",),
+    **{tool: (table,) for tool, table in WHATIF_TABLES.items()},
 }
 
 

@@ -7,13 +7,29 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.runs.folder import RunFolder
+from zerobench.spec.cell import CellId
 
 REFERENCE_ENGINE = "ddp"  # every table and plot reads the others beside plain data parallelism
 
 
 def reference_cells(cell_ids: pd.Series) -> pd.Series:
     """Which cells are the reference engine's default configuration (any world size and dtype)."""
-    return cell_ids.str.fullmatch(rf"{REFERENCE_ENGINE}-ws\d+-\w+")
+    return default_cells(cell_ids, REFERENCE_ENGINE)
+
+
+def is_reference(cell_id: str) -> bool:
+    """Whether one cell id is the reference engine's default configuration."""
+    return is_default_cell(cell_id, REFERENCE_ENGINE)
+
+
+def default_cells(cell_ids: pd.Series, engine: str) -> pd.Series:
+    """Which cells are ``engine`` with every axis at its default (False for what is no cell id)."""
+    return cell_ids.map(lambda text: is_default_cell(text, engine)).astype(bool)
+
+
+def is_default_cell(text, engine: str) -> bool:
+    cid = CellId.try_parse(text)
+    return cid is not None and cid.world_size is not None and cid.is_default_of(engine)
 
 
 def cell_records(run_dir: Path) -> list[dict]:
@@ -38,7 +54,7 @@ def write_tables(run_dir: Path) -> pd.DataFrame:
 
 def load(run_dir: Path) -> pd.DataFrame:
     """results.csv of a run folder, with the dtypes plain ``pandas.read_csv`` gives it
-    ([Note: types in results.csv] in zerobench/runs/schema.py); built from cells/ in
+    ([Note: types in results.csv] in zerobench/schema/columns.py); built from cells/ in
     memory when it is missing or older than a cell record, with the same dtypes."""
     return RunFolder(run_dir).results()
 

@@ -11,96 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 from zerobench.choices import not_allowed, unknown_key
 from zerobench.engines import ENGINES, get_engine
 from zerobench.engines.base import Axis
-from zerobench.instruments.link import PRESETS
+from zerobench.spec.axes import COMMON_AXES, engine_axes
+from zerobench.spec.cell import Cell, CellId
 from zerobench.spec.workload import Workload, WorkloadError
-
-#: Axes the matrix offers to engines that support interconnect emulation (all of them):
-#: a preset name (docs/link.md) or explicit numbers, which override the preset's.
-EMULATION_AXES = {
-    "emulate_link": Axis("", choices=("", *PRESETS), doc="emulated interconnect preset (docs/link.md; '': off)"),
-    "emulate_gbps": Axis(0.0, type=float, minimum=0.0, doc="emulated bus bandwidth in GB/s (0: off)"),
-    "emulate_latency_us": Axis(0.0, type=float, minimum=0.0, applies_when=("emulate_gbps", lambda gbps: bool(gbps)),
-                               doc="emulated latency per collective in µs (with emulate_gbps > 0)"),
-}
-COMMON_AXES = ("engine", "world_size", "dtype")
-
-
-@dataclass(frozen=True)
-class CheckpointingAxis(Axis):
-    """``activation_checkpointing``: "none", "full", "every:K" or "ops" (zerobench/spec/checkpointing.py)."""
-
-    def allowed(self) -> str:
-        return "'none', 'full', 'every:K' (K >= 1), 'ops'"
-
-    def check(self, name: str, value: Any) -> Any:
-        from zerobench.spec.checkpointing import parse_mode
-
-        parse_mode(value, name)  # ValueError naming the axis and what it allows
-        return value
-
-
-#: Axes every engine has: activation checkpointing, applied to the model before the
-#: engine wraps it, the same way for all of them.
-MODEL_AXES = {
-    "activation_checkpointing": CheckpointingAxis(
-        "none", doc="none | full (every block) | every:K (every K-th block) | ops (every other matmul's and "
-                    "attention's outputs kept, the rest recomputed); non-reentrant, applied before wrapping"),
-}
-
-
-def engine_axes(engine: str) -> dict[str, Axis]:
-    cls = get_engine(engine)
-    axes = dict(cls.options)
-    axes.update(MODEL_AXES)
-    if cls.supports_emulation:
-        axes.update(EMULATION_AXES)
-    return axes
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One configuration of the matrix: run as one torch.distributed world."""
-
-    engine: str
-    world_size: int
-    dtype: str
-    options: tuple[tuple[str, Any], ...] = ()
-    """Every axis of the engine with its value, in the engine's declared order."""
-    skip_reason: str | None = field(default=None, compare=False)
-    note: str | None = field(default=None, compare=False)
-    """What the engine ignores of this configuration on this device (``Engine.notes``)."""
-
-    @property
-    def opts(self) -> dict[str, Any]:
-        return dict(self.options)
-
-    @property
-    def id(self) -> str:
-        """Stable across runs: engine, world size, dtype, then the axes that differ
-        from the engine's defaults (so adding an axis to an engine keeps old ids)."""
-        defaults = engine_axes(self.engine)
-        parts = [self.engine, f"ws{self.world_size}", self.dtype]
-        for name, value in self.options:
-            if name in defaults and value != defaults[name].default:
-                parts.append(f"{name}={_fmt(value)}")
-        return "-".join(parts)
-
-    def config(self) -> dict[str, Any]:
-        return {"engine": self.engine, "world_size": self.world_size, "dtype": self.dtype, **self.opts}
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _pin_inapplicable(axes: dict[str, Axis], values: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -140,12 +58,13 @@ def _expand(workload: Workload, device_type: str) -> list[Cell]:
     _check_engines(workload)
     axes_by_engine = {e: engine_axes(e) for e in matrix["engine"]}
 
-    # Every extra axis must belong to some engine (an axis of none is a typo); one that no
-    # engine of this matrix has is dropped ([Note: narrowing the engines]). Each value must
-    # be allowed by at least one engine of the matrix that has the axis.
-    dropped = set(dropped_axes(workload))
+    # Every extra axis must belong to some engine of this matrix (an axis of none is a typo;
+    # one of other engines only is refused naming them: [Note: narrowing the engines] in
+    # zerobench/spec/workload.py). Each value must be allowed by at least one engine of the
+    # matrix that has the axis.
+    check_axes(workload)
     for axis, values in matrix.items():
-        if axis in COMMON_AXES or axis in dropped:
+        if axis in COMMON_AXES:
             continue
         owners = [e for e, axes in axes_by_engine.items() if axis in axes]
         for value in values:
@@ -190,51 +109,53 @@ def _expand(workload: Workload, device_type: str) -> list[Cell]:
     return cells
 
 
-# [Note: narrowing the engines]
-# A workload that extends another often narrows matrix.engine (``engine = ["ddp",
-# "impl-fsdp"]`` under quickstart) and keeps the parent's axes of the engines it left out
-# (``reshard_after_forward``, torch-fsdp2's). Such an axis is dropped with a one-line note
-# (:func:`matrix_notes`): it would multiply nothing. An axis that no engine at all has
-# is still an error naming the axes there are, since it is a typo, not a leftover.
-
-
 def _owners(axis: str, engines) -> list[str]:
     return [e for e in engines if axis in engine_axes(e)]
 
 
-def dropped_axes(workload: Workload) -> list[str]:
-    """The matrix's axes that no engine of its matrix.engine has, but some other engine
-    does ([Note: narrowing the engines]); WorkloadError for an unknown engine or an axis of
-    no engine at all (checked first: no note is printed about a matrix that is refused)."""
+def check_axes(workload: Workload) -> None:
+    """WorkloadError for an unknown engine, an axis of no engine at all (a typo: the axes
+    there are), or an axis that no engine of matrix.engine takes (the engines that do)."""
     matrix = workload.matrix
     _check_engines(workload)
     chosen = list(matrix["engine"])
-    out = []
     for axis in matrix:
         if axis in COMMON_AXES or _owners(axis, chosen):
             continue
-        if not _owners(axis, ENGINES):
+        owners = _owners(axis, ENGINES)
+        if not owners:
             known = sorted({*COMMON_AXES, *(a for e in ENGINES for a in engine_axes(e))})
             raise WorkloadError(_in_file(workload, unknown_key(f"matrix.{axis}", known, "matrix",
                                                                note="`zerobench engines` lists each engine's axes")))
-        out.append(axis)
-    return out
+        raise WorkloadError(_in_file(workload, (
+            f"matrix.{axis}: no engine of matrix.engine ({', '.join(chosen)}) takes it (allowed: the axes of "
+            f"{', '.join(chosen)}; {axis} is {', '.join(owners)}'s: add one of them to matrix.engine, or remove "
+            f"the axis)")))
 
 
 def matrix_notes(workload: Workload) -> list[str]:
-    """One line per axis :func:`expand` drops, saying which engines it belongs to."""
-    chosen = ", ".join(workload.matrix["engine"])
-    return [f"matrix.{axis} dropped: no engine of matrix.engine ({chosen}) has it "
-            f"(it is {', '.join(_owners(axis, ENGINES))}'s)" for axis in dropped_axes(workload)]
+    """One line per axis the workload dropped as it was loaded ([Note: narrowing the
+    engines] in zerobench/spec/workload.py), saying which engines it belongs to."""
+    from zerobench.spec.axes import owners
+
+    m = workload.matrix
+    chosen = ", ".join(m["engine"])
+    notes = [f"matrix.{axis} dropped: no engine of matrix.engine ({chosen}) has it "
+             f"(it is {', '.join(owners(axis))}'s)" for axis in workload.dropped_axes]
+    if workload.no_matrix:
+        notes.append(f"no [matrix] table: runs the default matrix, engine {chosen} at world size "
+                     f"{', '.join(map(str, m['world_size']))} in {', '.join(m['dtype'])} (add a [matrix] table "
+                     f"to choose engines and axes: `zerobench engines` lists them)")
+    return notes
 
 
 def find_cell(workload: Workload, cell_id: str, device_type: str = "cpu") -> Cell | None:
     """The cell ``cell_id`` of the workload, expanding only its own engine's part of the
     matrix: a rank imports one engine adapter, not every engine the matrix names."""
-    engines = [e for e in workload.matrix["engine"] if cell_id.startswith(f"{e}-ws")]
-    if not engines:
+    parsed = CellId.try_parse(cell_id)
+    if parsed is None or parsed.world_size is None or parsed.engine not in workload.matrix["engine"]:
         return None
-    engine = max(engines, key=len)
+    engine = parsed.engine
     axes = engine_axes(engine)
     matrix = {k: v for k, v in workload.matrix.items() if k in COMMON_AXES}
     for name, values in workload.matrix.items():

@@ -391,6 +391,11 @@ class Workload:
     """The file this workload was loaded from."""
     overrides: tuple[str, ...] = ()
     """The ``--set KEY=VALUE`` overrides applied to the file, as given ([Note: overrides])."""
+    dropped_axes: tuple[str, ...] = ()
+    """Inherited matrix axes that no engine left in matrix.engine takes, dropped as the
+    file was loaded ([Note: narrowing the engines])."""
+    no_matrix: bool = False
+    """Whether the workload has no [matrix] table, so runs the default one (one ddp cell)."""
 
     @property
     def label(self) -> str:
@@ -403,6 +408,8 @@ class Workload:
         out = dataclasses.asdict(self)
         out.pop("source")
         out.pop("overrides")
+        out.pop("dropped_axes")
+        out.pop("no_matrix")
         if isinstance(self.model, FactoryConfig):
             out["model"] = self.model.table()
         opt = self.optimizer
@@ -417,11 +424,6 @@ class Workload:
 
 #: The workloads that ship with zerobench (workloads/ of the checkout it runs from).
 SHIPPED_WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
-
-
-def shipped_workloads() -> list[str]:
-    """Names of the shipped workloads (``zerobench run NAME`` finds them)."""
-    return sorted(p.stem for p in SHIPPED_WORKLOADS.glob("*.toml"))
 
 
 def find_workload(text: str | Path) -> Path:
@@ -451,12 +453,18 @@ def load_workload(path: str | Path, overrides: Sequence[str] = ()) -> Workload:
     [Note: overrides]) applied on top. A file that sets no table at all (empty, or only a
     name) is refused rather than run with every default."""
     path = find_workload(path)
-    raw = _load_with_parents(path, seen=())
+    layers: list[dict] = []
+    raw = _load_with_parents(path, seen=(), layers=layers)
     label = str(path) + "".join(f" --set {o}" for o in overrides)
     for text in overrides:
         key, value = parse_override(text)
+        layers.append(_nested(key, value).get("matrix", {}))
         raw = _merge(raw, _nested(key, value))
+    dropped = _narrowed_axes(raw.get("matrix", {}), layers)
+    if dropped:
+        raw = {**raw, "matrix": {k: v for k, v in raw["matrix"].items() if k not in dropped}}
     workload = parse_workload(raw, source=str(path), default_name=path.stem, overrides=tuple(overrides))
+    workload = dataclasses.replace(workload, dropped_axes=dropped)
     if not set(raw) - {"name", "description", "seed"}:
         raise WorkloadError(f"{label}: the file sets nothing to run (allowed: a [model] and a [matrix] table, or "
                             f"extends = \"quickstart.toml\" and the fields that differ; workloads/ has examples)")
@@ -545,7 +553,8 @@ def parse_workload(raw: dict[str, Any], source: str = "<dict>", default_name: st
         label = source + "".join(f" --set {o}" for o in overrides)
         raise WorkloadError(f"{label}: {err}") from None
     return Workload(name=name, model=model, data=data, optimizer=optimizer, run=run,
-                    matrix=matrix, description=description, seed=seed, source=source, overrides=overrides)
+                    matrix=matrix, description=description, seed=seed, source=source, overrides=overrides,
+                    no_matrix="matrix" not in raw)
 
 
 def _parse_model(raw: dict[str, Any], source: str) -> ModelConfig:
@@ -580,7 +589,33 @@ def _check_entry_point(name: str, value: str) -> None:
         raise WorkloadError(f"{name}: {value!r} is not allowed (allowed: \"package.module:function\")")
 
 
-def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+# [Note: narrowing the engines]
+# A workload that extends another often narrows matrix.engine (``engine = ["ddp",
+# "impl-fsdp"]`` under quickstart, or ``--set matrix.engine=ddp,impl-fsdp``) and keeps the
+# parent's axes of the engines it left out (``reshard_after_forward``, torch-fsdp2's).
+# Such an axis, set before matrix.engine was last set and taken by no engine left, is
+# dropped as the workload is loaded, with a one-line note (matrix_notes in
+# zerobench/spec/matrix.py): it would multiply nothing, and the run folder keeps the
+# workload without it. An axis written beside the engine list that no engine of it takes
+# (``sharding_strategy`` with ddp alone) is refused when the matrix is expanded, naming
+# the engines that take it; one that no engine at all has is refused as a typo.
+
+
+def _narrowed_axes(matrix: dict[str, Any], layers: list[dict]) -> tuple[str, ...]:
+    """The matrix axes to drop ([Note: narrowing the engines]); ``layers``: the [matrix]
+    table of each file, parents first, then of each override."""
+    from zerobench.spec.axes import declared_axes, owners
+
+    last = {key: i for i, layer in enumerate(layers) if isinstance(layer, dict) for key in layer}
+    engines = matrix.get("engine", ["ddp"])
+    taken = [declared_axes(e) for e in (engines if isinstance(engines, list) else [engines]) if isinstance(e, str)]
+    if "engine" not in last or not taken or None in taken:
+        return ()  # the engines were never narrowed, or one is unknown (refused, by name, when expanded)
+    return tuple(axis for axis in matrix if axis not in _COMMON_AXES and last.get(axis, -1) < last["engine"]
+                 and not any(axis in t for t in taken) and owners(axis))
+
+
+def _load_with_parents(path: Path, seen: tuple[Path, ...], layers: list[dict]) -> dict[str, Any]:
     resolved = path.resolve()
     if resolved in seen:
         chain = " -> ".join(str(p) for p in (*seen, resolved))
@@ -596,13 +631,15 @@ def _load_with_parents(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise WorkloadError(f"{path}: not valid TOML: {err}") from None
     parent = raw.get("extends")
     if parent is None:
+        layers.append(raw.get("matrix", {}))
         return raw
     if not isinstance(parent, str):
         raise WorkloadError(f"{path}: extends: {parent!r} is not allowed (allowed: a path to another workload file)")
     if not (path.parent / parent).is_file():
         raise WorkloadError(f"{path}: extends: {parent}: no such workload file (allowed: a TOML file, its path "
                             f"relative to {path.parent}/)")
-    base = _load_with_parents(path.parent / parent, (*seen, resolved))
+    base = _load_with_parents(path.parent / parent, (*seen, resolved), layers)
+    layers.append(raw.get("matrix", {}))
     base.pop("name", None)  # a variant is its own workload: it never inherits the name,
     base.pop("description", None)  # nor a description of a model it may have changed
     return _merge(base, raw)

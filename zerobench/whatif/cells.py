@@ -43,10 +43,6 @@ def configurations(workload, world_sizes=(2,)):
     return out
 
 
-def config_id(cell) -> str:
-    return cell.id.replace(f"-ws{cell.world_size}", "")
-
-
 def select_configurations(w, only=None, world_sizes=(2,)) -> list:
     """The workload's configurations valid at one or more of ``world_sizes``, or those
     whose id is in ``only`` (``--config``); an id that names none is an error listing
@@ -54,7 +50,7 @@ def select_configurations(w, only=None, world_sizes=(2,)) -> list:
     cells = configurations(w, world_sizes)
     if not only:
         return cells
-    ids = [config_id(c) for c in cells]
+    ids = [c.config_id for c in cells]
     unknown = [i for i in only if i not in ids]
     if unknown:
         from zerobench.choices import not_allowed
@@ -104,13 +100,18 @@ def versions() -> dict[str, str | None]:
     return {"torch_version": torch.__version__, "zerobench_version": zerobench_version()}
 
 
-def configurations_to_run(w, workload_path, only, world_sizes, tool: str) -> list:
+def configurations_to_run(w, workload_path, only, world_sizes, tool: str, log=print) -> list:
     """:func:`select_configurations`, refusing a workload none of whose configurations
-    can run (ValueError naming the workload file and ``zerobench cells``)."""
+    can run (ValueError naming the workload file and ``zerobench cells``); the matrix's
+    notes (axes dropped, no [matrix]) go to ``log``, as ``zerobench run`` prints them."""
+    from zerobench.spec.matrix import matrix_notes
+
     cells = select_configurations(w, only, world_sizes)
     if not cells:
         raise ValueError(f"{workload_path}: no configuration of workload {w.name!r} can be {tool}ed: every cell "
                          f"of its matrix is skipped (`zerobench cells {workload_path}` says why)")
+    for note in matrix_notes(w):
+        log(note)
     return cells
 
 

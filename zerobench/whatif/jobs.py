@@ -56,7 +56,7 @@ class Job:
                    raw.get("layers"), raw.get("label", ""))
 
     def cell(self):
-        from zerobench.spec.matrix import Cell
+        from zerobench.spec.cell import Cell
 
         return Cell(self.engine, self.world_size, self.dtype, self.options)
 

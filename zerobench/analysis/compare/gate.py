@@ -12,7 +12,7 @@ configuration differs under the same id, a gated metric that disappeared). 2 win
 1: a comparison with holes in it is not a pass.
 
 [Note: compare rules]
-Each metric has a kind in :mod:`zerobench.runs.schema`:
+Each metric has a kind in :mod:`zerobench.schema.columns`:
 
 * ``deterministic`` (tracker memory, communication bytes, losses): the same on every run
   on the same machine and software, so compared within a tight tolerance: relative
@@ -68,7 +68,7 @@ from zerobench.analysis.compare.rules import (
 from zerobench.analysis.compare.whatif import TABLES, read_whatif, whatif_tool
 from zerobench.choices import did_you_mean
 from zerobench.runs.folder import DamagedFile, RunFolder, RunFolderError
-from zerobench.runs.schema import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME
+from zerobench.schema.columns import CONTEXT_COLUMNS, ID_COLUMNS, MEMORY_PASS_ATTEMPTS, METRIC_BY_NAME
 
 __all__ = ["RunLoadError", "RunTables", "load_run", "same_tool", "select_cells", "Rule", "parse_rules", "default_rule",
            "cell_table", "baseline_spread", "compare_runs", "hardware_differences", "config_mismatches", "exit_code", "CELL_ROW",
@@ -505,7 +505,7 @@ def _axis_unrecorded_at_default(engine, column: str, baseline: str, new: str) ->
     """
     if (baseline == "") == (new == ""):
         return False
-    from zerobench.spec.matrix import engine_axes  # imports the engines, hence torch: only when needed
+    from zerobench.spec.axes import engine_axes  # imports the engines, hence torch: only when needed
 
     try:
         axis = engine_axes(str(engine)).get(column)

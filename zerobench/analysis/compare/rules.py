@@ -2,7 +2,7 @@
 
 A :class:`Rule` is parsed from ``NAME:+TOL[%][,k=K]`` (``--fail-on``); every metric
 without one gets :func:`default_rule`, chosen by the metric's kind in
-:mod:`zerobench.runs.schema`. See [Note: compare rules] in compare.py.
+:mod:`zerobench.schema.columns`. See [Note: compare rules] in compare.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from zerobench.choices import did_you_mean
-from zerobench.runs.schema import METRIC_BY_NAME, METRICS
+from zerobench.schema.columns import METRIC_BY_NAME, METRICS
 
 DEFAULT_TIME_REL = 0.10
 DEFAULT_TIME_K = 3.0

@@ -14,7 +14,7 @@ codes. What differs:
   as a run cell whose axes differ; so is a folder that does not record its versions,
   compared with one that does.
 * Every figure is deterministic: the virtual GPU's timeline and the fake world's memory are
-  pure functions of the program and the presets (zerobench/runs/schema.py,
+  pure functions of the program and the presets (zerobench/schema/columns.py,
   WHATIF_METRICS): unchanged code predicts identical figures, bit for bit (docs/ci.md,
   "Determinism"). So each gates exactly -- within 1e-9 of the baseline, the rounding a
   changed program makes when it only sums the same times in another order (seen: 1e-16
@@ -33,11 +33,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.runs.kinds import folder_kind
-from zerobench.runs.schema import COLUMN_ALIASES
+from zerobench.runs.kinds import WHATIF_TABLES, folder_kind
+from zerobench.schema.columns import COLUMN_ALIASES
+from zerobench.spec.cell import CellId
 
-#: tool -> the table its folder holds
-TABLES = {"predict": "predict.csv", "estimate": "estimate.csv"}
+#: tool -> the table its folder holds (zerobench/runs/whatif.py owns the paths)
+TABLES = WHATIF_TABLES
 
 #: columns that say what a row is without being its configuration
 _NOT_CONFIG = ("config", "reason", "depth_from")
@@ -68,8 +69,7 @@ def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame]:
     missing = [c for c in ("config", "world_size", "status") if c not in frame.columns]
     if missing:
         raise ValueError(f"{table}: missing column(s) {', '.join(missing)} (is this a {tool} folder?)")
-    frame.insert(0, "cell_id", [_cell_id(str(c), e, w) for c, e, w in
-                                zip(frame["config"], frame.get("engine", frame["config"]), frame["world_size"])])
+    frame.insert(0, "cell_id", [_cell_id(str(c), w) for c, w in zip(frame["config"], frame["world_size"])])
     if "rank" not in frame.columns:
         frame["rank"] = 0
     frame["error"] = frame["reason"].astype("string").fillna("").astype(str) if "reason" in frame.columns else ""
@@ -77,11 +77,11 @@ def read_whatif(path: str | Path, tool: str) -> tuple[Path, pd.DataFrame]:
     return root, frame.drop(columns=[c for c in _NOT_CONFIG if c in frame.columns])
 
 
-def _cell_id(config: str, engine: str, world_size) -> str:
+def _cell_id(config: str, world_size) -> str:
     """The run's cell id of a configuration at a world size (``zerobench cells``):
-    ``impl-fsdp-bf16`` at 8 ranks is ``impl-fsdp-ws8-bf16``."""
-    ws = f"ws{int(world_size)}" if pd.notna(world_size) else "ws?"
-    engine = str(engine)
-    if config.startswith(engine + "-"):
-        return f"{engine}-{ws}{config[len(engine):]}"
-    return f"{config}-{ws}"
+    ``impl-fsdp-bf16`` at 8 ranks is ``impl-fsdp-ws8-bf16``; what is no configuration id,
+    or has no world size, is kept with ``-ws?`` after it."""
+    cid = CellId.try_parse(config)
+    if cid is None or pd.isna(world_size):
+        return f"{config}-ws?"
+    return str(cid.at(int(world_size)))

@@ -15,14 +15,12 @@ import os
 from pathlib import Path
 
 from zerobench.whatif.cells import (
-    check_hybrid_shard_size,
-    config_id,
     configurations_to_run,
     new_results_folder,
-    parse_world_sizes,
     versions,
     why_not,
 )
+from zerobench.whatif.estimate.request import EstimateRequest
 
 #: model states above this (bytes, fp32 + Adam, unsharded) switch --fake-tensors on by default
 FAKE_TENSORS_ABOVE = 4 * 2**30
@@ -57,20 +55,96 @@ def _psi(workload) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Path("results"),
-             fake_tensors: bool | None = None, hybrid_shard_size: int | None = None, only=None,
-             log=print, backend: str = "nccl", full_depth: bool = False, progress=None,
-             overrides=(), gpu=None) -> Path:
-    """Estimate every configuration of the workload at ``world_sizes``; returns the folder.
-    Every argument is checked before the folder is made. ``progress``: told each
-    configuration as it finishes (zerobench.commands.progress.Progress).
-    ``backend``: whose own communication buffers to count (zerobench/whatif/estimate/rank.py).
-    ``full_depth``: run every block even where the estimate would extrapolate from two
-    shallow copies of the model (zerobench/whatif/estimate/depth.py). ``overrides``: ``--set
-    KEY=VALUE`` applied to the workload file ([Note: overrides] in zerobench/spec/workload.py). ``gpu``: a GPU preset
-    (a name or a file): each row then says what its caching allocator may reserve there
-    (``capacity_bytes``, as predict counts it: [Note: capacity a process sees])."""
+def estimate(request: EstimateRequest, *, log=print, progress=None) -> Path:
+    """Estimate every configuration of the request's workload at its world sizes (every
+    option: :class:`EstimateRequest`); returns the folder. Every option is checked before
+    the folder is made. ``log``: each line to say; ``progress``: told each configuration
+    as it finishes (zerobench.commands.progress.Progress)."""
     import pandas as pd
+
+    from zerobench.runs.whatif import EstimateFolder
+    from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
+
+    r = request
+    w, preset = _load(r)
+    psi = _psi(w)
+    fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE if r.fake_tensors is None else r.fake_tensors
+    cells = configurations_to_run(w, r.workload, r.only, list(r.world_sizes), "estimate", log)
+    folder = EstimateFolder(new_results_folder(r.results_root, w, "estimate"))
+    plans, jobs = _plan(w, cells, r, fake_tensors)
+    ran = _run_jobs(w, jobs, r.rank, fake_tensors, r.hybrid_shard_size, r.backend, log, progress)
+    found = {(job.label, job.world_size, job.layers): row for job, row in zip(jobs, ran)}
+    rows = [row for cell in cells
+            for row in _rows(w, cell, _results(w, cell, r, plans, found), r, psi, fake_tensors, preset)]
+    frame = pd.DataFrame(rows)
+    folder.write_table(frame)
+    plot_estimate(frame, folder.plots_dir / "estimate_peak.png", estimate_setting(frame, w.name))
+    return folder.root
+
+
+def _load(r: EstimateRequest):
+    """(the workload, its user code run once; the GPU preset or None), the backend and
+    the preset checked by name."""
+    from zerobench.rank.worlds import BACKENDS
+    from zerobench.spec.user_check import check_user_model
+    from zerobench.spec.workload import load_workload
+
+    w = load_workload(r.workload, r.overrides)
+    # the user's code fails here, not in a rank
+    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
+    if r.backend not in BACKENDS:
+        raise ValueError(f"--backend: {r.backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
+    if r.gpu is None:
+        return w, None
+    from zerobench.instruments.vgpu.presets import gpu_preset
+
+    try:
+        return w, gpu_preset(r.gpu)
+    except ValueError as err:
+        raise ValueError(f"--gpu: {err}") from None
+
+
+def _plan(w, cells, r: EstimateRequest, fake_tensors: bool) -> tuple[dict, list]:
+    """(plans, jobs): every cell (and depth) to run, in one process ([Note: one process
+    for many cells]). ``plans`` holds each configuration's shallow depths (None: its own
+    depth) and each (configuration, world size) that cannot run, with why."""
+    from zerobench.whatif.estimate import depth
+    from zerobench.whatif.jobs import Job
+
+    plans, jobs = {}, []
+    for cell in cells:
+        shallow = None if (r.full_depth or not fake_tensors) else depth.depths(w, cell.opts)
+        for ws in r.world_sizes:
+            why = why_not(cell, ws, r.hybrid_shard_size)
+            if why:
+                plans[(cell.config_id, ws)] = {"status": "skipped", "reason": why}
+                continue
+            for layers in (shallow or (None,)):
+                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=cell.config_id))
+        plans[cell.config_id] = shallow
+    return plans, jobs
+
+
+def _results(w, cell, r: EstimateRequest, plans: dict, found: dict) -> dict:
+    """world size -> the estimating process's row for one configuration: its own, or
+    extrapolated from two shallow depths, or why there is none."""
+    cid, shallow = cell.config_id, plans[cell.config_id]
+    results = {}
+    for ws in r.world_sizes:
+        if (cid, ws) in plans:
+            results[ws] = plans[(cid, ws)]
+        elif shallow is None:
+            results[ws] = found.get((cid, ws, None))
+        else:
+            results[ws] = _extrapolated(w, cell, ws, r.rank, shallow, found.get((cid, ws, shallow[0])),
+                                        found.get((cid, ws, shallow[1])))
+    return results
+
+
+def _rows(w, cell, results: dict, r: EstimateRequest, psi: float, fake_tensors: bool, preset) -> list[dict]:
+    """estimate.csv's rows of one configuration: each world size's result beside the ZeRO
+    paper's model states of it (analytic, and in the paper's mixed precision)."""
+    from dataclasses import replace
 
     from zerobench.engines.stages import (
         engine_model_state_bytes,
@@ -78,101 +152,32 @@ def estimate(workload_path, world_sizes, rank: int = 0, results_root: Path = Pat
         keeps_master_copy,
         paper_bytes_from_counts,
     )
-    from zerobench.runs.files import write_csv_atomic
-    from zerobench.spec.workload import load_workload
-    from zerobench.whatif.estimate import depth
 
-    w = load_workload(workload_path, overrides)
-    from zerobench.spec.user_check import check_user_model
-
-    # the user's code fails here, not in a rank
-    check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
-    world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
-    if rank < 0:
-        raise ValueError(f"--rank: {rank} is not allowed (allowed: 0 <= rank < world size)")
-    for ws in world_sizes:
-        if rank >= ws:
-            raise ValueError(f"--rank: {rank} is not allowed at world size {ws} (allowed: 0..{ws - 1})")
-    check_hybrid_shard_size(hybrid_shard_size, world_sizes)
-    from zerobench.rank.worlds import BACKENDS
-
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend: {backend!r} is not allowed (allowed: {', '.join(BACKENDS)})")
-    preset = None
-    if gpu is not None:
-        from zerobench.instruments.vgpu.presets import gpu_preset
-
-        try:
-            preset = gpu_preset(gpu)
-        except ValueError as err:
-            raise ValueError(f"--gpu: {err}") from None
-    psi = _psi(w)
-    if fake_tensors is None:
-        fake_tensors = psi * 16 > FAKE_TENSORS_ABOVE
-    cells = configurations_to_run(w, workload_path, only, world_sizes, "estimate")
-    out_dir = new_results_folder(results_root, w, "estimate")
-    rows = []
     opt = w.optimizer.kind
     if opt == "sgd" and w.optimizer.hyper().get("momentum"):
         opt = "sgd-momentum"
-    # Every cell (and depth) to run, in one process ([Note: one process for many cells]).
-    from zerobench.whatif.jobs import Job
-
-    plans, jobs = {}, []
-    for cell in cells:
-        shallow = None if (full_depth or not fake_tensors) else depth.depths(w, cell.opts)
-        for ws in world_sizes:
-            why = why_not(cell, ws, hybrid_shard_size)
-            if why:
-                plans[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
-                continue
-            for layers in (shallow or (None,)):
-                jobs.append(Job(cell.engine, cell.dtype, cell.options, ws, layers, label=config_id(cell)))
-        plans[config_id(cell)] = shallow
-    found = {}
-    for job, row in zip(jobs, _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, progress)):
-        found[(job.label, job.world_size, job.layers)] = row
-    for cell in cells:
-        cid, shallow = config_id(cell), plans[config_id(cell)]
-        results = {}
-        for ws in world_sizes:
-            if (cid, ws) in plans:
-                results[ws] = plans[(cid, ws)]
-            elif shallow is None:
-                results[ws] = found.get((cid, ws, None))
-            else:
-                results[ws] = _extrapolated(w, cell, ws, rank, shallow, found.get((cid, ws, shallow[0])),
-                                            found.get((cid, ws, shallow[1])))
-        for ws in world_sizes:
-            res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
-            opts = dict(cell.opts)
-            if cell.opts.get("sharding_strategy") == "HYBRID_SHARD":
-                from impl.fsdp.process_groups import default_shard_size
-
-                opts["_shard_size"] = hybrid_shard_size or default_shard_size(ws)
-            stage, shard = engine_stage(cell.engine, opts, ws)
-            kind = opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam"
-            analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind)
-            paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed")
-            if res.get("status") == "ok":
-                res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
-                    res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,
-                    master_copy=keeps_master_copy(cell.engine))}
-            rows.append({
-                "config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
-                "rank": rank, "fake_tensors": fake_tensors, "backend": backend, "params_total": psi, **versions(),
-                "zero_stage": stage, "shard_ranks": shard,
-                "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
-                "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
-                "paper_analytic_model_states_bytes": paper["total"],
-                **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
-            })
-    frame = pd.DataFrame(rows)
-    write_csv_atomic(out_dir / "estimate.csv", frame)
-    from zerobench.whatif.estimate.plots import estimate_setting, plot_estimate
-
-    plot_estimate(frame, out_dir / "plots" / "estimate_peak.png", estimate_setting(frame, w.name))
-    return out_dir
+    kind = opt if opt in ("adam", "adamw", "sgd", "sgd-momentum") else "adam"
+    rows = []
+    for ws in r.world_sizes:
+        res = results.get(ws) or {"status": "skipped", "reason": "no result from the estimating process"}
+        opts, group = cell.opts, r.hybrid_shard_size or replace(cell, world_size=ws).shard_group_size
+        stage, shard = engine_stage(cell.engine, opts, ws, group)
+        analytic = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, shard_group_size=group)
+        paper = engine_model_state_bytes(cell.engine, opts, ws, psi, kind, precision="mixed", shard_group_size=group)
+        if res.get("status") == "ok":
+            res = {**res, "paper_model_states_bytes": paper_bytes_from_counts(
+                res["state_params_numel"], res["state_grads_numel"], res["state_optim_numel"], kind,
+                master_copy=keeps_master_copy(cell.engine))}
+        rows.append({
+            "config": cell.config_id, "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
+            "rank": r.rank, "fake_tensors": fake_tensors, "backend": r.backend, "params_total": psi, **versions(),
+            "zero_stage": stage, "shard_ranks": shard,
+            "analytic_params_bytes": analytic["params"], "analytic_grads_bytes": analytic["grads"],
+            "analytic_optim_bytes": analytic["optim"], "analytic_model_states_bytes": analytic["total"],
+            "paper_analytic_model_states_bytes": paper["total"],
+            **{k: v for k, v in cell.opts.items()}, **res, **_capacity(preset, ws),
+        })
+    return rows
 
 
 def _capacity(preset, world_size: int) -> dict:
@@ -206,7 +211,7 @@ def _run_jobs(w, jobs, rank, fake_tensors, hybrid_shard_size, backend, log, prog
     env.pop("LOCAL_WORLD_SIZE", None)
     if hybrid_shard_size:
         env["LOCAL_WORLD_SIZE"] = str(hybrid_shard_size)
-    return run_jobs("zerobench.whatif.estimate.rank", w, jobs, args, env, log, what="estimating process",
+    return run_jobs("zerobench.whatif.estimate.job", w, jobs, args, env, log, what="estimating process",
                     progress=progress)
 
 
@@ -216,8 +221,10 @@ def against_run(estimates, results):
     has, with ``diff_pct`` = 100 * (estimated - real) / real."""
     import pandas as pd
 
+    from zerobench.spec.cell import CellId
+
     real = results[results["status"] == "ok"].copy()
-    real["config"] = [cid.replace(f"-ws{ws}", "") for cid, ws in zip(real["cell_id"], real["world_size"])]
+    real["config"] = [CellId.parse(cid).config for cid in real["cell_id"]]
     real = real[["config", "world_size", "rank", "peak_mem_bytes"]].rename(columns={"peak_mem_bytes": "real_peak_bytes"})
     est = estimates[estimates["status"] == "ok"][["config", "world_size", "rank", "peak_mem_bytes"]]
     both = pd.merge(est, real, on=["config", "world_size", "rank"])

@@ -106,12 +106,11 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
 
 def plot_estimate_folder(folder: Path) -> list[Path]:
     """Redraw an estimate folder's plots from its estimate.csv."""
-    import pandas as pd
-
     from zerobench.runs.kinds import workload_name
+    from zerobench.runs.whatif import EstimateFolder
 
-    folder = Path(folder)
-    frame = pd.read_csv(folder / "estimate.csv")
-    workload = workload_name(folder)
-    path = plot_estimate(frame, folder / "plots" / "estimate_peak.png", estimate_setting(frame, workload))
+    folder = EstimateFolder(folder)
+    frame = folder.table()
+    workload = workload_name(folder.root)
+    path = plot_estimate(frame, folder.plots_dir / "estimate_peak.png", estimate_setting(frame, workload))
     return [path] if path is not None else []

@@ -127,6 +127,6 @@ def print_estimate(frame, console=None) -> None:
 
 def show_estimate(folder: Path, console=None) -> None:
     """``zerobench show`` of an estimate folder: its tables, from estimate.csv."""
-    import pandas as pd
+    from zerobench.runs.whatif import EstimateFolder
 
-    print_estimate(pd.read_csv(Path(folder) / "estimate.csv"), console)
+    print_estimate(EstimateFolder(folder).table(), console)

@@ -3,7 +3,7 @@
 For each engine configuration of a workload and each world size, one rank runs a
 warm-up and one measured step on the virtual GPU (zerobench/instruments/vgpu) against a fake
 process group, with fake tensors: any model size, every cell in turn in one child
-process (zerobench/whatif/predict/rank.py; [Note: one process for many cells] in
+process (zerobench/whatif/predict/job.py; [Note: one process for many cells] in
 zerobench/whatif/jobs.py). Out come ``predict.csv`` (one row per cell and world size,
 [Note: predicted columns]), a Chrome trace per cell under ``traces/`` and
 ``plots/pareto.png`` and ``plots/predict.png``, in ``results/<date>-<workload>-predict/``.
@@ -22,32 +22,25 @@ import json
 import os
 from pathlib import Path
 
+from zerobench.engines.options import matrix_sweeps
 from zerobench.whatif.cells import (
-    config_id,
     configurations_to_run,
     new_results_folder,
-    parse_world_sizes,
     versions,
     why_not,
 )
+from zerobench.whatif.predict.request import PredictRequest
 
-#: --matrix: the knobs swept for the engines that have them.
-MATRIX = {
-    "impl-fsdp": {"backward_prefetch": ["pre", "post", "none"], "limit_all_gathers": [True, False],
-                  "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"]},
-    "torch-fsdp1": {"backward_prefetch": ["pre", "post", "none"], "limit_all_gathers": [True, False],
-                    "sharding_strategy": ["FULL_SHARD", "SHARD_GRAD_OP"]},
-    "torch-fsdp2": {"reshard_after_forward": [True, False]},
-}
-COLUMNS = ("step_time_s", "compute_s", "exposed_comm_s", "overlap_ratio", "peak_allocated_bytes",
-           "peak_active_bytes", "peak_reserved_bytes", "max_unsharded_units", "host_lead_max_s")
+#: --matrix: the knobs swept for the engines that have them (each option's ``sweep``,
+#: zerobench/engines/options.py).
+MATRIX = matrix_sweeps()
 
 
 def _with_matrix(workload):
     matrix = dict(workload.matrix)
-    for axes in MATRIX.values():
-        for axis, values in axes.items():
-            matrix[axis] = values
+    for engine, axes in MATRIX.items():
+        if engine in matrix["engine"]:  # another engine's axes would be refused ([Note: narrowing the engines])
+            matrix.update(axes)
     return dataclasses.replace(workload, matrix=matrix)
 
 
@@ -83,47 +76,38 @@ def resolve_devices(gpu, host, link, inter_link, alloc_conf, context_mib, nccl_m
             "sdpa_backend": sdpa.check(sdpa_backend)}
 
 
-def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None, link: str = "nvlink4-8gpu",
-            inter_link: str | None = None, node_size: int = 8, results_root: Path = Path("results"),
-            matrix: bool = False, only=None, log=print, alloc_conf: str = "", context_mib: int | None = None,
-            nccl_mib: int | None = None, record_streams: bool = False, sdpa_backend: str = "auto",
-            progress=None, overrides=()) -> Path:
-    """Predict every configuration of the workload at ``world_sizes``; returns the folder.
-    Every argument is checked before the folder is made. ``progress``: told each cell as
-    it finishes (zerobench.commands.progress.Progress).
-    ``gpu``: a preset name or file; ``host``: a host preset name, or None for the GPU
-    preset's own measured host, else the measured one (host.py's ``host_for``); ``alloc_conf``: caching-allocator settings in
-    ``PYTORCH_CUDA_ALLOC_CONF`` syntax; ``context_mib`` / ``nccl_mib``: device memory
-    outside the allocator (the CUDA context; each NCCL communicator), in place of the
-    preset's; ``record_streams``: as ProcessGroupNCCL did before avoiding record_stream
-    became its default; ``sdpa_backend``: the attention backend (``auto``: torch's choice);
-    ``overrides``: ``--set KEY=VALUE`` applied to the workload file ([Note: overrides] in
-    zerobench/spec/workload.py)."""
+def predict(request: PredictRequest, *, log=print, progress=None) -> Path:
+    """Predict every configuration of the request's workload at its world sizes (every
+    option: :class:`PredictRequest`); returns the folder. Every option is checked before
+    the folder is made. ``log``: each line to say; ``progress``: told each cell as it
+    finishes (zerobench.commands.progress.Progress)."""
     import pandas as pd
 
-    from zerobench.runs.files import write_csv_atomic, write_json_atomic
-    from zerobench.spec.matrix import EMULATION_AXES
+    from zerobench.runs.files import write_json_atomic
+    from zerobench.runs.whatif import PredictFolder
+    from zerobench.spec.axes import EMULATION_AXES
     from zerobench.spec.workload import load_workload
 
-    devices = resolve_devices(gpu, host, link, inter_link, alloc_conf, context_mib, nccl_mib, sdpa_backend)
-    memory = {"alloc_conf": devices["alloc_conf"], "record_streams": record_streams,
+    r = request
+    devices = resolve_devices(r.gpu, r.host, r.link, r.inter_link, r.alloc_conf, r.context_mib, r.nccl_mib,
+                              r.sdpa_backend)
+    memory = {"alloc_conf": devices["alloc_conf"], "record_streams": r.record_streams,
               "sdpa_backend": devices["sdpa_backend"]}
     links = {"link": devices["link"], "inter_link": devices["inter_link"]}
-    if node_size < 1:
-        raise ValueError(f"--node-size: {node_size} is not allowed (allowed: ints >= 1)")
-    w = load_workload(workload_path, overrides)
+    world_sizes, node_size = list(r.world_sizes), r.node_size
+    w = load_workload(r.workload, r.overrides)
     from zerobench.spec.user_check import check_user_model
 
     # the user's code fails here, not in a rank
     check_user_model(w.model, w.data.batch_size, w.data.seed, label=w.label)
-    world_sizes = parse_world_sizes(",".join(map(str, world_sizes)))
-    if matrix:
+    if r.matrix:
         w = _with_matrix(w)
-    cells = configurations_to_run(w, workload_path, only, world_sizes, "predict")
-    out_dir = new_results_folder(results_root, w, "predict")
+    cells = configurations_to_run(w, r.workload, r.only, world_sizes, "predict", log)
+    out_dir = new_results_folder(r.results_root, w, "predict")
     # What the cells run on, as the predicting process reads it back: the GPU preset with
     # every figure and its source, and the host preset.
-    write_json_atomic(out_dir / "gpu.json", devices["gpu"].to_file())
+    folder = PredictFolder(out_dir)
+    write_json_atomic(folder.gpu_path, devices["gpu"].to_file())
     host_preset = devices["host"]
     from zerobench.whatif.jobs import Job
 
@@ -136,25 +120,25 @@ def predict(workload_path, world_sizes, gpu="h100-sxm", host: str | None = None,
         for ws in world_sizes:
             why = why_not(cell, ws, None)
             if why:
-                results[(config_id(cell), ws)] = {"status": "skipped", "reason": why}
+                results[(cell.config_id, ws)] = {"status": "skipped", "reason": why}
             else:
-                jobs.append(Job(cell.engine, cell.dtype, options, ws, label=config_id(cell)))
-    for job, row in zip(jobs, _run_jobs(w, jobs, out_dir / "gpu.json", host_preset, links, node_size,
-                                        out_dir / "traces", memory, log, progress)):
+                jobs.append(Job(cell.engine, cell.dtype, options, ws, label=cell.config_id))
+    for job, row in zip(jobs, _run_jobs(w, jobs, folder.gpu_path, host_preset, links, node_size,
+                                        folder.traces_dir, memory, log, progress)):
         results[(job.label, job.world_size)] = row
     rows = []
     for cell in cells:
         for ws in world_sizes:
-            res = results.get((config_id(cell), ws)) or {"status": "skipped",
+            res = results.get((cell.config_id, ws)) or {"status": "skipped",
                                                           "reason": "no result from the predicting process"}
-            rows.append({"config": config_id(cell), "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
+            rows.append({"config": cell.config_id, "engine": cell.engine, "dtype": cell.dtype, "world_size": ws,
                          "gpu": devices["gpu"].name, "host": host_preset.name,
                          "link": links["link"].name or "custom",
                          "inter_link": (links["inter_link"].name if links["inter_link"] else ""),
                          "node_size": node_size, "alloc_conf": memory["alloc_conf"], **versions(),
                          **{k: v for k, v in cell.opts.items() if k not in EMULATION_AXES}, **res})
     frame = pd.DataFrame(rows)
-    write_csv_atomic(out_dir / "predict.csv", frame)
+    folder.write_table(frame)
     from zerobench.whatif.predict.plots import plot_predict_all
 
     plot_predict_all(frame, out_dir, w.name)
@@ -178,6 +162,6 @@ def _run_jobs(w, jobs, gpu_file: Path, host, links, node_size, traces: Path, mem
         args += ["--inter-link", _link_json(links["inter_link"])]
     # HYBRID_SHARD's shard groups are one node's ranks (LOCAL_WORLD_SIZE, as torchrun sets it).
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(node_size))
-    return run_jobs("zerobench.whatif.predict.rank", w, jobs, args, env, log, what="predicting process",
+    return run_jobs("zerobench.whatif.predict.job", w, jobs, args, env, log, what="predicting process",
                     progress=progress)
 

@@ -70,15 +70,15 @@ def run_cells(run_dir: Path, rank: int = 0) -> dict[str, Path]:
 def configurations(run_dir: Path) -> tuple[list[str], list[int]]:
     """The configurations (predict's ids: a cell id without its ``-ws<n>``) and world
     sizes of a run's traced cells."""
-    import re
+    from zerobench.spec.cell import CellId
 
     configs, sizes = [], []
     for cell in run_cells(run_dir):
-        m = re.search(r"-ws(\d+)", cell)
-        if m is None:
+        cid = CellId.try_parse(cell)
+        if cid is None or cid.world_size is None:
             continue
-        configs.append(cell[:m.start()] + cell[m.end():])
-        sizes.append(int(m.group(1)))
+        configs.append(cid.config)
+        sizes.append(cid.world_size)
     return list(dict.fromkeys(configs)), sorted(set(sizes))
 
 
@@ -88,23 +88,26 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
     from zerobench.analysis.profiling.kernels import mean_breakdown
     from zerobench.analysis.profiling.trace import load_trace
     from zerobench.runs.folder import RunFolder
+    from zerobench.runs.whatif import PredictFolder
+    from zerobench.spec.cell import CellId
 
-    predict_dir = Path(predict_dir)
-    if not (predict_dir / "predict.csv").exists():
+    folder = PredictFolder(predict_dir)
+    if not folder.exists():
         raise AgainstError(f"{predict_dir}: no predict.csv (a `zerobench predict` folder)")
-    predicted = pd.read_csv(predict_dir / "predict.csv")
+    predicted = folder.table()
     timed = RunFolder(run_dir).results()
     if "rank" in timed.columns:
         timed = timed[timed["rank"] == rank]
     rows = []
     for cell, path in run_cells(run_dir, rank).items():
-        virtual = predict_dir / "traces" / f"{cell}.trace.json.gz"
+        virtual = folder.trace_path(cell)
         if not virtual.exists():
             continue  # not predicted (another configuration or world size)
         measured, modelled = mean_breakdown(load_trace(path)), mean_breakdown(load_trace(virtual))
         measured["step_time_s"] = _one(timed[timed["cell_id"] == cell], "step_time_s")
-        modelled["step_time_s"] = _one(predicted[predicted["config"] + "-ws" + predicted["world_size"].astype(str)
-                                                 == _with_ws_last(cell)], "step_time_s")
+        cid = CellId.parse(cell)
+        modelled["step_time_s"] = _one(predicted[(predicted["config"] == cid.config)
+                                                 & (predicted["world_size"] == cid.world_size)], "step_time_s")
         for breakdown in (measured, modelled):
             breakdown.update(profiler_split(breakdown))
         for quantity, label in QUANTITIES:
@@ -128,14 +131,6 @@ def profiler_split(breakdown: dict) -> dict:
 
 def _one(frame: pd.DataFrame, column: str):
     return float(frame[column].iloc[0]) if len(frame) and column in frame and pd.notna(frame[column].iloc[0]) else None
-
-
-def _with_ws_last(cell: str) -> str:
-    """``ddp-ws1-fp32-x=y`` -> ``ddp-fp32-x=y-ws1``: predict's config and world size."""
-    import re
-
-    m = re.search(r"-ws(\d+)", cell)
-    return cell if m is None else cell[:m.start()] + cell[m.end():] + m.group(0)
 
 
 def against_table(frame: pd.DataFrame, title: str = ""):

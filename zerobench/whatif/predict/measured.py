@@ -31,14 +31,16 @@ def side_by_side(run_dir: Path, predict_dir: Path):
     import pandas as pd
 
     from zerobench.runs.folder import RunFolder
+    from zerobench.runs.whatif import PredictFolder
+    from zerobench.spec.cell import CellId
 
     measured = RunFolder(run_dir).results()
-    predicted = pd.read_csv(Path(predict_dir) / "predict.csv")
+    predicted = PredictFolder(predict_dir).table()
     if "rank" in measured.columns:
         measured = measured[measured["rank"] == 0]
     rows = []
     for _, m in measured.iterrows():
-        config = str(m["cell_id"]).replace(f"-ws{int(m['world_size'])}", "")
+        config = CellId.parse(m["cell_id"]).config
         match = predicted[(predicted["config"] == config) & (predicted["world_size"] == m["world_size"])]
         if match.empty:
             continue
@@ -75,9 +77,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: python -m zerobench.whatif.predict.measured RUN_DIR PREDICT_DIR OUT.md", file=sys.stderr)
         return 2
+    from zerobench.runs.whatif import PredictFolder
+
     run_root, predict_root, out = (Path(a) for a in argv)
     runs = sorted(p for p in run_root.iterdir() if (p / "results.csv").exists()) if not (run_root / "results.csv").exists() else [run_root]
-    preds = sorted(p for p in predict_root.iterdir() if (p / "predict.csv").exists()) if not (predict_root / "predict.csv").exists() else [predict_root]
+    preds = sorted(p for p in predict_root.iterdir() if PredictFolder(p).exists()) if not PredictFolder(predict_root).exists() else [predict_root]
     if not runs or not preds:
         print(f"no results.csv under {run_root} or no predict.csv under {predict_root}", file=sys.stderr)
         return 1

@@ -111,11 +111,8 @@ def plot_predict_all(frame, folder: Path, workload: str) -> list[Path]:
 
 def plot_predict_folder(folder: Path) -> list[Path]:
     """Redraw a predict folder's plots from its predict.csv."""
-    import pandas as pd
-
     from zerobench.runs.kinds import workload_name
+    from zerobench.runs.whatif import PredictFolder
 
-    folder = Path(folder)
-    frame = pd.read_csv(folder / "predict.csv")
-    workload = workload_name(folder)
-    return plot_predict_all(frame, folder, workload)
+    frame = PredictFolder(folder).table()
+    return plot_predict_all(frame, Path(folder), workload_name(Path(folder)))

@@ -1,6 +1,6 @@
 """What ``zerobench predict`` prints, and ``zerobench show`` of a predict folder: one row
 per configuration and world size ([Note: predicted columns] in
-zerobench/whatif/predict/rank.py), through zerobench/analysis/render.py ([Note: tables
+zerobench/whatif/predict/job.py), through zerobench/analysis/render.py ([Note: tables
 at any width]). Memory in one binary unit that fits its numbers (MiB for a small model,
 GiB for a large one); ``units`` a count where it is whole; MFU where the model has a
 FLOP count, and under the table why not, or over which peak, where that needs saying."""
@@ -125,6 +125,6 @@ def model_kind(folder: Path) -> str | None:
 
 def show_predict(folder: Path, console=None) -> None:
     """``zerobench show`` of a predict folder: its table, from predict.csv."""
-    import pandas as pd
+    from zerobench.runs.whatif import PredictFolder
 
-    print_predict(pd.read_csv(Path(folder) / "predict.csv"), console, model_kind(folder))
+    print_predict(PredictFolder(folder).table(), console, model_kind(folder))

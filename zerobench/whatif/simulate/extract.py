@@ -26,19 +26,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from zerobench.analysis.figures import flag
 from zerobench.analysis.profiling import intervals as iv
 from zerobench.analysis.profiling.analyze import find_traces
 from zerobench.analysis.profiling.collective_table import collectives
 from zerobench.analysis.profiling.overlap import compute_intervals, is_gpu_trace, step_windows
 from zerobench.analysis.profiling.trace import Trace, load_trace
+from zerobench.engines.options import axes_with_role, axis_named
 from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
 
 from .schedule import ENGINES, Knobs, Schedule, Unit
 
 DEFAULT_UNITS = 8
-_KNOB_AXES = ("sharding_strategy", "backward_prefetch", "forward_prefetch", "limit_all_gathers",
-              "limiter_depth", "reshard_after_forward")
+_KNOB_AXES = axes_with_role("sharding", "schedule")  # the engines' knobs a schedule re-times
 
 
 def _covered_s(comp: np.ndarray, start: float, end: float) -> float:
@@ -176,9 +177,9 @@ def _knobs(config: dict, on_gpu: bool) -> Knobs:
             continue
         if axis == "backward_prefetch":
             v = {"backward_pre": "pre", "backward_post": "post"}.get(str(v).lower(), str(v).lower())
-        elif axis in ("forward_prefetch", "limit_all_gathers", "reshard_after_forward"):
-            v = v if isinstance(v, bool) else str(v).lower() in ("true", "1", "on")
-        elif axis == "limiter_depth":
+        elif axis_named(axis).is_flag:
+            v = flag(v)  # the cell record's boolean
+        elif axis_named(axis).type is int:
             v = int(v)
         setattr(k, axis, v)
     if config.get("bucket_cap_mb") not in (None, ""):

@@ -10,8 +10,8 @@ from zerobench.analysis.figures import plt, save_figure
 from zerobench.analysis.profiling import intervals as iv
 from zerobench.analysis.profiling.plots import COLORS
 
+from .against import EXPOSED_BAR, MIN_MARGIN, STEP_BAR
 from .model import SimResult
-from .validate import EXPOSED_BAR, MIN_MARGIN, STEP_BAR
 
 
 def plot_gantt(result: SimResult, path, title: str = "") -> Path:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from zerobench.instruments.link import PRESETS, Link
 
+from .against import compare, cross_validate, emulation_margin, measured_link, write_validation
 from .model import simulate
 from .schedule import Schedule
-from .validate import compare, cross_validate, emulation_margin, measured_link, write_validation
 
 
 def tag(link: Link | None, world_sizes, compute_scale: float, async_collectives: bool = False) -> str:

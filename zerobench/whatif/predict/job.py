@@ -4,7 +4,7 @@ The same engine code as ``zerobench run`` and ``zerobench estimate`` (zerobench/
 against a fake process group of the cell's world size, with fake tensors (shapes only)
 and the virtual GPU installed (zerobench/instruments/vgpu, [Note: virtual device]): the
 rank session (zerobench/rank/session.py) warms up and runs one measured step whose timeline and memory are read off the virtual device.
-Run as ``python -m zerobench.whatif.predict.rank`` by ``zerobench predict``, every cell in
+Run as ``python -m zerobench.whatif.predict.job`` by ``zerobench predict``, every cell in
 one process, each in a fake world of its own ([Note: one process for many cells] in
 zerobench/whatif/jobs.py).
 
@@ -25,7 +25,7 @@ zerobench/whatif/jobs.py).
   Python calls' share ``host_python_s`` and their number ``host_python_calls``; with
   ``host_blocked_s`` (waiting for the device) it is the host's whole step;
 * ``comm_<kind>_bytes``, ``comm_<kind>_calls``, ``comm_total_bytes``, ``comm_calls``: the
-  measured step's collectives, as the run's memory pass counts them (runs/schema.py).
+  measured step's collectives, as the run's memory pass counts them (schema/columns.py).
 * ``tokens_per_s``: this rank's tokens per second; ``tflops_per_gpu`` and ``mfu``: model
   FLOPs by torchtitan's formula ([Note: model FLOPs] in zerobench/spec/flops.py) per
   second, and over the preset's dense peak for the cell's dtype;
@@ -55,13 +55,14 @@ from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
 from zerobench.instruments.vgpu.host import HostPreset
 from zerobench.instruments.vgpu.presets import load_preset_file
-from zerobench.spec.matrix import Cell
+from zerobench.runs.whatif import predicted_trace
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import parse_workload
 
 
 def timeline_metrics(spans, start: float, end: float) -> dict:
     """compute_s, comm_s, exposed_comm_s, overlap_ratio from a trace's spans in [start, end]
-    (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/runs/schema.py)."""
+    (overlap_ratio: NaN when nothing was communicated, as everywhere: zerobench/schema/columns.py)."""
     from zerobench.analysis.profiling import intervals as iv
 
     compute = iv.clip([(a, b) for lane, _name, a, b, _args in spans if lane == "compute"], start, end)
@@ -173,7 +174,7 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
     cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings;
     ``host``: a host preset (or its name)."""
     cell = job.cell()
-    trace = traces / f"{cell.id}.trace.json.gz" if traces else None
+    trace = predicted_trace(traces, cell.id) if traces else None
     vgpu = None
     try:
         vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
@@ -196,7 +197,7 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
 def main(argv=None) -> None:
     from zerobench.whatif.jobs import child_loop
 
-    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.rank")
+    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.job")
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to predict (zerobench/whatif/jobs.py)")
     parser.add_argument("--gpu-file", type=Path, required=True, help="the GPU preset, as predict wrote it")

@@ -312,7 +312,9 @@ COLUMN_DOCS: dict[str, str] = {
 # * integers are written as integers; a column with no gap reads as int64, one with gaps
 #   as float64 with NaN (pandas' own missing number);
 # * booleans are written True / False; a column with no gap reads as bool, one with gaps
-#   as object holding True, False and NaN;
+#   as object holding True, False and NaN (zerobench's readers hold every boolean column --
+#   an engine's on/off axis -- to that, refusing other text: runs/folder.py,
+#   booleans_as_read; so flag() need not guess at "true", "1" or "on");
 # * strings read as pandas' string type of the version (object or str), NaN when empty.
 #
 # No reader turns them into pandas' nullable Int64 / boolean: their NA has no truth value

@@ -1,7 +1,7 @@
 """The validation table: published GPU runs beside what ``zerobench predict`` says of
 them (docs/vgpu.md, "Validation against published runs").
 
-``python -m zerobench.whatif.predict.validation [--only NAME ...] [--results DIR] [--out TABLE.md]``
+``python -m zerobench.whatif.predict.published [--only NAME ...] [--results DIR] [--out TABLE.md]``
 
 For each published run, the workload that rebuilds it (``workloads/``) is predicted on
 the preset of the card it ran on, and each published figure is put beside the
@@ -102,7 +102,9 @@ def validate(results_root: Path, only=None, log=print):
     """Predict every published run (or those named in ``only``); one row per figure."""
     import pandas as pd
 
+    from zerobench.runs.whatif import PredictFolder
     from zerobench.whatif.predict import predict
+    from zerobench.whatif.predict.request import PredictRequest
 
     rows = [p for p in PUBLISHED if not only or p.name in only]
     unknown = set(only or ()) - {p.name for p in PUBLISHED}
@@ -112,9 +114,10 @@ def validate(results_root: Path, only=None, log=print):
     table = []
     for (workload, ws, hardware, software), group in _groups(rows).items():
         hw = dict(hardware)
-        out = predict(workload, [ws], gpu=hw["gpu"], link=hw["link"], inter_link=hw["inter_link"],
-                      results_root=results_root, only=sorted({p.config for p in group}), log=log, **dict(software))
-        frame = pd.read_csv(out / "predict.csv")
+        out = predict(PredictRequest(workload, (ws,), gpu=hw["gpu"], link=hw["link"], inter_link=hw["inter_link"],
+                                     results_root=results_root, only=sorted({p.config for p in group}),
+                                     **dict(software)), log=log)
+        frame = PredictFolder(out).table()
         for p in group:
             found = frame[(frame["config"] == p.config) & (frame["world_size"] == ws)]
             r = found.iloc[0] if not found.empty else None
@@ -124,7 +127,7 @@ def validate(results_root: Path, only=None, log=print):
                               "error": (predicted / published - 1) if predicted is not None and published else None,
                               "status": None if r is None else r["status"],
                               "reason": None if r is None or pd.isna(r.get("reason")) else r["reason"],
-                              "source": p.source, "predict_csv": str(out / "predict.csv")})
+                              "source": p.source, "predict_csv": str(PredictFolder(out).table_path)})
     return pd.DataFrame(table)
 
 
@@ -153,7 +156,7 @@ def to_markdown(frame) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.validation",
+    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.predict.published",
                                      description="predict the published GPU runs and compare")
     parser.add_argument("--only", action="append", help=f"only this run (repeatable): "
                                                          f"{', '.join(p.name for p in PUBLISHED)}")

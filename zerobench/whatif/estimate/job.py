@@ -1,6 +1,6 @@
 """One rank of engine cells at any world size, in this process, against a fake process group.
 
-``python -m zerobench.whatif.estimate.rank --workload W.json --jobs J.json --out O.json``
+``python -m zerobench.whatif.estimate.job --workload W.json --jobs J.json --out O.json``
 runs, for each cell of ``J.json`` in turn (zerobench/whatif/jobs.py), the rank session
 (zerobench/rank/session.py) of the cell in a fake world of its own
 (zerobench/rank/worlds.py, [Note: two worlds]): a warm-up (the workload's
@@ -36,8 +36,8 @@ import torch
 from zerobench.engines.base import ran_record, row_note
 from zerobench.rank.session import Session
 from zerobench.rank.worlds import BACKENDS, FakeWorld
-from zerobench.runs.schema import peak_columns
-from zerobench.spec.matrix import Cell
+from zerobench.schema.columns import peak_columns
+from zerobench.spec.cell import Cell
 from zerobench.spec.workload import Workload, parse_workload
 
 
@@ -63,7 +63,7 @@ def estimate_one(w: Workload, cell: Cell, rank: int, fake: bool, backend: str = 
 def main(argv=None) -> None:
     from zerobench.whatif.jobs import child_loop
 
-    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.estimate.rank")
+    parser = argparse.ArgumentParser(prog="python -m zerobench.whatif.estimate.job")
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--jobs", type=Path, required=True, help="JSON: the cells to estimate (zerobench/whatif/jobs.py)")
     parser.add_argument("--rank", type=int, default=0)

@@ -49,8 +49,10 @@ from zerobench.rank.session import Session
 from zerobench.rank.worlds import TorchrunWorld
 from zerobench.runs.files import write_atomic
 from zerobench.runs.folder import RunFolder
-from zerobench.runs.schema import peak_columns
-from zerobench.spec.matrix import Cell, expand, find_cell
+from zerobench.schema.columns import peak_columns
+from zerobench.schema.records import CellRecord, RankRecord
+from zerobench.spec.cell import Cell
+from zerobench.spec.matrix import expand, find_cell
 from zerobench.spec.models import samples_to_tokens
 
 TIMELINE_POINTS = 400  # rows kept of each rank's memory timeline
@@ -315,29 +317,18 @@ def run_cell(run_dir: Path, cell_id: str, profile: bool, device: str, harness: i
         rank_record["metrics"]["rss_max_bytes"] = _rss_max_bytes()
         rank_record["rank"] = rank
         rank_record["pass_wall_s"] = time.perf_counter() - started
-        gathered = world.gather_object(rank_record)
+        # checked here, on the rank that measured it (a RecordError names the field)
+        gathered = world.gather_object(RankRecord.from_json(rank_record).to_json())
         if rank == 0 and harness_alive(harness):  # an orphan's record is no result: see watch_harness
             diverged = divergence(gathered)
-            cell_record = {
-                "cell_id": cell_id,
-                "status": "failed" if diverged else "ok",
-                "error": diverged,
-                "config": cell.config(),
-                "backend": world.backend,
-                "device": world.device.type,
-                "code_root": str(code_root()),
-                "ranks": gathered,
-            }
-            if harness is not None:  # accepted by the harness, which adds cell_wall_s, or rerun by --resume
-                cell_record["harness_pid"] = harness
             ran = gathered[0].get("ran") or {}
-            if ran:
-                cell_record["ran"] = ran
-            # what the engine ignored here (Engine.notes), and what it ran instead (Engine.ran)
-            note = row_note(cell.note, ran, BF16_LOSS_NOTE if loss_dtype == "bfloat16" else None)
-            if note:
-                cell_record["note"] = note
-            folder.write_cell(cell_record)
+            folder.write_cell(CellRecord(
+                cell_id=cell_id, status="failed" if diverged else "ok", error=diverged, config=cell.config(),
+                backend=world.backend, device=world.device.type, code_root=str(code_root()), ranks=gathered,
+                # accepted by the harness, which adds cell_wall_s, or rerun by --resume
+                harness_pid=harness, ran=ran or None,
+                # what the engine ignored here (Engine.notes), and what it ran instead (Engine.ran)
+                note=row_note(cell.note, ran, BF16_LOSS_NOTE if loss_dtype == "bfloat16" else None)))
 
 
 def divergence(ranks: list[dict]) -> str | None:

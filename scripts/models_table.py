@@ -2,8 +2,8 @@
 
     zerobench run workloads/llama-tiny.toml
     zerobench estimate workloads/llama-tiny.toml --world-sizes 2,4 --backend gloo
-    python scripts/models_validation.py RUN_DIR ESTIMATE_DIR
-    python scripts/models_validation.py --recompute-cost workloads/llama-tiny.toml
+    python scripts/models_table.py RUN_DIR ESTIMATE_DIR
+    python scripts/models_table.py --recompute-cost workloads/llama-tiny.toml
 
 prints one markdown row per engine, checkpointing mode and world size (rank 0): the real
 peak and its activations (memory pass), the median step time, the estimated peak and its
