@@ -320,3 +320,16 @@ def test_list_shows_calibrate_folders_and_says_what_an_undated_folder_is(tmp_pat
     assert " calibrate " in line and "2026-11-28 06:30" in line
     assert re.search(r"06:30\s+4\s+3\s+1\b", line), line  # gemm, memory, host measured; collectives failed
     assert "date -: the folder records none" in out
+
+
+def test_every_command_picks_cells_with_cell_and_its_spellings():
+    """[Note: one way to pick cells]: --cell and --cells everywhere; estimate and predict also
+    --config, and read a cell id as its configuration."""
+    parser = build_parser()
+    for argv in (["run", "quickstart"], ["simulate", "RUN"]):
+        assert parser.parse_args([*argv, "--cell", "a", "--cells", "b"]).cell == ["a", "b"]
+    assert parser.parse_args(["compare", "B", "N", "--cell", "a", "--cells", "b"]).cells == ["a", "b"]
+    for command in ("predict", "estimate"):
+        args = parser.parse_args([command, "quickstart", "--cell", "impl-fsdp-ws8-bf16-limit_all_gathers=off",
+                                  "--config", "ddp-fp32", "--cells", "torch-fsdp2-fp32"])
+        assert args.config == ["impl-fsdp-bf16-limit_all_gathers=off", "ddp-fp32", "torch-fsdp2-fp32"]

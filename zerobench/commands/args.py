@@ -125,6 +125,24 @@ def _near_names(path: Path, kinds, results: Path) -> str:
     return did_you_mean(path.name, list(shown), show=lambda name: shown.get(name, name))
 
 
+def config_id(text: str) -> str:
+    """argparse type of estimate's and predict's ``--config``: a configuration id as given,
+    or a cell id's configuration (``impl-fsdp-ws8-bf16`` -> ``impl-fsdp-bf16``), so every
+    command takes what ``zerobench cells`` and the tables print ([Note: one way to pick
+    cells])."""
+    from zerobench.spec.cell import CellId
+
+    found = CellId.try_parse(text)
+    return found.config if found is not None and found.world_size is not None else text
+
+
+# [Note: one way to pick cells]
+# Every command that works on some of a folder's or a workload's cells takes --cell ID
+# (repeatable), with --cells as its other spelling; estimate and predict, which work on
+# configurations (a cell without its world size) at the world sizes they are given, take
+# --config too, and read a cell id as its configuration.
+
+
 def results_root(text: str) -> Path:
     """argparse type of ``--results``: a folder to make result folders in; never empty
     (an empty path would put them in the current folder)."""

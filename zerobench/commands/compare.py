@@ -31,7 +31,7 @@ def arguments(p) -> None:
                    help="judge and show METRIC but do not gate on it by default (name, prefix or glob; "
                         "repeatable; a --fail-on rule still gates it), e.g. --report-only 'peak_mem_*' "
                         "--fail-on peak_mem:+5%% gates peak_mem_bytes alone")
-    p.add_argument("--cells", action="append", default=[], metavar="ID",
+    p.add_argument("--cells", "--cell", action="append", default=[], dest="cells", metavar="ID",
                    help="compare only these cells (an id or a glob, comma-separated or repeated), in both folders: "
                         "the baseline's other cells are not missing")
     p.add_argument("--per-rank", action="store_true", help="compare rank by rank instead of per cell")

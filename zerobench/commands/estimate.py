@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, resolve_folder, results_root
+from zerobench.commands.args import (
+    DEFAULT_RESULTS,
+    add_overrides,
+    check_results_folder,
+    config_id,
+    resolve_folder,
+    results_root,
+)
 
 HELP = "per-rank peak memory of each engine at any world size, on a fake process group"
 
@@ -29,7 +36,8 @@ def arguments(p) -> None:
     p.add_argument("--full-depth", action="store_true",
                    help="run every block of a deep llama/gpt on fake tensors instead of extrapolating from 3 and 4 "
                         "blocks (slower; docs/models.md#depth-extrapolation-in-zerobench-estimate)")
-    p.add_argument("--config", action="append", metavar="ID", help="only this configuration (repeatable)")
+    p.add_argument("--config", "--cell", "--cells", action="append", dest="config", metavar="ID", type=config_id,
+                   help="only this configuration (repeatable; a cell id names its configuration)")
     p.add_argument("--gpu", metavar="NAME_OR_FILE",
                    help="a GPU preset (a shipped name or a file `zerobench calibrate` wrote): each row then says what "
                         "the caching allocator may reserve on it (capacity_bytes) and whether the peak fits")

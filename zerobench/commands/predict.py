@@ -7,7 +7,14 @@ trace per cell and plots. Nothing is measured: these are a model's predictions.
 
 from __future__ import annotations
 
-from zerobench.commands.args import DEFAULT_RESULTS, add_overrides, check_results_folder, resolve_folder, results_root
+from zerobench.commands.args import (
+    DEFAULT_RESULTS,
+    add_overrides,
+    check_results_folder,
+    config_id,
+    resolve_folder,
+    results_root,
+)
 
 HELP = "step time, overlap and allocator peaks of each engine on a virtual GPU"
 
@@ -32,7 +39,8 @@ def arguments(p) -> None:
     p.add_argument("--results", type=results_root, default=DEFAULT_RESULTS,
                    help=f"folder to make the prediction's folder in (default: {DEFAULT_RESULTS})")
     p.add_argument("--matrix", action="store_true", help="sweep prefetch x limiter x reshard")
-    p.add_argument("--config", action="append", help="only this configuration id (repeatable)")
+    p.add_argument("--config", "--cell", "--cells", action="append", dest="config", metavar="ID", type=config_id,
+                   help="only this configuration id (repeatable; a cell id names its configuration)")
     p.add_argument("--alloc-conf", default="", help="caching-allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax: "
                    "expandable_segments:True, max_split_size_mb:N (docs/vgpu.md)")
     p.add_argument("--context-mib", type=int, default=None,

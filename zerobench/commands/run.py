@@ -29,7 +29,8 @@ def arguments(p) -> None:
                    help="folder of run folders (default: results)")
     p.add_argument("--resume", metavar="RUN",
                    help="finish an interrupted run: skip its ok/skipped cells (RUN may be `latest:run`)")
-    p.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable; see `zerobench cells`)")
+    p.add_argument("--cell", "--cells", action="append", dest="cell", metavar="ID",
+                   help="run only this cell (repeatable; see `zerobench cells`)")
     p.add_argument("--profile", action="store_true", help="also record a torch.profiler trace per rank")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA+NCCL when there is a GPU per rank, else CPU+gloo")

@@ -15,7 +15,7 @@ def arguments(p) -> None:
     from zerobench.instruments.link import PRESETS
 
     p.add_argument("run", help="run folder recorded with --profile (or holding schedules/), or `latest:run`")
-    p.add_argument("--cell", action="append", metavar="ID", help="only this cell (repeatable)")
+    p.add_argument("--cell", "--cells", action="append", dest="cell", metavar="ID", help="only this cell (repeatable)")
     p.add_argument("--link", choices=sorted(PRESETS), metavar="PRESET",
                    help=f"link preset: {', '.join(sorted(PRESETS))} (default: the emulated link the cell ran on)")
     p.add_argument("--gbps", type=float, help="link bus bandwidth in GB/s (overrides the preset's)")
