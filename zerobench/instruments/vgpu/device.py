@@ -88,6 +88,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments import collectives, storages
@@ -97,7 +98,7 @@ from zerobench.instruments.storages import Listener, makes_no_storage, storages_
 from zerobench.instruments.vgpu import comm, costs, sdpa
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
-from zerobench.instruments.vgpu.host import HostPreset, PythonCalls, host_preset
+from zerobench.instruments.vgpu.host import PYTHON_KINDS, HostPreset, PythonCalls, host_preset
 from zerobench.instruments.vgpu.kernel_classes import KERNEL_CLASSES
 from zerobench.instruments.vgpu.presets import GpuPreset, gpu_preset
 from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
@@ -321,10 +322,12 @@ class VirtualGpu(Layer, Listener):
         self.host_counts[kind] += n
         self.host.advance(n * self._units[kind])
 
-    def _python_charged(self, calls: int, start: float, end: float) -> None:
-        """The host clock has charged ``calls`` Python calls, from ``start`` to ``end``."""
-        self.host_counts["python_call"] += calls
-        self.trace.span("host", "python", start, end, {"calls": calls})
+    def _python_charged(self, deltas: list, start: float, end: float) -> None:
+        """The host clock has charged ``deltas`` (Python work by kind, host.py's
+        PYTHON_KINDS), from ``start`` to ``end``."""
+        for kind, n in zip(PYTHON_KINDS, deltas):
+            self.host_counts[kind] += n
+        self.trace.span("host", "python", start, end, dict(zip(PYTHON_KINDS, deltas)))
 
     @contextlib.contextmanager
     def label(self, name: str):
@@ -599,10 +602,10 @@ class VirtualGpu(Layer, Listener):
         stack.callback(_active.pop)
         if self.python is not None:  # last: installing is not the program ([Note: host cost])
             _dynamo_patched()
-            self.host.watch_python(self.python.calls, self.host_preset.python_call_s, self._python_charged)
+            self.host.watch_python(self.python.counts, self.host_preset.python_prices(), self._python_charged)
             self._events.python = self.python
             self.python.install()
-            stack.callback(self.host.watch_python, None, 0.0, None)
+            stack.callback(self.host.watch_python, None)
             stack.callback(setattr, self._events, "python", None)
             stack.callback(self.python.uninstall)
         self._exit_stack = stack
@@ -745,6 +748,7 @@ class _Mode(TorchDispatchMode):
         python = self.gpu.python
         if python is None:
             return self._dispatch(func, args, kwargs or {})
+        python.ops[0] += 1  # a call into torch that led here dispatched an operator
         python.pause()  # the virtual GPU's own work (and fake tensors') is not the host's: [Note: host cost]
         try:
             return self._dispatch(func, args, kwargs or {})
@@ -788,6 +792,8 @@ class _Mode(TorchDispatchMode):
             gpu.charge("kernel")
             if costs.is_gemm(func):
                 gpu.charge("gemm")
+            elif costs.is_foreach(func):
+                gpu.charge("foreach_tensor", sum(1 for a in tree_leaves(args) if isinstance(a, torch.Tensor)))
         for storage in inputs:  # tensors made before the device was installed
             gpu.track(storage)
         if func in costs.SYNCHRONIZING and not on_host:

@@ -53,7 +53,7 @@ import torch
 
 from zerobench.instruments import collectives
 from zerobench.instruments.link import Link
-from zerobench.instruments.vgpu.host import HostPreset
+from zerobench.instruments.vgpu.host import PYTHON_KINDS, HostPreset
 from zerobench.instruments.vgpu.presets import load_preset_file
 from zerobench.spec.matrix import Cell
 from zerobench.spec.workload import parse_workload
@@ -153,8 +153,9 @@ def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
         "host_lead_max_s": vgpu.host_lead_max_s,
         "host_blocked_s": vgpu.host.blocked_s - blocked,
         "host_busy_s": vgpu.host_preset.seconds(host_counts),
-        "host_python_s": host_counts.get("python_call", 0) * vgpu.host_preset.python_call_s,
-        "host_python_calls": host_counts.get("python_call", 0),
+        "host_python_s": sum(host_counts.get(kind, 0) * price
+                             for kind, price in zip(PYTHON_KINDS, vgpu.host_preset.python_prices())),
+        "host_python_calls": host_counts.get("python_frame", 0) + host_counts.get("generator", 0),
         **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         **throughput,
