@@ -52,6 +52,25 @@ did before it modelled them (results/gpu/h200-20261126/README.md). Here a GEMM i
 inside autograd's backward (``torch._C._current_autograd_node()``) stands for the
 backward thread's handle.
 
+[Note: host memory]
+A program written for a GPU makes host memory wherever it calls a factory without a
+device (torch's default device is the CPU): Llama's rotary tables, computed each forward
+from ``torch.arange(seq_len)``, are cos and sin on the host, then ``.to(device)``. On the
+H200 that is 4-5 ms a step of the CPU computing while the device waits, the largest host
+gap of the shared Llama run (results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed, traces:
+``aten::cos``, ``aten::sin`` on the CPU, then two pageable copies). Here the CPU is the
+device, and a factory's output looks the same with or without one, so with
+``host_factories`` (what ``zerobench predict`` runs) the virtual GPU wraps torch's
+factories (:data:`HOST_FACTORIES`): called without a device, while the default device
+is the CPU and outside a model's build or the harness's batch (``on_device``, where the
+harness makes without a device what a real rank makes on its device), their outputs are
+host memory, and so is what operators compute from host memory alone: the CPU runs
+those, at its memory speed. ``Tensor.to`` naming a device copies host memory there,
+which torch would skip here as the tensor is already on the CPU. A copy from pageable
+host memory is CUDA's staged copy: the stream drains first, the host copies the bytes
+into its staging buffer, and unless ``non_blocking`` torch synchronises after it; a
+pinned buffer's copy is a plain DMA on the stream.
+
 [Note: collective tensors]
 A collective's tensors must not be reused while NCCL's stream still reads or writes
 them. ProcessGroupNCCL has had two ways: ``record_stream`` of every input and output
@@ -81,6 +100,7 @@ allocator model sees the build as meta-device initialisation does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections import Counter
@@ -151,13 +171,15 @@ class VirtualGpu(Layer, Listener):
     backend (``auto``: torch's choice, sdpa.py). ``clocks``: ``sustained`` (the preset's
     default) or ``burst`` ([Note: clocks under load] in costs.py). ``cublas_workspace_config``:
     ``CUBLAS_WORKSPACE_CONFIG`` as the run would have it (default: this process's
-    environment)."""
+    environment). ``host_factories``: a factory called without a device makes host memory,
+    as in a program written for a GPU (``zerobench predict``); off, the CPU is the device
+    everywhere, as tests write their programs ([Note: host memory])."""
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
                  inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None,
                  record_streams: bool = False, sdpa_backend: str = "auto", clocks: str | None = None,
-                 cublas_workspace_config: str | None = None):
+                 cublas_workspace_config: str | None = None, host_factories: bool = False):
         import os
 
         self.preset = gpu_preset(gpu)
@@ -205,7 +227,12 @@ class VirtualGpu(Layer, Listener):
         # their blocks once its kernel is enqueued (_Mode), wherever the follower sits
         self._in_op = 0
         # pinned host storages: never on the device
-        self._host_storages = WeakIdKeyDictionary()
+        self._host_storages = WeakIdKeyDictionary()  # storage -> PINNED or PAGEABLE
+        self.host_factories = host_factories
+        # Factories running without a device, now: their outputs are host memory ([Note: host memory]).
+        self._making_host = 0
+        # Inside on_device(): the harness makes tensors that the real run makes on its device.
+        self._on_device = 0
         self._lock = threading.RLock()
         self._label: str | None = None  # see label()
         self._exit_stack: contextlib.ExitStack | None = None
@@ -459,6 +486,17 @@ class VirtualGpu(Layer, Listener):
             self._deferring = False
 
     @contextlib.contextmanager
+    def on_device(self):
+        """Tensors made inside without a device are device memory: where the harness makes
+        on fake tensors what a real run makes on its device (a batch), or builds a model
+        (``deferred``). Elsewhere such a factory makes host memory: [Note: host memory]."""
+        self._on_device += 1
+        try:
+            yield
+        finally:
+            self._on_device -= 1
+
+    @contextlib.contextmanager
     def python_uncounted(self):
         """Python calls made inside cost the host nothing: a prediction's build and warm-up
         steps, whose first-call code (caches filled, modules imported on first use)
@@ -592,6 +630,10 @@ class VirtualGpu(Layer, Listener):
         from zerobench.instruments.vgpu import fused
 
         patches[(torch.nn.functional, "rms_norm")] = fused.rms_norm(self)
+        if self.host_factories:  # a factory called without a device makes host memory: [Note: host memory]
+            for name in HOST_FACTORIES:
+                patches[(torch, name)] = _host_factory(self, getattr(torch, name))
+            patches[(torch.Tensor, "to")] = _to_device(self, torch.Tensor.to)
         for (owner, name), value in patches.items():
             stack.enter_context(_patched(owner, name, value))
         stack.enter_context(collectives.intercepted(self))  # collectives: issue() below
@@ -713,6 +755,51 @@ def _patched(owner, name: str, value):
             setattr(owner, name, original)
 
 
+#: torch's factories that take a ``device`` ([Note: host memory]).
+HOST_FACTORIES = ("arange", "empty", "empty_strided", "eye", "full", "linspace", "logspace", "ones", "rand",
+                  "randint", "randn", "randperm", "zeros")
+#: What ``VirtualGpu._host_storages`` holds for a host storage: pinned or pageable memory.
+PINNED, PAGEABLE = "pinned", "pageable"
+
+
+def _host_factory(gpu: VirtualGpu, factory):
+    """``factory`` making host memory when called without a device while torch's default
+    device is the CPU ([Note: host memory])."""
+    @functools.wraps(factory)
+    def made(*args, **kwargs):
+        if (kwargs.get("device") is not None or gpu._deferring or gpu._on_device > 0
+                or torch.get_default_device().type != "cpu"):
+            return factory(*args, **kwargs)
+        gpu._making_host += 1
+        try:
+            return factory(*args, **kwargs)
+        finally:
+            gpu._making_host -= 1
+
+    return made
+
+
+def _names_a_device(args, kwargs) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names a device (or a tensor whose device it takes)."""
+    if kwargs.get("device") is not None:
+        return True
+    return bool(args) and isinstance(args[0], (torch.device, str, int, torch.Tensor)) and not isinstance(args[0], bool)
+
+
+def _to_device(gpu: VirtualGpu, to):
+    """``Tensor.to`` that copies host memory to the device when it names one: here the
+    device is the CPU, and torch returns the tensor itself ([Note: host memory])."""
+    @functools.wraps(to)
+    def moved(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is self and _names_a_device(args, kwargs) and any(s in gpu._host_storages for s in storages_of(self)):
+            non_blocking = kwargs.get("non_blocking", any(a is True for a in args[1:]))
+            out = aten._to_copy.default(self, device=self.device, non_blocking=non_blocking)
+        return out
+
+    return moved
+
+
 class _FusedKernel:
     """The bytes each kernel of a fused operator reads and writes (VirtualGpu.fused)."""
 
@@ -776,13 +863,15 @@ class _Mode(TorchDispatchMode):
         inputs = list(storages_of((args, kwargs)))
         if func is aten.lift_fresh.default:
             for storage in inputs:
-                gpu._host_storages[storage] = True
-        # An operator on host memory alone (a pinned buffer and what is computed from it,
-        # as CPU offload's optimizer step) runs on the CPU: its outputs are host memory,
-        # and it costs the host its bytes at host memory speed instead of a kernel.
-        # ``torch.tensor(data)`` (``lift_fresh``) without a device is host memory too: an
-        # optimizer's step counters, whose ``.item()`` must not wait for the device.
-        on_host = pinned or (bool(inputs) and all(s in gpu._host_storages for s in inputs))
+                gpu._host_storages[storage] = PAGEABLE
+        # An operator on host memory alone (a pinned buffer and what is computed from it, as
+        # CPU offload's optimizer step; ``torch.tensor(data)``, an optimizer's step counters)
+        # runs on the CPU: its outputs are host memory, and it costs the host its bytes at
+        # host memory speed instead of a kernel. A copy to a device it names does not:
+        # [Note: host memory].
+        to_device = func is aten._to_copy.default and kwargs.get("device") is not None
+        on_host = pinned or gpu._making_host > 0 or (
+            not to_device and bool(inputs) and all(s in gpu._host_storages for s in inputs))
         kernel = costs.launches_kernel(func)
         launch = kernel and not on_host
         start = gpu.host.now
@@ -805,7 +894,7 @@ class _Mode(TorchDispatchMode):
             gpu._in_op -= 1
         if on_host:
             for storage in storages_of(out):
-                gpu._host_storages[storage] = True
+                gpu._host_storages[storage] = PINNED if pinned else PAGEABLE
             if kernel:  # the CPU runs it
                 gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
@@ -817,10 +906,15 @@ class _Mode(TorchDispatchMode):
             host_side = (func in (aten.copy_.default, aten._to_copy.default)
                          and len(args) > (func is aten.copy_.default)
                          and any(s in gpu._host_storages for s in storages_of((args, out))))
+            pageable = False
             if host_side:  # across PCIe
                 source = args[1] if func is aten.copy_.default else args[0]
                 nbytes = costs.tensor_bytes(source)  # the destination has the source's shape
                 seconds, kind = costs.pcie_duration(costs.accessed_bytes(source), nbytes, gpu.preset), "copy"
+                pageable = any(gpu._host_storages.get(s) == PAGEABLE for s in storages_of((args, out)))
+                if pageable:  # CUDA's staged copy: the stream drained first, then a host memcpy
+                    gpu.host.block_until(gpu._current.tail)
+                    gpu.host.advance(nbytes / gpu.host_preset.bytes_per_s)
             else:
                 backend = None
                 if func in costs.ATTENTION:
@@ -832,6 +926,8 @@ class _Mode(TorchDispatchMode):
                                                  attention=cost.kind == "attention")
                 kind, nbytes = cost.kind, cost.nbytes
             gpu.run_kernel(seconds, func.__name__, kind, nbytes)
+            if pageable and not kwargs.get("non_blocking", False):  # torch synchronises the stream after it
+                gpu.host.block_until(gpu._current.tail)
             lead = gpu.default.tail - gpu.host.now
             if lead > gpu.host_lead_max_s:
                 gpu.host_lead_max_s = lead

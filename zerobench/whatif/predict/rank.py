@@ -85,7 +85,8 @@ def virtual_gpu(gpu, host, link: Link, inter_link: Link | None, node_size: int,
     from zerobench.instruments.vgpu.presets import gpu_preset
 
     return VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link, node_size=node_size,
-                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend)
+                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend,
+                      host_factories=True)
 
 
 def predict_one(w, cell: Cell, gpu, host, link: Link, inter_link: Link | None, node_size: int,
