@@ -197,3 +197,17 @@ def test_hybrid_shard_configurations_run_at_the_world_sizes_asked(tmp_path):
     trace = json.load(gzip.open(next((out / "traces").glob("*.trace.json.gz")), "rt"))
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
     assert len([lane for lane in lanes if lane.startswith("stream comm")]) == 2
+
+
+def test_a_step_whose_host_is_busier_than_its_device_is_called_host_bound():
+    """predict's table names a host-bound step and the largest share of its host's time
+    (predict.csv's host_*_s); a step whose device is busier, or a folder made before these
+    columns, gets no mark."""
+    from zerobench.whatif.predict.report import host_bound
+
+    row = {"host_busy_s": 0.2, "device_busy_s": 0.15, "host_operators_s": 0.05, "host_python_s": 0.12,
+           "host_streams_s": 0.01, "host_collectives_s": 0.0, "host_cpu_s": 0.02}
+    assert host_bound(row) == "host-bound (python 60%)"
+    assert host_bound({**row, "host_cpu_s": 0.13}) == "host-bound (host memory 65%)"
+    assert host_bound({**row, "device_busy_s": 0.25}) == ""
+    assert host_bound({"step_time_s": 0.2}) == ""

@@ -200,6 +200,8 @@ class VirtualGpu(Layer, Listener):
         self.host_preset = host_preset(host)
         # What the host was charged for, by kind, and each kind's price ([Note: host cost]).
         self.host_counts: Counter = Counter()
+        # Seconds the host spent computing on host memory: [Note: host memory].
+        self.host_cpu_s = 0.0
         self._units = self.host_preset.units()
         # The Python calls the host thread makes, while installed (None: not counted).
         self.python: PythonCalls | None = PythonCalls() if self.host_preset.counts_python else None
@@ -348,6 +350,11 @@ class VirtualGpu(Layer, Listener):
         """The host pays for ``n`` items of ``kind`` (host.py's KINDS): [Note: host cost]."""
         self.host_counts[kind] += n
         self.host.advance(n * self._units[kind])
+
+    def host_work(self, seconds: float) -> None:
+        """The host computes on host memory for ``seconds`` ([Note: host memory])."""
+        self.host_cpu_s += seconds
+        self.host.advance(seconds)
 
     def _python_charged(self, deltas: list, start: float, end: float) -> None:
         """The host clock has charged ``deltas`` (Python work by kind, host.py's
@@ -896,7 +903,7 @@ class _Mode(TorchDispatchMode):
             for storage in storages_of(out):
                 gpu._host_storages[storage] = PINNED if pinned else PAGEABLE
             if kernel:  # the CPU runs it
-                gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
+                gpu.host_work(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
             outputs = list(storages_of(out))
             if outputs and gpu._events is not None:  # the caching allocator hands out each new one
@@ -914,7 +921,7 @@ class _Mode(TorchDispatchMode):
                 pageable = any(gpu._host_storages.get(s) == PAGEABLE for s in storages_of((args, out)))
                 if pageable:  # CUDA's staged copy: the stream drained first, then a host memcpy
                     gpu.host.block_until(gpu._current.tail)
-                    gpu.host.advance(nbytes / gpu.host_preset.bytes_per_s)
+                    gpu.host_work(nbytes / gpu.host_preset.bytes_per_s)
             else:
                 backend = None
                 if func in costs.ATTENTION:

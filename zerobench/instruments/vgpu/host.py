@@ -93,6 +93,14 @@ KINDS = ("op", "kernel", "gemm", "alloc", "foreach_tensor", "python_frame", "pyt
 #: that dispatches an operator is priced as the operator).
 PYTHON_KINDS = ("python_frame", "python_line", "generator", "c_call", "torch_call")
 
+#: The host's time by share, as predict reports it (``host_<share>_s``): the kinds each
+#: share sums. Work the CPU does on host memory (operators on host tensors, the staging of
+#: pageable copies) is the device's ``host_cpu_s``, not a count.
+HOST_SHARES = {"operators": ("op", "kernel", "gemm", "foreach_tensor", "alloc"),
+               "python": PYTHON_KINDS,
+               "streams": ("api_call", "event_record", "wait_event", "wait_stream", "stream_switch", "record_stream"),
+               "collectives": ("collective", "collective_wait")}
+
 _US = 1e-6
 
 
@@ -193,6 +201,11 @@ class HostPreset:
         """Host time of ``counts`` (kind -> how many)."""
         units = self.units()
         return sum(n * units[kind] for kind, n in counts.items())
+
+    def seconds_by_share(self, counts: dict) -> dict[str, float]:
+        """Host time of ``counts`` in each of :data:`HOST_SHARES`."""
+        units = self.units()
+        return {share: sum(counts.get(kind, 0) * units[kind] for kind in kinds) for share, kinds in HOST_SHARES.items()}
 
 
 # -- counting Python calls ---------------------------------------------------------------
