@@ -288,27 +288,53 @@ def test_the_stored_counts_are_those_of_this_torch():
 
 
 def test_calibrate_measures_the_host_on_a_cpu_and_the_result_builds_a_preset(measured):
-    """The calibrate path on a CPU: every figure host.json has, measured here, and a host
-    preset from them (with the stored counts of the programs)."""
+    """The calibrate path on a CPU: every figure host.json has, the loops the Python kinds
+    are priced from, every program's step (the engines' adapters included) and DeepSpeed
+    ZeRO-3's profile, measured here, and a host preset from them."""
     from zerobench.validation.calibrate.host import measure
 
     result = measure("cpu", budget_s=3.0, count=False)
-    for key in (*host.REQUIRED, *(f"{p}_step_us" for p in host.PROGRAMS), *(f"{p}_aten_ops" for p in host.PROGRAMS)):
-        assert key in result, key
+    for key in (*host.REQUIRED, *host.PYTHON_LOOPS, "host_bytes_per_s", *(f"{p}_step_us" for p in host.PROGRAMS),
+                *(f"{p}_aten_ops" for p in host.PROGRAMS)):
+        assert key in result, (key, {k: v for k, v in result.items() if k.endswith("_error")})
         assert result[key] >= 0, key
     assert result["plain_mlp8_aten_ops"] == 175  # as the H200 counted it: the same program
-    result["counts"] = measured["counts"]
+    profile = result["deepspeed_zero3_mlp8_profile"]
+    assert profile and any("deepspeed" in row["function"] for row in profile)
+    assert all(row["own_us"] >= 0 and row["calls"] > 0 for row in profile)
+    result["counts"] = json.loads(H200[1].read_text())["counts"]
     preset = from_measurements(result, name="this-cpu")
     # (a CPU runs its kernels in the call, so its operators may explain its whole step:
     # a fitted price is then 0, never negative)
     assert preset.python_line_s >= 0 and preset.foreach_tensor_s >= 0
+    assert preset.bytes_per_s == result["host_bytes_per_s"]
     report = host.fit_report(result, preset)
     assert [r["program"] for r in report] == list(host.PROGRAMS)
     assert all(r["measured_us"] == result[f"{r['program']}_step_us"] for r in report)
+    assert [r["role"] for r in report].count("fitted") == len(host.FITTED)
+
+
+def test_a_program_that_fails_is_a_note_and_the_others_are_kept(monkeypatch):
+    from zerobench.validation.calibrate import host as calibrate_host
+
+    build = calibrate_host.build_program
+
+    def failing(name, device):
+        if name == "ddp_mlp8":
+            raise RuntimeError("no such device")
+        return build(name, device)
+
+    monkeypatch.setattr(calibrate_host, "build_program", failing)
+    result = calibrate_host.measure("cpu", budget_s=1.0, count=False, programs=("ddp_mlp8", "plain_mlp8"))
+    assert result["ddp_mlp8_error"] == "RuntimeError: no such device"
+    assert "ddp_mlp8_step_us" not in result and result["plain_mlp8_step_us"] > 0
+    with pytest.raises(ValueError, match="programs: nonsense not allowed"):
+        calibrate_host.measure("cpu", budget_s=1.0, count=False, programs=("nonsense",))
 
 
 @pytest.mark.slow
 def test_every_stored_count_is_that_of_this_torch():
+    """All six programs, DeepSpeed's included (a minute on two cores)."""
     from zerobench.validation.calibrate.host import count_programs
 
     assert count_programs() == json.loads(H200[1].read_text())["counts"]

@@ -397,9 +397,11 @@ class PythonCalls:
 
 #: host.json's training steps: an 8-layer MLP (width 256, batch 32, foreach AdamW), plain,
 #: under fully_shard (one unit per layer and the root), under FSDP1 (use_orig_params,
-#: one unit per nn.Sequential), by their key prefix in host.json. What each makes the host
+#: one unit per nn.Sequential), and the steps of three engines' adapters around it (DDP,
+#: impl's ZeRO-2, DeepSpeed ZeRO-3: zerobench/engines, default options, fp32), by their key
+#: prefix in host.json (the H200's of 2026-11-26 has the first three). What each makes the host
 #: execute is counted on the virtual GPU by zerobench/validation/calibrate/host.py.
-PROGRAMS = ("plain_mlp8", "fsdp2_mlp8", "fsdp1_mlp8")
+PROGRAMS = ("plain_mlp8", "fsdp2_mlp8", "fsdp1_mlp8", "ddp_mlp8", "impl_zero2_mlp8", "deepspeed_zero3_mlp8")
 #: The programs python_call_s is fitted on; the others are held out.
 FITTED = ("plain_mlp8", "fsdp2_mlp8")
 
@@ -541,7 +543,11 @@ def from_measurements(measured: dict, name: str = "measured", source: str = "") 
     units.update(_python_units(measured))
     units["api_call"] = units["python_frame"] + units["torch_call"]
     fitted = _fit(units, measured, counts)
+    memory = measured.get("host_bytes_per_s", HostPreset.bytes_per_s)  # the H200's host.json has none
+    if not isinstance(memory, (int, float)) or not memory > 0:
+        raise ValueError(f"host measurements: host_bytes_per_s {memory!r} is not allowed (allowed: bytes/s > 0)")
     return HostPreset(name, dispatch_s=units["op"], launch_s=units["kernel"], alloc_s=units["alloc"],
+                      bytes_per_s=float(memory),
                       gemm_s=units["gemm"], foreach_tensor_s=fitted["foreach_tensor"],
                       python_frame_s=units["python_frame"], python_line_s=fitted["python_line"],
                       generator_s=units["generator"], c_call_s=units["c_call"], torch_call_s=units["torch_call"], event_record_s=units["event_record"],

@@ -179,12 +179,15 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
     cell runs out of the virtual GPU's memory (status ``oom``, with what it needed) or
     cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings;
     ``host``: a host preset (or its name)."""
+    from zerobench.engines.deepspeed import torch_as_found
+
     cell = job.cell()
     trace = traces / f"{cell.id}.trace.json.gz" if traces else None
     vgpu = None
     try:
         vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
-        return predict_on(w, cell, vgpu, trace)
+        with torch_as_found():  # a cell never changes the next one's torch
+            return predict_on(w, cell, vgpu, trace)
     except torch.OutOfMemoryError as err:
         traceback.print_exc()
         allocator = vgpu.allocator if vgpu is not None else None
