@@ -38,6 +38,8 @@ QUANTITIES: tuple[tuple[str, str], ...] = (
 #: main thread less its synchronize calls) and predicted (predict.csv), then the predicted
 #: host's time by share (what a trace cannot tell apart).
 HOST_QUANTITIES: tuple[tuple[str, str], ...] = (
+    ("profiler_s", "the profiler's own cost (traced - timed step)"),
+    ("idle_unprofiled_s", "device idle less the profiler's cost"),
     ("host_busy_s", "host busy (not in a synchronize)"),
     ("device_busy_s", "device busy"),
     ("host_operators_s", "host: operators"),
@@ -106,10 +108,13 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
         modelled["step_time_s"] = _one(predicted[predicted["config"] + "-ws" + predicted["world_size"].astype(str)
                                                  == _with_ws_last(cell)], "step_time_s")
         row = predicted[predicted["config"] + "-ws" + predicted["world_size"].astype(str) == _with_ws_last(cell)]
+        measured.update(unprofiled(measured))
+        modelled["idle_unprofiled_s"] = modelled.get("host_idle_s")  # the virtual GPU runs no profiler
         measured["host_busy_s"] = host_busy(load_trace(path))
         measured["device_busy_s"] = measured.get("busy_s")
         for quantity, _ in HOST_QUANTITIES:
-            modelled[quantity] = _one(row, quantity)
+            if quantity.startswith("host_") or quantity == "device_busy_s":  # predict.csv's
+                modelled[quantity] = _one(row, quantity)
         for quantity, label in QUANTITIES + HOST_QUANTITIES:
             m, p = measured.get(quantity), modelled.get(quantity)
             rows.append({"cell": cell, "quantity": label, "measured_s": m, "predicted_s": p,
@@ -117,6 +122,18 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
     if not rows:
         raise AgainstError(f"--against: no cell traced in {run_dir} was predicted in {predict_dir}")
     return pd.DataFrame(rows)
+
+
+def unprofiled(measured: dict) -> dict:
+    """The profiler's own cost in a measured step (the traced step less the timed one, as
+    the run's timing pass ran the same step without it) and the device idle less it: the
+    idle the host leaves without a profiler, at most (the profiler's cost need not all have
+    been idle). None where the run has no timed step."""
+    traced, timed, idle = measured.get("step_s"), measured.get("step_time_s"), measured.get("host_idle_s")
+    if traced is None or timed is None or idle is None:
+        return {"profiler_s": None, "idle_unprofiled_s": None}
+    cost = max(traced - timed, 0.0)
+    return {"profiler_s": cost, "idle_unprofiled_s": max(idle - cost, 0.0)}
 
 
 def host_busy(trace) -> float | None:
