@@ -659,3 +659,17 @@ def test_without_host_factories_the_cpu_is_the_device():
         x = torch.ones(250_000)
         assert gpu.default.tail > 0 and not gpu._host_storages
         assert x.to(torch.device("cpu")) is x
+
+
+def test_torchs_device_context_still_knows_the_wrapped_factories():
+    """``with torch.device("meta")`` gives torch's factories its device by a set it caches
+    on first use; made while the virtual GPU wraps them it would miss them, and a model
+    built on "meta" would be real (an 8B model's build then took 23 GB of RAM)."""
+    from torch.utils._device import _device_constructors
+
+    _device_constructors.cache_clear()
+    gpu = VirtualGpu(gpu=TOY_GPU, host=TOY_HOST, host_factories=True)
+    with gpu:
+        with torch.device("meta"):
+            made = [torch.empty(4), torch.zeros(4), torch.arange(4)]
+    assert all(t.device.type == "meta" for t in made)

@@ -638,6 +638,12 @@ class VirtualGpu(Layer, Listener):
 
         patches[(torch.nn.functional, "rms_norm")] = fused.rms_norm(self)
         if self.host_factories:  # a factory called without a device makes host memory: [Note: host memory]
+            # torch's device context (``with torch.device(...)``) knows its factories by a set it
+            # caches on first use: made while they are wrapped, it would hold the wrappers and
+            # give the factories no device (a build on "meta" made real tensors). Made now.
+            from torch.utils._device import _device_constructors
+
+            _device_constructors()
             for name in HOST_FACTORIES:
                 patches[(torch, name)] = _host_factory(self, getattr(torch, name))
             patches[(torch.Tensor, "to")] = _to_device(self, torch.Tensor.to)
