@@ -314,6 +314,14 @@ def test_calibrate_measures_the_host_on_a_cpu_and_the_result_builds_a_preset(mea
     assert [r["role"] for r in report].count("fitted") == len(host.FITTED)
 
 
+def test_calibrate_counts_the_programs_in_a_fresh_process_that_sees_no_gpu():
+    """What measure() stores as ``counts``: the stored counts of this torch, made in a child
+    process (a process that ran the programs, DeepSpeed's on a GPU, is not fresh)."""
+    from zerobench.validation.calibrate.host import count_in_a_fresh_process
+
+    assert count_in_a_fresh_process(("plain_mlp8",)) == {"plain_mlp8": json.loads(H200[1].read_text())["counts"]["plain_mlp8"]}
+
+
 def test_a_program_that_fails_is_a_note_and_the_others_are_kept(monkeypatch):
     from zerobench.validation.calibrate import host as calibrate_host
 

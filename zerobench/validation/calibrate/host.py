@@ -295,8 +295,29 @@ def measure(device: str | torch.device = "cuda", budget_s: float = 60.0, count: 
     finally:
         dist.destroy_process_group()
     if count:
-        out["counts"] = count_programs(programs)
+        out["counts"] = count_in_a_fresh_process(programs)
     return out
+
+
+def count_in_a_fresh_process(programs=PROGRAMS) -> dict[str, dict[str, int]]:
+    """:func:`count_programs` in a child process that sees no GPU: the counts are of the
+    virtual GPU's CPU code path, and a process that has run the programs on a GPU is not
+    fresh (DeepSpeed keeps the accelerator it chose, CUDA's, for the life of the process;
+    its ZeRO-3 leaves ``F.linear`` replaced: ``torch_as_found``)."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "counts.json")
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+        done = subprocess.run([sys.executable, "-m", "zerobench.validation.calibrate.host", "count", out,
+                               "--programs", ",".join(programs)], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"counting the host programs failed (exit {done.returncode}): "
+                               f"{done.stderr.strip().splitlines()[-1:] or ''}")
+        return json.loads(open(out).read())["counts"]
 
 
 def main(argv=None) -> int:
