@@ -245,7 +245,8 @@ WHATIF_METRICS: tuple[Metric, ...] = (
            "deterministic"),
     Metric("host_cpu_s", "s", "predict: the share of host_busy_s the CPU spent computing on host memory "
            "(operators on host tensors, pageable copies staged; [Note: host memory])", "deterministic"),
-    Metric("host_python_calls", "", "predict: Python function calls of the step the host was charged for",
+    Metric("host_python_calls", "", "predict: Python function calls of the step the host was charged for (frames "
+           "and generator entries)",
            "deterministic"),
     Metric("tokens_per_s", "tokens/s", "predict: tokens per second per GPU (the rank's micro-batch over the step)",
            "time", "higher"),
