@@ -108,9 +108,9 @@ _US = 1e-6
 class HostPreset:
     """What the CPU thread pays for what it does ([Note: host cost]). Times in seconds.
 
-    The stream and collective prices default to one ``dispatch_s`` each, and a
-    ``python_call_s`` of 0 turns the counting of Python calls off: the presets ``fast``
-    and ``slow`` price operators only, as the virtual GPU did before it counted more."""
+    The stream and collective prices default to one ``dispatch_s`` each, and Python's
+    prices all 0 turn the counting of Python off: the presets ``fast`` and ``slow`` price
+    operators only, as the virtual GPU did before it counted more."""
 
     name: str
     dispatch_s: float
@@ -402,7 +402,7 @@ class PythonCalls:
 #: prefix in host.json (the H200's of 2026-11-26 has the first three). What each makes the host
 #: execute is counted on the virtual GPU by zerobench/validation/calibrate/host.py.
 PROGRAMS = ("plain_mlp8", "fsdp2_mlp8", "fsdp1_mlp8", "ddp_mlp8", "impl_zero2_mlp8", "deepspeed_zero3_mlp8")
-#: The programs python_call_s is fitted on; the others are held out.
+#: The programs the fitted prices (:data:`FITTED_KINDS`) are fitted on; the others are held out.
 FITTED = ("plain_mlp8", "fsdp2_mlp8")
 
 #: A host that charges nothing but counts everything (for counting a program).

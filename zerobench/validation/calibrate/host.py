@@ -15,8 +15,9 @@ zerobench/instruments/vgpu/host.py):
   adapters), timed, with its count of aten operators, and a cProfile of DeepSpeed
   ZeRO-3's step (where its host time goes, function by function);
 * ``counts``: what one step of each program makes the host execute, counted on the
-  virtual GPU (:func:`count_programs`), which :func:`~zerobench.instruments.vgpu.host.from_measurements`
-  fits ``python_call_s`` with.
+  virtual GPU in a fresh process (:func:`count_in_a_fresh_process`), which
+  :func:`~zerobench.instruments.vgpu.host.from_measurements` fits the line and foreach
+  prices with.
 
 On a CPU it runs too (tests): the device module is ``torch.cpu``, whose streams and
 events are stubs, and whose tensors cannot be ``record_stream``-ed: there is nothing to
