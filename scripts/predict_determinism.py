@@ -86,7 +86,7 @@ def _in_process_prediction(results: Path, threads: int) -> Path:
     from zerobench.instruments.vgpu.presets import load_preset_file
     from zerobench.whatif.predict.job import run_job
 
-    def here(w, jobs, gpu_file, host, links, node_size, traces, memory, log):
+    def here(w, jobs, gpu_file, host, links, node_size, traces, memory, log, progress=None):
         return [run_job(w, job, load_preset_file(gpu_file), host, links["link"], links["inter_link"], node_size,
                         None, memory["alloc_conf"], memory["record_streams"], memory["sdpa_backend"]) for job in jobs]
 

@@ -220,3 +220,17 @@ def test_predict_and_estimate_take_one_request_checked_as_it_is_made(tmp_path):
     with pytest.raises(ValueError, match=r"--hybrid-shard-size: 3 does not divide world size 8"):
         EstimateRequest("quickstart", [8], hybrid_shard_size=3)
     assert not any(tmp_path.iterdir())  # refused before anything is made
+
+
+def test_a_step_whose_host_is_busier_than_its_device_is_called_host_bound():
+    """predict's table names a host-bound step and the largest share of its host's time
+    (predict.csv's host_*_s); a step whose device is busier, or a folder made before these
+    columns, gets no mark."""
+    from zerobench.whatif.predict.report import host_bound
+
+    row = {"host_busy_s": 0.2, "device_busy_s": 0.15, "host_operators_s": 0.05, "host_python_s": 0.12,
+           "host_streams_s": 0.01, "host_collectives_s": 0.0, "host_cpu_s": 0.02}
+    assert host_bound(row) == "host-bound (python 60%)"
+    assert host_bound({**row, "host_cpu_s": 0.13}) == "host-bound (host memory 65%)"
+    assert host_bound({**row, "device_busy_s": 0.25}) == ""
+    assert host_bound({"step_time_s": 0.2}) == ""

@@ -87,6 +87,31 @@ def test_a_synthetic_cuda_trace_worked_out_by_hand():
             assert row[key] == pytest.approx(us * US), key
 
 
+def test_the_profilers_own_cost_comes_off_the_measured_idle():
+    """Traced 206.5 ms, timed 202.8: the profiler cost 3.7 ms, and of 10.3 ms idle 6.6 are
+    left; a profiler cost larger than the idle leaves none; no timed step, no figure."""
+    out = against.unprofiled({"step_s": 0.2065, "step_time_s": 0.2028, "host_idle_s": 0.0103})
+    assert out["profiler_s"] == pytest.approx(0.0037) and out["idle_unprofiled_s"] == pytest.approx(0.0066)
+    assert against.unprofiled({"step_s": 0.3, "step_time_s": 0.2, "host_idle_s": 0.05})["idle_unprofiled_s"] == 0
+    assert against.unprofiled({"step_s": 0.3, "host_idle_s": 0.05}) == {"profiler_s": None, "idle_unprofiled_s": None}
+
+
+def test_the_hosts_busy_time_is_each_step_less_its_synchronize_calls(tmp_path):
+    """The synthetic trace's two steps of 1000 us, the first waiting 100 us in a
+    cudaDeviceSynchronize (and 150 us more past the step's end, which is not the step's):
+    the host was busy 900 and 1000 us, 950 on average. A CPU run's trace has no CUDA
+    runtime: no figure."""
+    data = json.loads((DATA / "cuda_step.trace.json").read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    step = next(e for e in events if e.get("name") == "zerobench::step")
+    events.append({**step, "name": "cudaDeviceSynchronize", "cat": "cuda_runtime", "ts": 900, "dur": 100})
+    events.append({**step, "name": "cudaStreamSynchronize", "cat": "cuda_runtime", "ts": 2000, "dur": 150})
+    path = tmp_path / "synced.trace.json"
+    path.write_text(json.dumps(data))
+    assert against.host_busy(load_trace(path)) == pytest.approx(950 * US)
+    assert against.host_busy(load_trace(DATA / "ddp.rank0.json.gz")) is None
+
+
 def test_a_cpu_runs_trace_breaks_down_into_its_operators_and_gloo():
     """A real 2-rank gloo trace (tests/data/ddp.rank0.json.gz): every step's classes and
     idle time add up to no more than the step, DDP's all-reduces are communication, and
@@ -146,7 +171,7 @@ def test_against_puts_each_class_beside_its_prediction(tmp_path):
     modelled = mean_breakdown(load_trace(predicted / "traces" / "ddp-ws2-fp32.trace.json.gz"))
     rows = frame.set_index("quantity")
     assert list(frame["cell"].unique()) == ["ddp-ws2-fp32"]
-    assert list(rows.index) == [label for _, label in against.QUANTITIES]
+    assert list(rows.index) == [label for _, label in against.QUANTITIES + against.HOST_QUANTITIES]
     assert rows.loc["gemm", "measured_s"] == pytest.approx(measured["gemm_s"])
     assert rows.loc["gemm", "predicted_s"] == pytest.approx(modelled["gemm_s"]) and modelled["gemm_s"] > 0
     assert modelled["optimizer_s"] > 0 and modelled["copy_s"] > 0 and modelled["elementwise_s"] > 0
@@ -154,6 +179,8 @@ def test_against_puts_each_class_beside_its_prediction(tmp_path):
     assert rows.loc["step (timed)", "predicted_s"] == pytest.approx(0.0002)
     assert rows.loc["step (timed)", "error"] == pytest.approx(0.0002 / 0.004 - 1)
     assert pd.isna(rows.loc["attention", "error"])  # nothing measured: no error
+    # the virtual GPU runs no profiler: its idle is its idle without one
+    assert rows.loc["device idle less the profiler's cost", "predicted_s"] == pytest.approx(modelled["host_idle_s"])
     from zerobench.analysis.render import markdown, text
 
     table = markdown(against.against_table(frame))

@@ -620,3 +620,56 @@ def test_adamw_takes_the_foreach_path_on_the_virtual_gpu_with_the_same_numerics(
             mp.setattr(optimizer_module, "_get_foreach_kernels_supported_devices", lambda: ["cuda"])
             steps([p.detach().clone().requires_grad_() for p in twins])
     assert single.kernels > 2 * foreach_kernels  # one parameter at a time: many more kernels
+
+
+# -- host memory ([Note: host memory] in device.py) --------------------------------------
+
+
+def test_a_factory_without_a_device_makes_host_memory_that_the_cpu_computes_on():
+    """With host_factories (as predict runs a program written for a GPU): tensors made
+    without a device are host memory, the CPU computes on them at its memory speed while
+    the device's queue is left alone, and ``.to(device)`` is a staged copy from pageable
+    memory: the stream drains, the host copies into its staging buffer, the copy runs,
+    the host waits for it. Round numbers: 1 MB at 1 GB/s is 1 ms, on the host and on PCIe."""
+    host = HostPreset("toy", dispatch_s=10 * US, launch_s=10 * US, bytes_per_s=1e9)
+    gpu = VirtualGpu(gpu=TOY_GPU, host=host, host_factories=True)
+    with gpu:
+        gpu._sleep(1_000_000)                     # the device busy until 1.02 ms
+        angles = torch.ones(250_000)              # host: 10 us + 1 MB written
+        cos = angles.cos()                        # host: 10 us + 1 MB read, 1 MB written
+        assert gpu.host.now == pytest.approx(20 * US + 20 * US + 3 * MS)
+        assert gpu.default.tail == pytest.approx(20 * US + 1 * MS)  # nothing enqueued
+        before = gpu.host.now
+        on_device = cos.to(torch.device("cpu"))   # 20 us, 1 ms staged, 1 ms copied, waited for
+        assert gpu.host.now == pytest.approx(before + 20 * US + 2 * MS)
+        assert gpu.default.tail == pytest.approx(gpu.host.now)
+        assert gpu.class_seconds["copy"] == pytest.approx(1 * MS)
+        on_device.add_(1)                         # device memory: a kernel on the stream
+        assert gpu.default.tail > gpu.host.now
+        # a device named, or the harness making what a real rank makes on its device: device memory
+        made = [torch.ones(4, device=torch.device("cpu"))]
+        with gpu.on_device():
+            made.append(torch.ones(4))
+        assert not any(s in gpu._host_storages for t in made for s in storages.storages_of(t))
+
+
+def test_without_host_factories_the_cpu_is_the_device():
+    gpu = VirtualGpu(gpu=TOY_GPU, host=TOY_HOST)
+    with gpu:
+        x = torch.ones(250_000)
+        assert gpu.default.tail > 0 and not gpu._host_storages
+        assert x.to(torch.device("cpu")) is x
+
+
+def test_torchs_device_context_still_knows_the_wrapped_factories():
+    """``with torch.device("meta")`` gives torch's factories its device by a set it caches
+    on first use; made while the virtual GPU wraps them it would miss them, and a model
+    built on "meta" would be real (an 8B model's build then took 23 GB of RAM)."""
+    from torch.utils._device import _device_constructors
+
+    _device_constructors.cache_clear()
+    gpu = VirtualGpu(gpu=TOY_GPU, host=TOY_HOST, host_factories=True)
+    with gpu:
+        with torch.device("meta"):
+            made = [torch.empty(4), torch.zeros(4), torch.arange(4)]
+    assert all(t.device.type == "meta" for t in made)

@@ -363,6 +363,22 @@ def deepspeed_environment(ctx) -> dict[str, str]:
     return {"LOCAL_RANK": str(local), "RANK": str(ctx.rank), "WORLD_SIZE": str(ctx.world_size)}
 
 
+@contextlib.contextmanager
+def torch_as_found():
+    """Inside, what DeepSpeed changes of torch for the life of its process is put back on
+    leaving: 0.19.8's ZeRO-3 replaces ``torch.nn.functional.linear`` with its own
+    (``zero3_linear_wrap``) when an engine is built, and leaves it. A process that runs
+    other programs after a ZeRO-3 cell (predict's jobs, calibrate's host programs) would
+    run theirs: a plain MLP's step then dispatched 144 operators instead of 175."""
+    import torch.nn.functional as F
+
+    linear = F.linear
+    try:
+        yield
+    finally:
+        F.linear = linear
+
+
 def _start_deepspeed(ctx):
     """Import DeepSpeed and build its communication backend over the worker's process
     group (see [Note: DeepSpeed under the harness])."""

@@ -87,12 +87,13 @@ class Session:
         (zerobench/spec/data.py); under fake tensors, tensors of the same shapes."""
         d, m = self.workload.data, self.workload.model
         if self.world.fake_tensors:
-            if getattr(m, "batch", ""):
-                return data_mod.global_batch(m, d.batch_size, d.seed, step)
-            if m.kind == "mlp":
-                return torch.randn(d.batch_size, m.width), torch.randn(d.batch_size, m.width)
-            return (torch.randint(0, m.vocab, (d.batch_size, m.seq_len)),
-                    torch.randint(0, m.vocab, (d.batch_size, m.seq_len)))
+            with self.world.on_device():  # where a real rank makes its batch
+                if getattr(m, "batch", ""):
+                    return data_mod.global_batch(m, d.batch_size, d.seed, step)
+                if m.kind == "mlp":
+                    return torch.randn(d.batch_size, m.width), torch.randn(d.batch_size, m.width)
+                return (torch.randint(0, m.vocab, (d.batch_size, m.seq_len)),
+                        torch.randint(0, m.vocab, (d.batch_size, m.seq_len)))
         inputs, targets = data_mod.rank_batch(m, d.batch_size, self.ctx.world_size, self.ctx.rank, d.seed, step,
                                               self.ctx.device)
         if self.world.backend == "fake":  # own storages, not views of the global batch

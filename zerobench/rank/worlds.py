@@ -95,6 +95,12 @@ class World:
     def materialize(self) -> None:
         """After :meth:`building`: what the rank holds gets its device memory."""
 
+    def on_device(self):
+        """Around the harness making, without a device, what a real run makes on its
+        device (a fake batch): on a virtual GPU, device memory ([Note: host memory] in
+        zerobench/instruments/vgpu/device.py); elsewhere nothing."""
+        return contextlib.nullcontext()
+
     def __enter__(self) -> "World":
         raise NotImplementedError
 
@@ -191,6 +197,9 @@ class FakeWorld(World):
     def materialize(self) -> None:
         if self.gpu is not None:
             self.gpu.materialize()
+
+    def on_device(self):
+        return self.gpu.on_device() if self.gpu is not None else contextlib.nullcontext()
 
     def barrier(self) -> None:
         pass  # no other rank to wait for

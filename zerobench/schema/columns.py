@@ -232,9 +232,21 @@ WHATIF_METRICS: tuple[Metric, ...] = (
            "deterministic", "higher"),
     Metric("host_blocked_s", "s", "predict: host time spent waiting for the device in the step", "deterministic"),
     Metric("host_busy_s", "s", "predict: host time the step's work cost (operators, stream and collective calls, "
-           "Python calls; [Note: host cost])", "deterministic"),
-    Metric("host_python_s", "s", "predict: the share of host_busy_s spent in Python calls", "deterministic"),
-    Metric("host_python_calls", "", "predict: Python function calls of the step the host was charged for",
+           "Python, work on host memory; [Note: host cost])", "deterministic"),
+    Metric("device_busy_s", "s", "predict: time the device was busy in the step (compute, and the communication "
+           "nothing hides); a step whose host_busy_s is larger is host-bound", "deterministic"),
+    Metric("host_operators_s", "s", "predict: the share of host_busy_s spent dispatching operators (launches, "
+           "allocations, foreach lists)", "deterministic"),
+    Metric("host_python_s", "s", "predict: the share of host_busy_s spent in Python (frames, lines, generators, "
+           "builtins, torch C entries)", "deterministic"),
+    Metric("host_streams_s", "s", "predict: the share of host_busy_s spent in stream and event calls",
+           "deterministic"),
+    Metric("host_collectives_s", "s", "predict: the share of host_busy_s spent issuing and waiting collectives",
+           "deterministic"),
+    Metric("host_cpu_s", "s", "predict: the share of host_busy_s the CPU spent computing on host memory "
+           "(operators on host tensors, pageable copies staged; [Note: host memory])", "deterministic"),
+    Metric("host_python_calls", "", "predict: Python function calls of the step the host was charged for (frames "
+           "and generator entries)",
            "deterministic"),
     Metric("tokens_per_s", "tokens/s", "predict: tokens per second per GPU (the rank's micro-batch over the step)",
            "time", "higher"),

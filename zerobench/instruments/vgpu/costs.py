@@ -231,6 +231,11 @@ def is_gemm(func) -> bool:
     return func._overloadpacket in GEMM_PACKETS
 
 
+def is_foreach(func) -> bool:
+    """A ``_foreach_*`` operator: one call over lists of tensors ([Note: host cost])."""
+    return func.name().startswith("aten::_foreach_")
+
+
 def _tensors(obj) -> list:
     return list(tensors_in(obj))
 

@@ -52,6 +52,25 @@ did before it modelled them (results/gpu/h200-20261126/README.md). Here a GEMM i
 inside autograd's backward (``torch._C._current_autograd_node()``) stands for the
 backward thread's handle.
 
+[Note: host memory]
+A program written for a GPU makes host memory wherever it calls a factory without a
+device (torch's default device is the CPU): Llama's rotary tables, computed each forward
+from ``torch.arange(seq_len)``, are cos and sin on the host, then ``.to(device)``. On the
+H200 that is 4-5 ms a step of the CPU computing while the device waits, the largest host
+gap of the shared Llama run (results/gpu/h200-20261128/llama3-8b-l4-ws1-deepspeed, traces:
+``aten::cos``, ``aten::sin`` on the CPU, then two pageable copies). Here the CPU is the
+device, and a factory's output looks the same with or without one, so with
+``host_factories`` (what ``zerobench predict`` runs) the virtual GPU wraps torch's
+factories (:data:`HOST_FACTORIES`): called without a device, while the default device
+is the CPU and outside a model's build or the harness's batch (``on_device``, where the
+harness makes without a device what a real rank makes on its device), their outputs are
+host memory, and so is what operators compute from host memory alone: the CPU runs
+those, at its memory speed. ``Tensor.to`` naming a device copies host memory there,
+which torch would skip here as the tensor is already on the CPU. A copy from pageable
+host memory is CUDA's staged copy: the stream drains first, the host copies the bytes
+into its staging buffer, and unless ``non_blocking`` torch synchronises after it; a
+pinned buffer's copy is a plain DMA on the stream.
+
 [Note: collective tensors]
 A collective's tensors must not be reused while NCCL's stream still reads or writes
 them. ProcessGroupNCCL has had two ways: ``record_stream`` of every input and output
@@ -81,6 +100,7 @@ allocator model sees the build as meta-device initialisation does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections import Counter
@@ -88,6 +108,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from zerobench.instruments import collectives, storages
@@ -97,7 +118,7 @@ from zerobench.instruments.storages import Listener, makes_no_storage, storages_
 from zerobench.instruments.vgpu import comm, costs, sdpa
 from zerobench.instruments.vgpu.alloc_conf import AllocatorConfig
 from zerobench.instruments.vgpu.allocator import CachingAllocator
-from zerobench.instruments.vgpu.host import HostPreset, PythonCalls, host_preset
+from zerobench.instruments.vgpu.host import PYTHON_KINDS, HostPreset, PythonCalls, host_preset
 from zerobench.instruments.vgpu.kernel_classes import KERNEL_CLASSES
 from zerobench.instruments.vgpu.presets import GpuPreset, gpu_preset
 from zerobench.instruments.vgpu.timeline import Host, Trace, VEvent, VStream
@@ -150,13 +171,15 @@ class VirtualGpu(Layer, Listener):
     backend (``auto``: torch's choice, sdpa.py). ``clocks``: ``sustained`` (the preset's
     default) or ``burst`` ([Note: clocks under load] in costs.py). ``cublas_workspace_config``:
     ``CUBLAS_WORKSPACE_CONFIG`` as the run would have it (default: this process's
-    environment)."""
+    environment). ``host_factories``: a factory called without a device makes host memory,
+    as in a program written for a GPU (``zerobench predict``); off, the CPU is the device
+    everywhere, as tests write their programs ([Note: host memory])."""
 
     def __init__(self, gpu: str | GpuPreset = "h100-sxm", host: str | HostPreset = "fast",
                  link: Link | None = None, trace: bool = True, rank: int = 0, malloc_synchronizes: bool = False,
                  inter_link: Link | None = None, node_size: int = 8, alloc_conf: AllocatorConfig | str | None = None,
                  record_streams: bool = False, sdpa_backend: str = "auto", clocks: str | None = None,
-                 cublas_workspace_config: str | None = None):
+                 cublas_workspace_config: str | None = None, host_factories: bool = False):
         import os
 
         self.preset = gpu_preset(gpu)
@@ -177,6 +200,8 @@ class VirtualGpu(Layer, Listener):
         self.host_preset = host_preset(host)
         # What the host was charged for, by kind, and each kind's price ([Note: host cost]).
         self.host_counts: Counter = Counter()
+        # Seconds the host spent computing on host memory: [Note: host memory].
+        self.host_cpu_s = 0.0
         self._units = self.host_preset.units()
         # The Python calls the host thread makes, while installed (None: not counted).
         self.python: PythonCalls | None = PythonCalls() if self.host_preset.counts_python else None
@@ -204,7 +229,12 @@ class VirtualGpu(Layer, Listener):
         # their blocks once its kernel is enqueued (_Mode), wherever the follower sits
         self._in_op = 0
         # pinned host storages: never on the device
-        self._host_storages = WeakIdKeyDictionary()
+        self._host_storages = WeakIdKeyDictionary()  # storage -> PINNED or PAGEABLE
+        self.host_factories = host_factories
+        # Factories running without a device, now: their outputs are host memory ([Note: host memory]).
+        self._making_host = 0
+        # Inside on_device(): the harness makes tensors that the real run makes on its device.
+        self._on_device = 0
         self._lock = threading.RLock()
         self._label: str | None = None  # see label()
         self._exit_stack: contextlib.ExitStack | None = None
@@ -321,10 +351,17 @@ class VirtualGpu(Layer, Listener):
         self.host_counts[kind] += n
         self.host.advance(n * self._units[kind])
 
-    def _python_charged(self, calls: int, start: float, end: float) -> None:
-        """The host clock has charged ``calls`` Python calls, from ``start`` to ``end``."""
-        self.host_counts["python_call"] += calls
-        self.trace.span("host", "python", start, end, {"calls": calls})
+    def host_work(self, seconds: float) -> None:
+        """The host computes on host memory for ``seconds`` ([Note: host memory])."""
+        self.host_cpu_s += seconds
+        self.host.advance(seconds)
+
+    def _python_charged(self, deltas: list, start: float, end: float) -> None:
+        """The host clock has charged ``deltas`` (Python work by kind, host.py's
+        PYTHON_KINDS), from ``start`` to ``end``."""
+        for kind, n in zip(PYTHON_KINDS, deltas):
+            self.host_counts[kind] += n
+        self.trace.span("host", "python", start, end, dict(zip(PYTHON_KINDS, deltas)))
 
     @contextlib.contextmanager
     def label(self, name: str):
@@ -454,6 +491,17 @@ class VirtualGpu(Layer, Listener):
                 yield
         finally:
             self._deferring = False
+
+    @contextlib.contextmanager
+    def on_device(self):
+        """Tensors made inside without a device are device memory: where the harness makes
+        on fake tensors what a real run makes on its device (a batch), or builds a model
+        (``deferred``). Elsewhere such a factory makes host memory: [Note: host memory]."""
+        self._on_device += 1
+        try:
+            yield
+        finally:
+            self._on_device -= 1
 
     @contextlib.contextmanager
     def python_uncounted(self):
@@ -589,6 +637,16 @@ class VirtualGpu(Layer, Listener):
         from zerobench.instruments.vgpu import fused
 
         patches[(torch.nn.functional, "rms_norm")] = fused.rms_norm(self)
+        if self.host_factories:  # a factory called without a device makes host memory: [Note: host memory]
+            # torch's device context (``with torch.device(...)``) knows its factories by a set it
+            # caches on first use: made while they are wrapped, it would hold the wrappers and
+            # give the factories no device (a build on "meta" made real tensors). Made now.
+            from torch.utils._device import _device_constructors
+
+            _device_constructors()
+            for name in HOST_FACTORIES:
+                patches[(torch, name)] = _host_factory(self, getattr(torch, name))
+            patches[(torch.Tensor, "to")] = _to_device(self, torch.Tensor.to)
         for (owner, name), value in patches.items():
             stack.enter_context(_patched(owner, name, value))
         stack.enter_context(collectives.intercepted(self))  # collectives: issue() below
@@ -599,10 +657,10 @@ class VirtualGpu(Layer, Listener):
         stack.callback(_active.pop)
         if self.python is not None:  # last: installing is not the program ([Note: host cost])
             _dynamo_patched()
-            self.host.watch_python(self.python.calls, self.host_preset.python_call_s, self._python_charged)
+            self.host.watch_python(self.python.counts, self.host_preset.python_prices(), self._python_charged)
             self._events.python = self.python
             self.python.install()
-            stack.callback(self.host.watch_python, None, 0.0, None)
+            stack.callback(self.host.watch_python, None)
             stack.callback(setattr, self._events, "python", None)
             stack.callback(self.python.uninstall)
         self._exit_stack = stack
@@ -710,6 +768,51 @@ def _patched(owner, name: str, value):
             setattr(owner, name, original)
 
 
+#: torch's factories that take a ``device`` ([Note: host memory]).
+HOST_FACTORIES = ("arange", "empty", "empty_strided", "eye", "full", "linspace", "logspace", "ones", "rand",
+                  "randint", "randn", "randperm", "zeros")
+#: What ``VirtualGpu._host_storages`` holds for a host storage: pinned or pageable memory.
+PINNED, PAGEABLE = "pinned", "pageable"
+
+
+def _host_factory(gpu: VirtualGpu, factory):
+    """``factory`` making host memory when called without a device while torch's default
+    device is the CPU ([Note: host memory])."""
+    @functools.wraps(factory)
+    def made(*args, **kwargs):
+        if (kwargs.get("device") is not None or gpu._deferring or gpu._on_device > 0
+                or torch.get_default_device().type != "cpu"):
+            return factory(*args, **kwargs)
+        gpu._making_host += 1
+        try:
+            return factory(*args, **kwargs)
+        finally:
+            gpu._making_host -= 1
+
+    return made
+
+
+def _names_a_device(args, kwargs) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names a device (or a tensor whose device it takes)."""
+    if kwargs.get("device") is not None:
+        return True
+    return bool(args) and isinstance(args[0], (torch.device, str, int, torch.Tensor)) and not isinstance(args[0], bool)
+
+
+def _to_device(gpu: VirtualGpu, to):
+    """``Tensor.to`` that copies host memory to the device when it names one: here the
+    device is the CPU, and torch returns the tensor itself ([Note: host memory])."""
+    @functools.wraps(to)
+    def moved(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is self and _names_a_device(args, kwargs) and any(s in gpu._host_storages for s in storages_of(self)):
+            non_blocking = kwargs.get("non_blocking", any(a is True for a in args[1:]))
+            out = aten._to_copy.default(self, device=self.device, non_blocking=non_blocking)
+        return out
+
+    return moved
+
+
 class _FusedKernel:
     """The bytes each kernel of a fused operator reads and writes (VirtualGpu.fused)."""
 
@@ -745,6 +848,7 @@ class _Mode(TorchDispatchMode):
         python = self.gpu.python
         if python is None:
             return self._dispatch(func, args, kwargs or {})
+        python.ops[0] += 1  # a call into torch that led here dispatched an operator
         python.pause()  # the virtual GPU's own work (and fake tensors') is not the host's: [Note: host cost]
         try:
             return self._dispatch(func, args, kwargs or {})
@@ -772,13 +876,15 @@ class _Mode(TorchDispatchMode):
         inputs = list(storages_of((args, kwargs)))
         if func is aten.lift_fresh.default:
             for storage in inputs:
-                gpu._host_storages[storage] = True
-        # An operator on host memory alone (a pinned buffer and what is computed from it,
-        # as CPU offload's optimizer step) runs on the CPU: its outputs are host memory,
-        # and it costs the host its bytes at host memory speed instead of a kernel.
-        # ``torch.tensor(data)`` (``lift_fresh``) without a device is host memory too: an
-        # optimizer's step counters, whose ``.item()`` must not wait for the device.
-        on_host = pinned or (bool(inputs) and all(s in gpu._host_storages for s in inputs))
+                gpu._host_storages[storage] = PAGEABLE
+        # An operator on host memory alone (a pinned buffer and what is computed from it, as
+        # CPU offload's optimizer step; ``torch.tensor(data)``, an optimizer's step counters)
+        # runs on the CPU: its outputs are host memory, and it costs the host its bytes at
+        # host memory speed instead of a kernel. A copy to a device it names does not:
+        # [Note: host memory].
+        to_device = func is aten._to_copy.default and kwargs.get("device") is not None
+        on_host = pinned or gpu._making_host > 0 or (
+            not to_device and bool(inputs) and all(s in gpu._host_storages for s in inputs))
         kernel = costs.launches_kernel(func)
         launch = kernel and not on_host
         start = gpu.host.now
@@ -788,6 +894,8 @@ class _Mode(TorchDispatchMode):
             gpu.charge("kernel")
             if costs.is_gemm(func):
                 gpu.charge("gemm")
+            elif costs.is_foreach(func):
+                gpu.charge("foreach_tensor", sum(1 for a in tree_leaves(args) if isinstance(a, torch.Tensor)))
         for storage in inputs:  # tensors made before the device was installed
             gpu.track(storage)
         if func in costs.SYNCHRONIZING and not on_host:
@@ -799,9 +907,9 @@ class _Mode(TorchDispatchMode):
             gpu._in_op -= 1
         if on_host:
             for storage in storages_of(out):
-                gpu._host_storages[storage] = True
+                gpu._host_storages[storage] = PINNED if pinned else PAGEABLE
             if kernel:  # the CPU runs it
-                gpu.host.advance(costs.host_duration(args, kwargs, out, gpu.host_preset))
+                gpu.host_work(costs.host_duration(args, kwargs, out, gpu.host_preset))
         if launch:
             outputs = list(storages_of(out))
             if outputs and gpu._events is not None:  # the caching allocator hands out each new one
@@ -811,10 +919,15 @@ class _Mode(TorchDispatchMode):
             host_side = (func in (aten.copy_.default, aten._to_copy.default)
                          and len(args) > (func is aten.copy_.default)
                          and any(s in gpu._host_storages for s in storages_of((args, out))))
+            pageable = False
             if host_side:  # across PCIe
                 source = args[1] if func is aten.copy_.default else args[0]
                 nbytes = costs.tensor_bytes(source)  # the destination has the source's shape
                 seconds, kind = costs.pcie_duration(costs.accessed_bytes(source), nbytes, gpu.preset), "copy"
+                pageable = any(gpu._host_storages.get(s) == PAGEABLE for s in storages_of((args, out)))
+                if pageable:  # CUDA's staged copy: the stream drained first, then a host memcpy
+                    gpu.host.block_until(gpu._current.tail)
+                    gpu.host_work(nbytes / gpu.host_preset.bytes_per_s)
             else:
                 backend = None
                 if func in costs.ATTENTION:
@@ -826,6 +939,8 @@ class _Mode(TorchDispatchMode):
                                                  attention=cost.kind == "attention")
                 kind, nbytes = cost.kind, cost.nbytes
             gpu.run_kernel(seconds, func.__name__, kind, nbytes)
+            if pageable and not kwargs.get("non_blocking", False):  # torch synchronises the stream after it
+                gpu.host.block_until(gpu._current.tail)
             lead = gpu.default.tail - gpu.host.now
             if lead > gpu.host_lead_max_s:
                 gpu.host_lead_max_s = lead

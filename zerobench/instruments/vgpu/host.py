@@ -15,24 +15,36 @@ real host:
 
 * every operator the dispatch mode sees: ``dispatch_s``; ``launch_s`` more when it
   launches a kernel, ``gemm_s`` more for a cuBLAS GEMM (its heuristics and workspace),
-  ``alloc_s`` for each output the caching allocator hands it;
+  ``foreach_tensor_s`` more per tensor in a ``_foreach_*`` operator's lists, ``alloc_s``
+  for each output the caching allocator hands it;
 * the stream and event calls of ``torch.cuda`` the engines make, each at its own
   measured price: ``Event.record``, ``Stream.wait_event``, ``with torch.cuda.stream(s)``
   (entering and leaving), ``record_stream``; ``wait_stream`` is an event record and a
   wait, as torch implements it; calls that were not measured (``current_stream``,
-  making a stream or an event) cost one Python call, as the Python functions they are;
+  making a stream or an event) cost a Python call and a torch C entry, the Python
+  functions they are;
 * every collective call (NCCL's enqueue and c10d's Python around it), and the
   ``wait()`` of an asynchronous one;
-* every *Python function call* the host thread makes in the engines', torch's, the
-  model's and the harness's code (:class:`PythonCalls`), at ``python_call_s``: the
-  average cost of a call with the work done in it, fitted on whole training steps.
+* the Python work of the engines', torch's, the model's and the harness's code
+  (:class:`PythonCalls`), by kind (:data:`PYTHON_KINDS`): each call of a Python
+  function (``python_frame_s``: a one-line call), each line of code it ran through
+  before it returned (``python_line_s``: its body's own work), each entry into a
+  generator (``generator_s``), each call of a C builtin (``c_call_s``) and each call
+  into torch's C extension that dispatched no operator (``torch_call_s``).
+
+A single price per Python call (the model before this one) had to stand for a hook of
+fully_shard's and a one-line ``get_accelerator()`` alike; fitted on fully_shard's steps it
+came to 4.1 us, and DeepSpeed ZeRO-3, which makes a hundred thousand one-line calls a
+step, came out 2.4 times its measured step. Kinds tell those apart: a one-line call costs
+its frame and one line; a hook its frame and its twenty lines.
 
 What is not counted is what only this CPU runs: the virtual GPU's own code and every
 other instrument's (zerobench/instruments/, which the counter skips with everything
 they call), fake tensors (torch/_subclasses/), the Python dispatch mode's lookup of
 its rules, imports made on first use, the garbage collector's pass, and the standard
 library's own frames (their callees in torch are counted): Python's version should not
-move a prediction, and ``python_call_s`` is fitted on calls counted the same way. Nor
+move a prediction (lines are the source's, not the bytecode's), and the fitted prices
+are fitted on work counted the same way. Nor
 are the Python calls of a prediction's build and warm-up steps
 (``VirtualGpu.python_uncounted``; their operators and stream calls are):
 the first steps of a process run first-call code (caches filled, modules imported)
@@ -44,18 +56,22 @@ The prices come from :func:`from_measurements`: a host.json-shaped dict of one h
 measurements (zerobench/validation/calibrate/host.py measures them; the H200's are in
 results/gpu/h200-20261126/host.json). Per call: ``x.add_(1)`` is an operator with a
 kernel, ``x + 1`` the same with an output to allocate, ``torch.empty`` an operator
-without a kernel that allocates, ``F.linear`` a view and a GEMM. ``python_call_s`` is
-the one figure fitted, by least squares of the relative errors over the plain and
-fully_shard training steps
-of an 8-layer MLP (their counts made on the virtual GPU by
-zerobench/validation/calibrate/host.py's ``count_programs``);
-the FSDP1 step is held out, to check the model: :func:`fit_report`.
+without a kernel that allocates, ``F.linear`` a view and a GEMM; a loop calling a
+one-line function is a frame, the same calling ``len`` adds a C builtin, ``x.dim()`` a
+torch C entry, ``next(g)`` a generator's resumption (:data:`PYTHON_LOOPS`; a host.json
+without one prices that kind as a one-line call). What no loop measures, a line's work
+and a foreach list's tensor (:data:`FITTED_KINDS`), is fitted by least squares of the
+relative errors over the plain and fully_shard training steps of an 8-layer MLP (their
+counts made on the virtual GPU by zerobench/validation/calibrate/host.py's
+``count_programs``); the FSDP1 step is held out, to check the model: :func:`fit_report`.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import gc
+import inspect
 import json
 import os
 import sys
@@ -64,9 +80,26 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 #: What the host is charged for, by kind (VirtualGpu.host_counts). See [Note: host cost].
-KINDS = ("op", "kernel", "gemm", "alloc", "python_call", "api_call", "event_record", "wait_event", "wait_stream",
-         "stream_switch", "record_stream", "collective", "collective_wait")
+KINDS = ("op", "kernel", "gemm", "alloc", "foreach_tensor", "python_frame", "python_line", "generator", "c_call", "torch_call", "api_call",
+         "event_record", "wait_event", "wait_stream", "stream_switch", "record_stream", "collective", "collective_wait")
+#: The Python work :class:`PythonCalls` tells apart, in the order of its ``counts``: a call
+#: of a Python function, the lines of code it ran through (:func:`_lines_run`), an entry into a generator or coroutine (its first run or a
+#: resumption), a call of a C builtin that is not torch's (``len``, ``isinstance``,
+#: ``getattr``...), and a call into torch's C extension that dispatched no operator
+#: (``Tensor.dim``, ``torch.is_grad_enabled``, ``torch._C._get_tracing_state``...; one
+#: that dispatches an operator is priced as the operator).
+PYTHON_KINDS = ("python_frame", "python_line", "generator", "c_call", "torch_call")
+
+#: The host's time by share, as predict reports it (``host_<share>_s``): the kinds each
+#: share sums. Work the CPU does on host memory (operators on host tensors, the staging of
+#: pageable copies) is the device's ``host_cpu_s``, not a count.
+HOST_SHARES = {"operators": ("op", "kernel", "gemm", "foreach_tensor", "alloc"),
+               "python": PYTHON_KINDS,
+               "streams": ("api_call", "event_record", "wait_event", "wait_stream", "stream_switch", "record_stream"),
+               "collectives": ("collective", "collective_wait")}
 
 _US = 1e-6
 
@@ -75,9 +108,9 @@ _US = 1e-6
 class HostPreset:
     """What the CPU thread pays for what it does ([Note: host cost]). Times in seconds.
 
-    The stream and collective prices default to one ``dispatch_s`` each, and a
-    ``python_call_s`` of 0 turns the counting of Python calls off: the presets ``fast``
-    and ``slow`` price operators only, as the virtual GPU did before it counted more."""
+    The stream and collective prices default to one ``dispatch_s`` each, and Python's
+    prices all 0 turn the counting of Python off: the presets ``fast`` and ``slow`` price
+    operators only, as the virtual GPU did before it counted more."""
 
     name: str
     dispatch_s: float
@@ -91,9 +124,28 @@ class HostPreset:
     """Each output tensor the caching allocator hands an operator."""
     gemm_s: float = 0.0
     """More for a cuBLAS GEMM's launch."""
-    python_call_s: float = 0.0
-    """Each Python function call of the engines', torch's, the model's and the harness's
-    code (0: not counted)."""
+    foreach_tensor_s: float = 0.0
+    """More for each tensor in the lists of a ``_foreach_*`` operator (its per-tensor checks
+    and the kernel arguments ``multi_tensor_apply`` builds; a tensor subclass's own dispatch
+    of it, as DTensor's, per tensor)."""
+    python_frame_s: float = 0.0
+    """Each call of a Python function of the engines', torch's, the model's and the
+    harness's code: a frame made, its body run, returned (0, with the three below: Python
+    is not counted)."""
+    python_line_s: float = 0.0
+    """Each line of code such a call ran through before it returned (:func:`_lines_run`):
+    its body's own work (attribute look-ups, arithmetic, branches), beside the calls it
+    makes, which are counted on their own."""
+    generator_s: float = 0.0
+    """Each entry into a generator or coroutine frame of that code (its first run, or a
+    resumption by ``next`` or a ``for`` loop)."""
+    c_call_s: float = 0.0
+    """Each call of a C builtin (not torch's) from that code: ``len``, ``isinstance``,
+    ``getattr``, a dict's ``get``..."""
+    torch_call_s: float = 0.0
+    """Each call from that code into torch's C extension that dispatches no operator:
+    tensor metadata (``Tensor.dim``, ``Tensor.size``), grad mode, the tracing and
+    dispatch-key checks, hook registration."""
     event_record_s: float | None = None
     """``Event.record`` (default: ``dispatch_s``)."""
     wait_event_s: float | None = None
@@ -128,13 +180,18 @@ class HostPreset:
 
     @property
     def counts_python(self) -> bool:
-        """Whether the Python calls between operators are counted and charged."""
-        return self.python_call_s > 0
+        """Whether the Python work between operators is counted and charged."""
+        return any(price > 0 for price in self.python_prices())
+
+    def python_prices(self) -> tuple[float, ...]:
+        """Seconds per item of each of :data:`PYTHON_KINDS`, in that order."""
+        return (self.python_frame_s, self.python_line_s, self.generator_s, self.c_call_s, self.torch_call_s)
 
     def units(self) -> dict[str, float]:
         """Seconds per item of each kind the host is charged for (:data:`KINDS`)."""
         return {"op": self.dispatch_s, "kernel": self.launch_s, "gemm": self.gemm_s, "alloc": self.alloc_s,
-                "python_call": self.python_call_s, "api_call": self.python_call_s,
+                "foreach_tensor": self.foreach_tensor_s, **dict(zip(PYTHON_KINDS, self.python_prices())),
+                "api_call": self.python_frame_s + self.torch_call_s,
                 "event_record": self.event_record_s, "wait_event": self.wait_event_s,
                 "wait_stream": self.wait_stream_s, "stream_switch": self.stream_switch_s,
                 "record_stream": self.record_stream_s, "collective": self.collective_s,
@@ -144,6 +201,11 @@ class HostPreset:
         """Host time of ``counts`` (kind -> how many)."""
         units = self.units()
         return sum(n * units[kind] for kind, n in counts.items())
+
+    def seconds_by_share(self, counts: dict) -> dict[str, float]:
+        """Host time of ``counts`` in each of :data:`HOST_SHARES`."""
+        units = self.units()
+        return {share: sum(counts.get(kind, 0) * units[kind] for kind in kinds) for share, kinds in HOST_SHARES.items()}
 
 
 # -- counting Python calls ---------------------------------------------------------------
@@ -170,8 +232,37 @@ _ROOT_PARTS = (os.sep + os.path.join("torch", "_subclasses") + os.sep,
                os.sep + os.path.join("torch", "autograd", "profiler.py"),
                os.sep + os.path.join("torch", "profiler") + os.sep)
 
-#: What a code object's frames are to the counter.
-_SKIP, _COUNT, _ROOT = 0, 1, 2
+#: What a code object's frames are to the counter (counted ones compare >= _COUNT).
+_SKIP, _ROOT, _COUNT, _GENERATOR = 0, 1, 2, 3
+
+
+def _code_lines(code) -> tuple[int, ...]:
+    """The lines of the source that hold ``code``'s instructions, sorted (the ``def`` line
+    and its decorators left out, unless the body is on it)."""
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None})
+    body = [line for line in lines if line > code.co_firstlineno]
+    return tuple(body or lines)
+
+
+def _lines_run(lines: tuple[int, ...], returned_at: int | None) -> int:
+    """How many of a function's code lines lie before the line it returned from, that line
+    included: the straight-line code it ran through (a loop's body counts once). A property
+    of the source, not of the bytecode, so that Python's version does not move it."""
+    if returned_at is None:
+        return len(lines)
+    return max(bisect.bisect_right(lines, returned_at), 1)
+
+
+def _is_torch(function) -> bool:
+    """Whether a C function a ``c_call`` event names is torch's: a function of a torch
+    module (``torch.is_grad_enabled``, ``torch._C._get_tracing_state``) or a method of a
+    torch object (``Tensor.dim``, a ``torch._C`` class's)."""
+    module = getattr(function, "__module__", None)
+    if module is not None:
+        return module.startswith("torch")
+    owner = getattr(function, "__self__", None)
+    return owner is not None and (isinstance(owner, torch.Tensor)
+                                  or (getattr(type(owner), "__module__", None) or "").startswith("torch"))
 
 
 def _stdlib_dirs() -> tuple[str, ...]:
@@ -180,24 +271,32 @@ def _stdlib_dirs() -> tuple[str, ...]:
 
 
 class PythonCalls:
-    """Counts the Python function calls the host thread makes while installed: see
-    [Note: host cost] for which ones. ``calls[0]`` is the count.
+    """Counts the Python work the host thread does while installed, by kind
+    (:data:`PYTHON_KINDS`): see [Note: host cost] for which code counts. ``counts`` holds
+    one count per kind; ``ops[0]`` is raised by the virtual GPU at each operator it
+    dispatches, so that a call into torch that dispatched one is told from one that did not.
 
     It is a ``sys.setprofile`` function of the thread that installs it (Python 3.11 has
-    no cheaper hook), restored to the previous one on :meth:`uninstall`. The virtual GPU
-    pauses it where it runs its own code (:meth:`pause` / :meth:`resume`, which nest),
-    so that what it spends there costs no profiling; other instruments' code is skipped
-    by the counter itself, as a subtree whose root is their frame."""
+    no cheaper hook; it sees Python frames and C calls alike), restored to the previous one
+    on :meth:`uninstall`. The virtual GPU pauses it where it runs its own code
+    (:meth:`pause` / :meth:`resume`, which nest), so that what it spends there costs no
+    profiling; other instruments' code is skipped by the counter itself, as a subtree
+    whose root is their frame."""
 
     def __init__(self):
-        self.calls = [0]
+        self.counts = [0] * len(PYTHON_KINDS)
+        self.ops = [0]
         self._depth = 0  # pauses in effect
         self._previous = None
         self._thread: int | None = None
         kinds: dict = dict.fromkeys(_root_codes(), _ROOT)
         instruments, stdlib = _instrument_dir(), _stdlib_dirs()
         root: list = [None]  # the frame whose subtree is not counted, while one runs
-        calls = self.calls
+        # For each C call of counted code not yet returned: the operator count when it was
+        # made (a call into torch), or None (another builtin). C calls nest through Python.
+        pending: list = []
+        counts, ops = self.counts, self.ops
+        generator_flags = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
         def kind_of(code) -> int:
             path = code.co_filename
@@ -206,30 +305,60 @@ class PythonCalls:
             elif path.startswith("<") or (path.startswith(stdlib) and "-packages" not in path):
                 kind = _SKIP
             else:
-                kind = _COUNT
+                kind = _GENERATOR if code.co_flags & generator_flags else _COUNT
             kinds[code] = kind
             return kind
 
+        lines_of: dict = {}  # code -> the lines that hold its code, sorted
+
         def profile(frame, event, arg):
+            if root[0] is not None:
+                if event == "return" and frame is root[0]:
+                    root[0] = None
+                return
             if event == "call":
-                if root[0] is None:
-                    code = frame.f_code
-                    kind = kinds.get(code)
-                    if kind is None:
-                        kind = kind_of(code)
-                    if kind == _COUNT:
-                        calls[0] += 1
-                    elif kind == _ROOT:
-                        root[0] = frame
-            elif event == "return" and frame is root[0]:
-                root[0] = None
+                code = frame.f_code
+                kind = kinds.get(code)
+                if kind is None:
+                    kind = kind_of(code)
+                if kind == _COUNT:
+                    counts[0] += 1
+                elif kind == _GENERATOR:
+                    counts[2] += 1
+                elif kind == _ROOT:
+                    root[0] = frame
+            elif event == "return":
+                code = frame.f_code
+                if kinds.get(code) == _COUNT:
+                    lines = lines_of.get(code)
+                    if lines is None:
+                        lines = lines_of[code] = _code_lines(code)
+                    counts[1] += _lines_run(lines, frame.f_lineno)
+            elif event == "c_call":
+                code = frame.f_code
+                kind = kinds.get(code)
+                if kind is None:
+                    kind = kind_of(code)
+                if kind >= _COUNT:
+                    if _is_torch(arg):
+                        pending.append(ops[0])
+                    else:
+                        counts[3] += 1
+                        pending.append(None)
+            elif event == "c_return" or event == "c_exception":
+                if pending and (kinds.get(frame.f_code) or _SKIP) >= _COUNT:
+                    made = pending.pop()
+                    if made is not None and made == ops[0]:
+                        counts[4] += 1
 
         self._profile = profile
         self._root = root
+        self._pending = pending
 
     def install(self) -> None:
         self._thread = threading.get_ident()
         self._root[0] = None
+        self._pending.clear()
         self._previous = sys.getprofile()
         self._depth = 0
         gc.callbacks.append(self._gc)
@@ -268,14 +397,16 @@ class PythonCalls:
 
 #: host.json's training steps: an 8-layer MLP (width 256, batch 32, foreach AdamW), plain,
 #: under fully_shard (one unit per layer and the root), under FSDP1 (use_orig_params,
-#: one unit per nn.Sequential), by their key prefix in host.json. What each makes the host
+#: one unit per nn.Sequential), and the steps of three engines' adapters around it (DDP,
+#: impl's ZeRO-2, DeepSpeed ZeRO-3: zerobench/engines, default options, fp32), by their key
+#: prefix in host.json (the H200's of 2026-11-26 has the first three). What each makes the host
 #: execute is counted on the virtual GPU by zerobench/validation/calibrate/host.py.
-PROGRAMS = ("plain_mlp8", "fsdp2_mlp8", "fsdp1_mlp8")
-#: The programs python_call_s is fitted on; the others are held out.
+PROGRAMS = ("plain_mlp8", "fsdp2_mlp8", "fsdp1_mlp8", "ddp_mlp8", "impl_zero2_mlp8", "deepspeed_zero3_mlp8")
+#: The programs the fitted prices (:data:`FITTED_KINDS`) are fitted on; the others are held out.
 FITTED = ("plain_mlp8", "fsdp2_mlp8")
 
 #: A host that charges nothing but counts everything (for counting a program).
-COUNTING = HostPreset("counting", dispatch_s=0.0, launch_s=0.0, python_call_s=1e-9, stream_switch_s=0.0,
+COUNTING = HostPreset("counting", dispatch_s=0.0, launch_s=0.0, python_frame_s=1e-9, stream_switch_s=0.0,
                       event_record_s=0.0, wait_event_s=0.0, wait_stream_s=0.0, record_stream_s=0.0,
                       collective_s=0.0, collective_wait_s=0.0)
 
@@ -329,25 +460,77 @@ def _program_counts(measured: dict) -> dict[str, dict[str, int]]:
     return counts
 
 
-def _fit_python_call(units: dict, measured: dict, counts: dict) -> float:
-    """Least squares of the relative errors over :data:`FITTED`: step = counted items at
-    their prices + Python calls x python_call_s (the unmeasured API calls count as Python
-    calls); each program's error counts as a fraction of its step, as every error the
-    model is judged by."""
-    num = den = 0.0
+#: host.json's per-call loops of Python work (microseconds; zerobench/validation/calibrate/host.py):
+#: a call of a one-line function (the loop's own cost with it), the same calling a C builtin,
+#: a torch C entry that dispatches nothing, and resuming a generator.
+PYTHON_LOOPS = ("python_noop_us", "c_builtin_us", "torch_entry_us", "generator_resume_us")
+
+
+def _python_units(measured: dict) -> dict[str, float]:
+    """Seconds per frame, generator entry, C builtin call and torch C entry (see
+    [Note: host cost]), each the difference of two measured loops. A host.json that lacks a
+    loop (the H200's of 2026-11-26 has only ``python_noop_us``) prices that kind as a
+    one-line call."""
+    def us(key: str) -> float:
+        value = measured.get(key, measured["python_noop_us"] if key != "python_noop_us" else None)
+        if not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"host measurements: {key} {value!r} is not allowed (allowed: microseconds >= 0)")
+        return float(value)
+
+    frame = us("python_noop_us")
+    c_call = max(us("c_builtin_us") - frame, 0.0) if "c_builtin_us" in measured else frame
+    torch_call = max(us("torch_entry_us") - frame, 0.0) if "torch_entry_us" in measured else frame
+    generator = (max(us("generator_resume_us") - frame - c_call, 0.0) if "generator_resume_us" in measured
+                 else frame)  # the loop's lambda calls next(), a builtin, which resumes the generator
+    return {"python_frame": frame * _US, "generator": generator * _US, "c_call": c_call * _US,
+            "torch_call": torch_call * _US}
+
+
+#: The prices fitted on :data:`FITTED` (what no per-call loop measures), by kind.
+FITTED_KINDS = ("python_line", "foreach_tensor")
+
+
+def _fit(units: dict, measured: dict, counts: dict) -> dict[str, float]:
+    """Seconds per item of each of :data:`FITTED_KINDS`: least squares of the relative
+    errors over :data:`FITTED` (step = counted items at their prices + the fitted kinds at
+    theirs; each program's error a fraction of its step, as every error the model is judged
+    by), none below zero (one that would be is 0 and the other refitted alone)."""
+    rows = []  # (each fitted kind's count / step, the rest of the step / step)
     for program in FITTED:
         step_key = f"{program}_step_us"
         if step_key not in measured:
             raise ValueError(f"host measurements: {step_key!r} is missing")
         c = counts[program]
         step = measured[step_key] * _US
-        calls = (c.get("python_call", 0) + c.get("api_call", 0)) / step
-        rest = sum(n * units[k] for k, n in c.items() if k in units)
-        num += calls * (step - rest) / step
-        den += calls * calls
-    if den == 0:
-        raise ValueError("host measurements: the fitted programs made no Python call")
-    return max(num / den, 0.0)
+        rest = sum(n * units[k] for k, n in c.items() if k in units and k not in FITTED_KINDS)
+        rows.append(([c.get(k, 0) / step for k in FITTED_KINDS], (step - rest) / step))
+
+    def solve(free: list[int]) -> list[float]:
+        # normal equations of the free kinds (one or two)
+        a = [[sum(x[i] * x[j] for x, _ in rows) for j in free] for i in free]
+        b = [sum(x[i] * y for x, y in rows) for i in free]
+        if len(free) == 1:
+            return [b[0] / a[0][0] if a[0][0] else 0.0]
+        det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+        if det == 0:
+            return [float("nan")] * 2
+        return [(b[0] * a[1][1] - b[1] * a[0][1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det]
+
+    prices = solve([0, 1])
+    if not all(p >= 0 for p in prices):  # a kind the programs cannot carry: the other alone
+        best = None
+        for keep in (0, 1):
+            one = max(solve([keep])[0], 0.0)
+            trial = [0.0, 0.0]
+            trial[keep] = one
+            error = sum((y - sum(p * xi for p, xi in zip(trial, x))) ** 2 for x, y in rows)
+            if best is None or error < best[0]:
+                best = (error, trial)
+        prices = best[1]
+    if not any(prices):
+        raise ValueError("host measurements: the fitted programs leave nothing to fit "
+                         f"({', '.join(FITTED_KINDS)} come out 0)")
+    return dict(zip(FITTED_KINDS, prices))
 
 
 def from_measurements(measured: dict, name: str = "measured", source: str = "") -> HostPreset:
@@ -357,9 +540,17 @@ def from_measurements(measured: dict, name: str = "measured", source: str = "") 
     See [Note: host cost]."""
     units = _units_from(measured)
     counts = _program_counts(measured)
-    python_call = _fit_python_call(units, measured, counts)
+    units.update(_python_units(measured))
+    units["api_call"] = units["python_frame"] + units["torch_call"]
+    fitted = _fit(units, measured, counts)
+    memory = measured.get("host_bytes_per_s", HostPreset.bytes_per_s)  # the H200's host.json has none
+    if not isinstance(memory, (int, float)) or not memory > 0:
+        raise ValueError(f"host measurements: host_bytes_per_s {memory!r} is not allowed (allowed: bytes/s > 0)")
     return HostPreset(name, dispatch_s=units["op"], launch_s=units["kernel"], alloc_s=units["alloc"],
-                      gemm_s=units["gemm"], python_call_s=python_call, event_record_s=units["event_record"],
+                      bytes_per_s=float(memory),
+                      gemm_s=units["gemm"], foreach_tensor_s=fitted["foreach_tensor"],
+                      python_frame_s=units["python_frame"], python_line_s=fitted["python_line"],
+                      generator_s=units["generator"], c_call_s=units["c_call"], torch_call_s=units["torch_call"], event_record_s=units["event_record"],
                       wait_event_s=units["wait_event"], wait_stream_s=units["wait_stream"],
                       stream_switch_s=units["stream_switch"], record_stream_s=units["record_stream"],
                       collective_s=units["collective"], collective_wait_s=units["collective_wait"],

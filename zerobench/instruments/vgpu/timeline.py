@@ -40,25 +40,28 @@ class Host:
         self._now = 0.0
         # Total time the host spent blocked on the device (synchronize, item, events).
         self.blocked_s = 0.0
-        # (the counter's [count], seconds per call, told (calls, start, end) of each charge)
+        # (the counter's counts by kind, seconds per item of each, told (deltas, start, end)
+        # of each charge)
         self._python = None
-        self._charged_calls = 0  # the count already charged
+        self._charged = ()  # the counts already charged
 
-    def watch_python(self, calls: list, seconds_per_call: float, charged) -> None:
-        """Charge the Python calls ``calls[0]`` counts from now on (None: stop)."""
-        self._python = (calls, seconds_per_call, charged) if calls is not None else None
-        self._charged_calls = calls[0] if calls is not None else 0
+    def watch_python(self, counts: list | None, prices: tuple = (), charged=None) -> None:
+        """Charge the Python work ``counts`` counts (one count per kind, each at its price
+        in ``prices``) from now on (None: stop)."""
+        self._python = (counts, tuple(prices), charged) if counts is not None else None
+        self._charged = list(counts) if counts is not None else ()
 
     @property
     def now(self) -> float:
         python = self._python
-        if python is not None and python[0][0] != self._charged_calls:
-            calls, per_call, charged = python
-            n = calls[0] - self._charged_calls
-            self._charged_calls = calls[0]
+        if python is not None and python[0] != self._charged:
+            counts, prices, charged = python
+            deltas = [n - done for n, done in zip(counts, self._charged)]
+            self._charged = list(counts)
             start = self._now
-            self._now += n * per_call
-            charged(n, start, self._now)
+            for n, price in zip(deltas, prices):  # in a fixed order: the sum is bit for bit the same
+                self._now += n * price
+            charged(deltas, start, self._now)
         return self._now
 
     def advance(self, seconds: float) -> None:

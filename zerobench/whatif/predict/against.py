@@ -48,6 +48,20 @@ QUANTITIES: tuple[tuple[str, str], ...] = (
 )
 
 
+#: The host's rows, after the device's: what the host did in the step, measured (a trace's
+#: main thread less its synchronize calls) and predicted (predict.csv), then the predicted
+#: host's time by share (what a trace cannot tell apart).
+HOST_QUANTITIES: tuple[tuple[str, str], ...] = (
+    ("host_busy_s", "host busy (not in a synchronize)"),
+    ("device_busy_s", "device busy"),
+    ("host_operators_s", "host: operators"),
+    ("host_python_s", "host: Python"),
+    ("host_streams_s", "host: stream and event calls"),
+    ("host_collectives_s", "host: collective calls"),
+    ("host_cpu_s", "host: computing on host memory"),
+)
+
+
 class AgainstError(ValueError):
     """A folder ``--against`` cannot use (bad input: the CLI exits 2)."""
 
@@ -106,11 +120,16 @@ def compare(run_dir: Path, predict_dir: Path, rank: int = 0) -> pd.DataFrame:
         measured, modelled = mean_breakdown(load_trace(path)), mean_breakdown(load_trace(virtual))
         measured["step_time_s"] = _one(timed[timed["cell_id"] == cell], "step_time_s")
         cid = CellId.parse(cell)
-        modelled["step_time_s"] = _one(predicted[(predicted["config"] == cid.config)
-                                                 & (predicted["world_size"] == cid.world_size)], "step_time_s")
+        row = predicted[(predicted["config"] == cid.config) & (predicted["world_size"] == cid.world_size)]
+        modelled["step_time_s"] = _one(row, "step_time_s")
         for breakdown in (measured, modelled):
             breakdown.update(profiler_split(breakdown))
-        for quantity, label in QUANTITIES:
+        measured["host_busy_s"] = host_busy(load_trace(path))
+        measured["device_busy_s"] = measured.get("busy_s")
+        for quantity, _ in HOST_QUANTITIES:
+            if quantity.startswith("host_") or quantity == "device_busy_s":  # predict.csv's
+                modelled[quantity] = _one(row, quantity)
+        for quantity, label in QUANTITIES + HOST_QUANTITIES:
             m, p = measured.get(quantity), modelled.get(quantity)
             rows.append({"cell": cell, "quantity": label, "measured_s": m, "predicted_s": p,
                          "error": p / m - 1 if m and p is not None and m == m and p == p else None})
@@ -127,6 +146,24 @@ def profiler_split(breakdown: dict) -> dict:
         return {}
     profiler = max(traced - timed, 0.0)
     return {"profiler_s": profiler, "host_idle_timed_s": max(idle - profiler, 0.0)}
+
+
+def host_busy(trace) -> float | None:
+    """The host's busy time per step of a GPU trace, on average: each step of the main
+    thread less the time it spent in CUDA's synchronize calls (waiting for the device). The
+    profiler's own cost is in it, and so is a launch that blocked on a full queue."""
+    from zerobench.analysis.profiling.overlap import step_windows
+
+    main = trace.main
+    waits = main[(main["cat"] == "cuda_runtime") & main["name"].str.contains("Synchronize")]
+    if "cuda_runtime" not in set(main["cat"]):
+        return None  # not a GPU's trace
+    spans = waits[["ts", "end"]].to_numpy(dtype=float)
+    busy = []
+    for start, end in step_windows(trace)[["ts", "end"]].to_numpy(dtype=float):
+        waited = sum(max(min(b, end) - max(a, start), 0.0) for a, b in spans)
+        busy.append((end - start - waited) * 1e-6)
+    return sum(busy) / len(busy) if busy else None
 
 
 def _one(frame: pd.DataFrame, column: str):
@@ -157,7 +194,7 @@ def plot_against(frame: pd.DataFrame, path: Path, title: str = "") -> Path | Non
     cells = list(dict.fromkeys(frame["cell"]))
     if not cells:
         return None
-    labels = [label for _, label in QUANTITIES]
+    labels = [label for _, label in QUANTITIES + HOST_QUANTITIES]
     columns = min(len(cells), 2)
     rows_ = (len(cells) + columns - 1) // columns
     fig, axes = plt.subplots(rows_, columns, figsize=(7 * columns, 0.32 * len(labels) * rows_ + 1.2 * rows_ + 0.6),

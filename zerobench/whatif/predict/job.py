@@ -86,7 +86,8 @@ def virtual_gpu(gpu, host, link: Link, inter_link: Link | None, node_size: int,
     from zerobench.instruments.vgpu.presets import gpu_preset
 
     return VirtualGpu(gpu=gpu, host=host_for(gpu_preset(gpu), host), link=link, inter_link=inter_link, node_size=node_size,
-                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend)
+                      alloc_conf=alloc_conf, record_streams=record_streams, sdpa_backend=sdpa_backend,
+                      host_factories=True)
 
 
 def predict_one(w, cell: Cell, gpu, host, link: Link, inter_link: Link | None, node_size: int,
@@ -120,10 +121,12 @@ def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
         vgpu.trace.clear()
         blocked = vgpu.host.blocked_s  # the host's waits before the step are not the step's
         charged = dict(vgpu.host_counts)  # and what the host paid for before it ([Note: host cost])
+        host_cpu = vgpu.host_cpu_s
         with collectives.intercepted(collectives.CommCounter()) as comm:  # bytes and calls of the step
             step = session.measured_step(engine, w.run.memory_warmup_steps)
         t1 = world.clock()
         host_counts = {kind: n - charged.get(kind, 0) for kind, n in vgpu.host_counts.items()}
+        host_cpu = vgpu.host_cpu_s - host_cpu
         allocator = session.allocator_metrics()
         extra = engine.extra_metrics()
     if trace_path is not None:
@@ -144,18 +147,22 @@ def predict_on(w, cell: Cell, vgpu, trace_path: Path | None = None) -> dict:
         status = "capped"
         reason = (f"reserved memory reached the {capacity / 2**30:.2f} GiB the allocator may hold "
                   f"({allocator['num_alloc_retries']} allocator retries): the figures are a full card's")
+    timeline = timeline_metrics(vgpu.trace.spans, t1 - step_s, t1)
+    shares = vgpu.host_preset.seconds_by_share(host_counts)
     return {
         "status": status, "reason": reason, "note": row_note(cell.note, ran),
         "step_time_s": step_s,
-        **timeline_metrics(vgpu.trace.spans, t1 - step_s, t1),
+        **timeline,
         **allocator,
         "max_unsharded_units": (vgpu.allocator.peak_active_by_label.get("unsharded", 0) / largest
                                 if largest else 0.0),
         "host_lead_max_s": vgpu.host_lead_max_s,
         "host_blocked_s": vgpu.host.blocked_s - blocked,
-        "host_busy_s": vgpu.host_preset.seconds(host_counts),
-        "host_python_s": host_counts.get("python_call", 0) * vgpu.host_preset.python_call_s,
-        "host_python_calls": host_counts.get("python_call", 0),
+        "host_busy_s": vgpu.host_preset.seconds(host_counts) + host_cpu,
+        "device_busy_s": timeline["compute_s"] + timeline["exposed_comm_s"],
+        **{f"host_{share}_s": seconds for share, seconds in shares.items()},
+        "host_cpu_s": host_cpu,
+        "host_python_calls": host_counts.get("python_frame", 0) + host_counts.get("generator", 0),
         **comm.columns(),
         "tokens_per_s": tokens / step_s if step_s > 0 else None,
         **throughput,
@@ -173,12 +180,15 @@ def run_job(w, job, gpu, host, link: Link, inter_link: Link | None, node_size: i
     cell runs out of the virtual GPU's memory (status ``oom``, with what it needed) or
     cannot run there (``skipped``, with why). ``gpu``: a preset with its memory settings;
     ``host``: a host preset (or its name)."""
+    from zerobench.engines.deepspeed import torch_as_found
+
     cell = job.cell()
     trace = predicted_trace(traces, cell.id) if traces else None
     vgpu = None
     try:
         vgpu = virtual_gpu(gpu, host, link, inter_link, node_size, alloc_conf, record_streams, sdpa_backend)
-        return predict_on(w, cell, vgpu, trace)
+        with torch_as_found():  # a cell never changes the next one's torch
+            return predict_on(w, cell, vgpu, trace)
     except torch.OutOfMemoryError as err:
         traceback.print_exc()
         allocator = vgpu.allocator if vgpu is not None else None

@@ -68,6 +68,26 @@ def folder_unit(frame) -> tuple[str, int]:
     values = _values(ok, "peak_reserved_bytes")
     reference = _values(ok[ok["engine"] == REFERENCE_ENGINE], "peak_reserved_bytes") if "engine" in ok else []
     return memory_unit(values, reference)
+#: The shares of the host's time predict.csv gives (host.py's HOST_SHARES, and the work on
+#: host memory), by the word the table uses for each.
+HOST_SHARE_COLUMNS = {"operators": "host_operators_s", "python": "host_python_s", "streams": "host_streams_s",
+                      "collectives": "host_collectives_s", "host memory": "host_cpu_s"}
+
+
+def host_bound(row) -> str:
+    """``host-bound (python 61 %)`` when the host was busy longer than the device in the
+    step, naming the largest share of the host's time; else empty (or a folder made before
+    these columns)."""
+    def value(name):
+        v = row.get(name) if hasattr(row, "get") else None
+        return float(v) if v is not None and v == v else None
+
+    host, device = value("host_busy_s"), value("device_busy_s")
+    if host is None or device is None or host <= device or host <= 0:
+        return ""
+    shares = {word: value(column) or 0.0 for word, column in HOST_SHARE_COLUMNS.items()}
+    word, seconds = max(shares.items(), key=lambda kv: kv[1])
+    return f"host-bound ({word} {seconds / host:.0%})"
 
 
 def predict_table(frame, model_kind: str | None = None) -> Table:
@@ -77,7 +97,7 @@ def predict_table(frame, model_kind: str | None = None) -> Table:
     unit, size = folder_unit(frame)
     columns = [Column("config", "left", "parts", role="key"), Column("ws"), Column("step ms"), Column("exposed ms"),
                Column("overlap"), Column(f"active {unit}"), Column(f"reserved {unit}"), Column("units"),
-               Column("lead ms"), Column("retries"), Column("MFU %"),
+               Column("lead ms"), Column("host ms"), Column("device ms"), Column("retries"), Column("MFU %"),
                Column("status", "left", "words", role="note")]
     table = Table(columns, title=setting_line(frame))
 
@@ -93,18 +113,22 @@ def predict_table(frame, model_kind: str | None = None) -> Table:
     figures = list(zip(column("step_time_s", 1e3), column("exposed_comm_s", 1e3), column("overlap_ratio", 1, 2),
                        both[:len(frame)], both[len(frame):],
                        column("max_unsharded_units", 1, 0 if _whole(units) else 1),
-                       column("host_lead_max_s", 1e3),
+                       column("host_lead_max_s", 1e3), column("host_busy_s", 1e3), column("device_busy_s", 1e3),
                        # retries only where some cell had one: a column of zeros says nothing
                        column("num_alloc_retries", 1, 0) if any(retries) else [""] * len(frame),
                        column("mfu", 100, 1)))
     for k, (_, r) in enumerate(frame.iterrows()):
         if ok_mask[k]:
-            table.add_row(r["config"], int(r["world_size"]), *figures[k], "")
+            table.add_row(r["config"], int(r["world_size"]), *figures[k], host_bound(r))
         else:  # a capped cell's figures are a full card's, not a prediction
             reason = r.get("reason")
             reason = "" if reason is None or reason != reason else f": {reason}"
-            table.add_row(r["config"], int(r["world_size"]), *[""] * 9, f"{r['status']}{reason}",
+            table.add_row(r["config"], int(r["world_size"]), *[""] * 11, f"{r['status']}{reason}",
                           style="yellow")
+    if any(host_bound(r) for _, r in frame.iterrows()):
+        table.notes.append("host-bound: the host was busy longer than the device in the step (host ms against "
+                           "device ms), with the largest share of the host's time (predict.csv: host_operators_s, "
+                           "host_python_s, host_streams_s, host_collectives_s, host_cpu_s)")
     table.notes += ran_notes(frame) + mfu_notes(frame, model_kind)
     return table
 
