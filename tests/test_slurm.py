@@ -46,7 +46,7 @@ def test_the_sbatch_example_starts_every_rank_on_its_own_gpu(monkeypatch, per_ta
     assert nodes * per_node > 1 and int(options.get("gpus-per-node", per_node)) == per_node
 
     # the worker takes the srun line's arguments, and the cell's world size is srun's task count
-    from zerobench.rank import worker
+    from zerobench.rank import passes as worker
 
     args = srun_worker_args(script)
     parser_seen = {}

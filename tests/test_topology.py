@@ -287,7 +287,7 @@ def test_the_guard_fails_a_cuda_device_id_without_an_index():
 def test_a_gpu_cells_notes_are_the_gpus(monkeypatch, tmp_path):
     """Defect 2: the worker found its cell as a CPU cell, so a DeepSpeed cell with
     overlap_comm on a GPU recorded "no side stream on CPU"."""
-    from zerobench.rank import worker
+    from zerobench.rank import passes as worker
     from zerobench.runs.folder import RunFolder
     from zerobench.spec.workload import parse_workload
 

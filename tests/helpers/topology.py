@@ -128,6 +128,13 @@ class Topology:
         self.calls.append(("init_process_group", backend, device_id))
 
     def install(self, monkeypatch) -> "Topology":
+        try:  # DeepSpeed picks its accelerator once a process (at its import), by whether CUDA is
+            # there: imported before the fake, and put back after it, it keeps the machine's
+            from deepspeed.accelerator import get_accelerator, real_accelerator
+        except ImportError:
+            pass
+        else:
+            monkeypatch.setattr(real_accelerator, "ds_accelerator", get_accelerator())
         cuda = torch.cuda
         monkeypatch.setattr(cuda, "is_available", lambda: bool(self.visible()))
         monkeypatch.setattr(cuda, "device_count", lambda: len(self.visible()))

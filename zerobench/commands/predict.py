@@ -64,6 +64,7 @@ def main(args) -> int:
     if args.against is not None:
         args.against = resolve_folder(args.against, "--against")
 
+    import sys
     import time
     from pathlib import Path
 
@@ -101,7 +102,11 @@ def main(args) -> int:
         from zerobench.whatif.predict import against
 
         frame = against.compare(args.against, out_dir)
-        title = f"{Path(args.against).name} against its prediction ({args.gpu}), per step"
+        warning = against.device_warning(Path(args.against), args.gpu)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        title = (f"{Path(args.against).name} against its prediction, per step; measured on "
+                 f"{against.measured_on(Path(args.against))}, predicted on a virtual {args.gpu}")
         against.write(frame, out_dir, title)
         print_table(against.against_table(frame, title))
         print(f"against: {out_dir / 'against.csv'}")

@@ -170,6 +170,50 @@ def _one(frame: pd.DataFrame, column: str):
     return float(frame[column].iloc[0]) if len(frame) and column in frame and pd.notna(frame[column].iloc[0]) else None
 
 
+def measured_on(run_dir: Path) -> str:
+    """Where a run was measured, in words: its GPU and backend, or its CPU over gloo."""
+    from zerobench.runs.folder import DamagedFile, RunFolder
+
+    try:
+        meta = RunFolder(run_dir).meta()
+    except (DamagedFile, OSError):
+        meta = {}
+    backend = meta.get("backend") or "an unknown backend"
+    if meta.get("gpu_model"):
+        return f"{meta['gpu_model']} ({backend})"
+    return f"CPU ({meta.get('cpu_model') or 'unknown model'}, {backend})"
+
+
+def device_warning(run_dir: Path, gpu: str) -> str | None:
+    """Why the measured run and the prediction are not like for like, or None: a run
+    measured on a CPU (every class's error is then CPU against GPU), or on a GPU whose
+    closest preset is not the one predicted ([Note: against what was measured])."""
+    from zerobench.instruments.vgpu.presets import preset_for_device
+    from zerobench.runs.folder import DamagedFile, RunFolder
+
+    try:
+        meta = RunFolder(run_dir).meta()
+    except (DamagedFile, OSError):
+        return None
+    where = measured_on(run_dir)
+    if not meta.get("gpu_model"):
+        return (f"{run_dir} was measured on {where}, the prediction is of a virtual {gpu}: every error below is a "
+                f"CPU's step against a GPU's, not the model's error (predict --against judges GPU runs)")
+    closest = preset_for_device(str(meta["gpu_model"]))
+    if Path(gpu).suffix != ".json" and closest != gpu:
+        return (f"{run_dir} was measured on {where}, whose preset is {closest}; the prediction is of a virtual "
+                f"{gpu}: the errors below compare two GPUs (--gpu {closest} predicts the measured one)")
+    return None
+
+
+# [Note: against what was measured]
+# `predict --against RUN` puts a measurement beside a prediction class by class; that is
+# the model's error only when both are of the same GPU. A run measured on a CPU over gloo
+# (where zerobench's quick start runs) or on another GPU than the preset's is still
+# compared, since a reader may want the figures, but a warning says so before the table,
+# and the title of the table and of against.png names both devices.
+
+
 def against_table(frame: pd.DataFrame, title: str = ""):
     """The table, through the one renderer ([Note: tables at any width] in
     zerobench/analysis/render.py): one block per cell, milliseconds per step measured and
@@ -189,7 +233,7 @@ def against_table(frame: pd.DataFrame, title: str = ""):
 
 def plot_against(frame: pd.DataFrame, path: Path, title: str = "") -> Path | None:
     """One panel per cell: each quantity measured and predicted, ms per step."""
-    from zerobench.analysis.figures import plt, save_figure
+    from zerobench.analysis.figures import figure_title, plt, save_figure
 
     cells = list(dict.fromkeys(frame["cell"]))
     if not cells:
@@ -214,8 +258,9 @@ def plot_against(frame: pd.DataFrame, path: Path, title: str = "") -> Path | Non
         ax.legend(loc="best", fontsize=8)
     for ax in list(axes.flat)[len(cells):]:
         ax.set_visible(False)
-    fig.suptitle(title or "measured beside predicted, by kernel class", fontsize=10)
-    return save_figure(fig, path)
+    top = figure_title(fig, title or "measured beside predicted, by kernel class", None)  # wrapped to fit
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return save_figure(fig, path, tight=False)
 
 
 def write(frame: pd.DataFrame, out_dir: Path, title: str = "") -> list[Path]:
