@@ -58,13 +58,19 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
             (ddp_configs[0] if ddp_configs else None)  # its default configuration, else its first
         ddp = frame_d[frame_d["config"] == reference].groupby("world_size")["peak_mib"].min()
         peak_ax, ratio_ax = axes[row]
+        drawn: dict[tuple, str] = {}  # a line's points -> the configuration drawn with them first
         for config, group in frame_d.groupby("config", sort=False):
             group = group.sort_values("world_size")
             engine = group["engine"].iloc[0]
             style = styles.line(engine, {k: group[k].iloc[0] for k in STYLE_OPTIONS if k in group})
             ref = config == reference
+            points = tuple(zip(group["world_size"], group["peak_mib"].round(6)))
+            same = drawn.setdefault(points, short_label(config))
+            if same != short_label(config):  # on top of an earlier line: dashed, and said in the legend
+                style = {**style, "linestyle": "--", "dashes": (4, 3)}
             (h,) = peak_ax.plot(group["world_size"], group["peak_mib"], lw=2.4 if ref else 1.2, ms=5, **style)
             handles.setdefault(short_label(config) + (" (reference)" if ref else "")
+                               + (f" (the same as {same})" if same != short_label(config) else "")
                                + (f" [{dtype}]" if len(dtypes) > 1 else ""), h)
             peak_ax.plot(group["world_size"], group["bound_mib"], ls="none", marker="_", ms=14, color=style["color"],
                          alpha=0.7)
@@ -91,7 +97,7 @@ def plot_estimate(frame, path: Path, setting=None) -> Path | None:
                           ha="center", va="center", color="gray")
     from matplotlib.lines import Line2D
 
-    handles["analytic model states, the lower bound (bar at each point)"] = Line2D(
+    handles["analytic model states, all fp32 as the engines keep them: the lower bound (bar at each point)"] = Line2D(
         [], [], color="0.35", marker="_", linestyle="none", markersize=14)
     handles["lowest peak at its world size (ringed)"] = Line2D(
         [], [], color="black", marker="o", fillstyle="none", linestyle="none", markersize=12)
