@@ -231,20 +231,12 @@ def list_runs(results_root: Path, console: Console | None = None) -> None:
     print_table(table, console)
 
 
-def _calibrate_folders(root: Path, depth: int = 3) -> list[tuple[str, Path]]:
+def _calibrate_folders(root: Path) -> list[tuple[str, Path]]:
     """("calibrate", folder) of every folder ``zerobench calibrate`` wrote under ``root``
-    (its measurements.json), as deep as results_folders looks."""
-    found = []
-    try:
-        children = sorted(p for p in Path(root).iterdir() if p.is_dir())
-    except OSError:
-        return found
-    for child in children:
-        if (child / "measurements.json").is_file():
-            found.append(("calibrate", child))
-        elif depth > 1:
-            found += _calibrate_folders(child, depth - 1)
-    return found
+    (its measurements.json), as deep as the results folders are looked for."""
+    from zerobench.runs.kinds import results_folders
+
+    return results_folders(root, kind_of=lambda p: "calibrate" if (p / "measurements.json").is_file() else None)
 
 
 def _calibrate_row(folder: Path) -> dict:

@@ -29,20 +29,22 @@ def folder_kind(path: Path) -> str | None:
     return None
 
 
-def results_folders(root: Path, depth: int = 3) -> list[tuple[str, Path]]:
+def results_folders(root: Path, depth: int = 3, kind_of=None) -> list[tuple[str, Path]]:
     """(kind, folder) of every results folder under ``root`` down to ``depth`` levels
-    (results/<run>, results/curated/<run>, results/ci/<run>), not looking inside one."""
+    (results/<run>, results/curated/<run>, results/ci/<run>), not looking inside one.
+    ``kind_of``: what a folder is (default :func:`folder_kind`; None for no results folder)."""
+    kind_of = kind_of or folder_kind
     found = []
     try:
         children = sorted(p for p in Path(root).iterdir() if p.is_dir())
     except OSError:
         return found
     for child in children:
-        kind = folder_kind(child)
+        kind = kind_of(child)
         if kind is not None:
             found.append((kind, child))
         elif depth > 1:
-            found += results_folders(child, depth - 1)
+            found += results_folders(child, depth - 1, kind_of)
     return found
 
 
