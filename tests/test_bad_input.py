@@ -230,8 +230,9 @@ def test_a_typo_in_a_workload_name_or_a_cell_id_is_answered(tmp_path, capsys, mo
     assert main(["run", "quickstart", "--cell", "impl-fsdp-ws2-fp3", "--results", str(tmp_path / "r")]) == 2
     assert "--cell: impl-fsdp-ws2-fp3 is not a cell of quickstart; did you mean impl-fsdp-ws2-fp32? (allowed: " \
         in capsys.readouterr().err
-    assert main(["estimate", "quickstart", "--config", "impl-fsdp-ws2-fp32", "--results", str(tmp_path / "r")]) == 2
-    assert "--config: impl-fsdp-ws2-fp32 is not a configuration of workload 'quickstart'; did you mean " \
+    # a cell id names its configuration ([Note: one way to pick cells]); a misspelt one is refused
+    assert main(["estimate", "quickstart", "--config", "impl-fsdp-ws2-fp3", "--results", str(tmp_path / "r")]) == 2
+    assert "--config: impl-fsdp-ws2-fp3 is not a configuration of workload 'quickstart'; did you mean " \
            "impl-fsdp-fp32? (allowed: " in capsys.readouterr().err
     assert _nothing_written(tmp_path / "r")
 
