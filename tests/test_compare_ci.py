@@ -188,3 +188,18 @@ def test_a_pass_fits_the_log_one_line_per_cell_and_one_for_metrics_the_baseline_
     assert out[at + 1].strip().startswith(added[0]) and out[at + 1].endswith(" more"), out  # six in 72: counted
     assert out[at + 2].startswith("PASS"), out  # the summary follows (wrapped at the width by rich)
     assert any(line.startswith("PASS") for line in out)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100])
+def test_a_pass_line_never_passes_the_width_whatever_its_parts(width):
+    """_fit_parts: a head and parts of every length, the count of what was left out
+    included; only a part wider than the log itself is kept whole."""
+    from zerobench.analysis.compare.report import _fit_parts
+
+    parts = [f"step_time_s +{n}.75% (allowed +19.41%) worse (not gated)"[: 20 + 7 * n] for n in range(1, 7)]
+    for head in ("ddp-ws2-bf16: ", "impl-fsdp-ws2-bf16-sharding_strategy=SHARD_GRAD_OP: ", ""):
+        for k in range(1, len(parts) + 1):
+            lines = _fit_parts(head, parts[:k], width)
+            assert all(len(line) <= width for line in lines if len(line.split(", ")[0]) <= width - 12), lines
+            shown = sum(line.count(", ") + 1 for line in lines if line.strip() and not line.endswith(":"))
+            assert shown >= 1

@@ -216,14 +216,18 @@ def _fit_parts(head: str, parts: list[str], width: int) -> list[str]:
     """``head`` and as many of ``parts`` as fit in ``width`` characters, comma-separated,
     then ``+N more`` for the rest: one line, or two when ``head`` leaves no room (a cell
     id nearly as wide as the log), the parts then indented under it."""
-    if parts and len(head) + len(parts[0]) > width:
-        return [*wrap_id(head.rstrip(), width), *_fit_parts("    ", parts, width)]
+    def tail(left: int) -> str:
+        return f", +{left} more" if left else ""
+
     line, shown = head, 0
     for i, part in enumerate(parts):
-        rest = len(parts) - i - 1
         candidate = line + (", " if shown else "") + part
-        if shown and len(candidate) + (len(f", +{rest} more") if rest else 0) > width:
-            return [line + f", +{len(parts) - i} more"]
+        if len(candidate) + len(tail(len(parts) - i - 1)) > width:
+            if shown:
+                return [line + tail(len(parts) - i)]
+            if head.strip():  # not even one part beside the head: the parts go under it
+                return [*wrap_id(head.rstrip(), width), *_fit_parts("    ", parts, width)]
+            return [candidate + tail(len(parts) - i - 1)]  # one part wider than the log: kept whole
         line, shown = candidate, shown + 1
     return [line]
 
