@@ -150,7 +150,9 @@ def place_labels(fig, labels) -> None:
     offset of :data:`_OFFSETS` where it overlaps no label placed before, no point drawn on
     the axes and none of their tick or axis labels, and stays inside them (the least
     crowded place otherwise, never past the figure's edge when anywhere else will do): a
-    label never sits on another configuration's point, and its line says whose it is."""
+    label never sits on another configuration's point, and its line says whose it is. A
+    label that has no place where it overlaps no other text is left out, and the panel's
+    title counts what was left out (a crowded front: its points are still ringed)."""
     renderer = fig.canvas.get_renderer()
     placed = []
     markers = {}
@@ -167,6 +169,7 @@ def place_labels(fig, labels) -> None:
     axis_texts = [t.get_window_extent(renderer) for ax in fig.axes  # every panel's: a label may cross into the next
                   for t in (ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(), *ax.get_yticklabels())
                   if t.get_visible() and t.get_text()]
+    left_out: dict[int, tuple] = {}
     for ax, text, x, y in sorted(labels, key=lambda item: (id(item[0]), item[2])):
         frame = ax.get_window_extent(renderer)
         best, best_cost = None, None
@@ -189,7 +192,16 @@ def place_labels(fig, labels) -> None:
                 note.remove()
             if cost == 0:
                 break
-        placed.append(best.get_window_extent(renderer))
+        box = best.get_window_extent(renderer)
+        unreadable = any(box.overlaps(other) for other in placed) or any(box.overlaps(t) for t in axis_texts) \
+            or not (edge.contains(box.x0, box.y0) and edge.contains(box.x1, box.y1))
+        if unreadable and not text.endswith("(reference)"):  # no room anywhere: left out, and counted
+            best.remove()
+            left_out[id(ax)] = (ax, left_out.get(id(ax), (ax, 0))[1] + 1)
+            continue
+        placed.append(box)
+    for ax, count in left_out.values():  # said where the panel says what it shows
+        ax.set_title(f"{ax.get_title()} ({count} of the front's labels left out: no room)", fontsize=10)
 
 
 def _overlaps(box, marker) -> bool:
