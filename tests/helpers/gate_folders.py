@@ -82,8 +82,10 @@ def predict_folder(root: Path, workload_path: str | Path, world_sizes: list[int]
     """The folder ``zerobench predict WORKLOAD --world-sizes ... --link LINK [--config ...]``
     writes."""
     import zerobench.whatif.predict as predict
+    from zerobench.whatif.predict.request import PredictRequest
 
+    request = PredictRequest(workload_path, tuple(world_sizes), gpu=gpu, link=link, results_root=Path(root),
+                             only=tuple(only) or None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(predict, "_run_jobs", _predict_here)
-        return predict.predict(workload_path, world_sizes, gpu=gpu, link=link, results_root=Path(root),
-                               only=list(only) or None, log=lambda *_: None)
+        return predict.predict(request, log=lambda *_: None)
