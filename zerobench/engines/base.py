@@ -35,6 +35,14 @@ class RankContext:
     backend: str  # "gloo" or "nccl"
 
 
+#: optimizer.implementation -> the torch.optim keyword that selects it
+IMPLEMENTATION_FLAGS: dict[str, dict[str, bool]] = {
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+    "for-loop": {"foreach": False},
+}
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """The optimizer a workload asks for; every engine builds it from this."""
@@ -43,13 +51,23 @@ class OptimizerSpec:
     lr: float
     hyper: dict[str, Any]  # the remaining keyword arguments of the torch.optim class
     no_decay: str = "none"  # "none" | "norms_and_biases" (workload.OptimizerConfig.no_decay)
+    max_grad_norm: float = 0.0  # the global 2-norm gradients are clipped to; 0: none (OptimizerConfig)
+    implementation: str = "foreach"  # "foreach" | "fused" | "for-loop" (OptimizerConfig.implementation)
+
+    @classmethod
+    def of(cls, config) -> "OptimizerSpec":
+        """The spec of a workload's ``[optimizer]`` (zerobench/spec/workload.py's OptimizerConfig)."""
+        return cls(config.kind, config.lr, config.hyper(), config.no_decay, config.max_grad_norm,
+                   config.implementation)
 
     @property
     def cls(self) -> type[torch.optim.Optimizer]:
         return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[self.kind]
 
     def kwargs(self) -> dict[str, Any]:
-        return {"lr": self.lr, **self.hyper}
+        """The torch.optim class's keyword arguments: ``lr``, the hyperparameters and the
+        implementation's flag (as torch.optim names it: ``IMPLEMENTATION_FLAGS``)."""
+        return {"lr": self.lr, **self.hyper, **IMPLEMENTATION_FLAGS[self.implementation]}
 
     def build(self, params) -> torch.optim.Optimizer:
         return self.cls(params, **self.kwargs())
@@ -187,6 +205,10 @@ class Engine:
         # Called with the phase name as each phase of a step starts; the memory pass
         # sets it to tag allocations and to find the gradients before zero_grad.
         self.on_phase = None
+        #: the global 2-norm the gradients are clipped to before each step (0: none), set
+        #: from the workload's optimizer.max_grad_norm before build_optimizer
+        #: (DeepSpeed puts it in its config there); see [Note: clipping as each engine does]
+        self.max_grad_norm = 0.0
 
     # -- what the harness asks before launching ranks -----------------------------
 
@@ -208,11 +230,13 @@ class Engine:
         return None
 
     @classmethod
-    def notes(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
+    def notes(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str,
+              optimizer: Any = None) -> str | None:
         """What of this combination the engine ignores on this device, or does that a reader
         would take for a bug, or None: the cell runs, and its record and table row carry the
         note (``note``), so that a figure is never read as the effect of a setting that had
-        none ([Note: say what surprises])."""
+        none ([Note: say what surprises]). ``optimizer``: the workload's ``[optimizer]``
+        (OptimizerConfig), for what an engine cannot do of it (optimizer.implementation)."""
         return None
 
     def ran(self) -> dict[str, tuple[Any, str]]:
@@ -252,9 +276,26 @@ class Engine:
         with self.phase("backward"):
             loss.backward()
         with self.phase("optimizer"):
+            if self.max_grad_norm:
+                self.clip_gradients(self.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    # [Note: clipping as each engine does]
+    # optimizer.max_grad_norm clips with the API a user of each engine calls, so that its
+    # cost is the engine's own: torch.nn.utils.clip_grad_norm_ over DDP's full gradients
+    # and over fully_shard's DTensor gradients (a norm per DTensor, an all-reduce of the
+    # partial norm, then a scaling pass: pytorch/pytorch#128317 measured it), FSDP1's and
+    # impl's FullyShardedDataParallel.clip_grad_norm_ over the flat shards, a sharded norm
+    # (each rank's sum of squares, one all-reduce: impl/zero/clip.py) for the ZeRO-1/2
+    # engines, and DeepSpeed's gradient_clipping in its config. All of them scale by
+    # max_norm / (norm + 1e-6), at most 1, as the single-process reference does.
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Clip this rank's gradients to the global 2-norm ``max_norm``; return the norm.
+        A collective where the gradients are sharded. See [Note: clipping as each engine does]."""
+        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
 
     def phase(self, name: str):
         """Label a phase of the step ("forward", "backward", "optimizer") for the
