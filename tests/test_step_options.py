@@ -36,7 +36,7 @@ def test_implementation_refuses_a_bad_value_naming_the_field_and_the_allowed_val
     with pytest.raises(WorkloadError) as err:
         workload({"implementation": "fast"})
     assert "optimizer.implementation" in str(err.value)
-    assert all(v in str(err.value) for v in ("'foreach'", "'fused'", "'for-loop'"))
+    assert all(v in str(err.value) for v in ("'default'", "'foreach'", "'fused'", "'for-loop'"))
 
 
 def test_max_grad_norm_refuses_a_negative_norm_naming_the_field():
@@ -54,7 +54,8 @@ def test_the_keys_reach_workload_json_only_when_set():
     assert (again.optimizer.max_grad_norm, again.optimizer.implementation) == (1.0, "fused")
 
 
-@pytest.mark.parametrize("implementation, flags", [("foreach", {"foreach": True, "fused": None}),
+@pytest.mark.parametrize("implementation, flags", [("default", {"foreach": None, "fused": None}),
+                                                   ("foreach", {"foreach": True, "fused": None}),
                                                    ("fused", {"fused": True}),
                                                    ("for-loop", {"foreach": False, "fused": None})])
 def test_each_implementation_is_the_torch_optim_flag(implementation, flags):

@@ -35,8 +35,11 @@ class RankContext:
     backend: str  # "gloo" or "nccl"
 
 
-#: optimizer.implementation -> the torch.optim keyword that selects it
+#: optimizer.implementation -> the torch.optim keyword that selects it ("default": none,
+#: torch's own choice: foreach on a GPU and the virtual GPU, the for-loop on a CPU, where an
+#: explicit foreach holds its whole lists' temporaries at once: 3 MiB more at the CPU gate's peak)
 IMPLEMENTATION_FLAGS: dict[str, dict[str, bool]] = {
+    "default": {},
     "foreach": {"foreach": True},
     "fused": {"fused": True},
     "for-loop": {"foreach": False},
@@ -52,7 +55,7 @@ class OptimizerSpec:
     hyper: dict[str, Any]  # the remaining keyword arguments of the torch.optim class
     no_decay: str = "none"  # "none" | "norms_and_biases" (workload.OptimizerConfig.no_decay)
     max_grad_norm: float = 0.0  # the global 2-norm gradients are clipped to; 0: none (OptimizerConfig)
-    implementation: str = "foreach"  # "foreach" | "fused" | "for-loop" (OptimizerConfig.implementation)
+    implementation: str = "default"  # "default" | "foreach" | "fused" | "for-loop" (OptimizerConfig.implementation)
 
     @classmethod
     def of(cls, config) -> "OptimizerSpec":
@@ -276,8 +279,6 @@ class Engine:
         with self.phase("backward"):
             loss.backward()
         with self.phase("optimizer"):
-            if self.max_grad_norm:
-                self.clip_gradients(self.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -290,7 +291,21 @@ class Engine:
     # impl's FullyShardedDataParallel.clip_grad_norm_ over the flat shards, a sharded norm
     # (each rank's sum of squares, one all-reduce: impl/zero/clip.py) for the ZeRO-1/2
     # engines, and DeepSpeed's gradient_clipping in its config. All of them scale by
-    # max_norm / (norm + 1e-6), at most 1, as the single-process reference does.
+    # max_norm / (norm + 1e-6), at most 1, as the single-process reference does. The clip
+    # runs as a step pre-hook of the optimizer (clip_every_step), inside the optimizer
+    # phase: a step without clipping runs not one line more (the virtual GPU prices the
+    # host's Python lines, and predict's figures must not move when clipping is off).
+
+    def clip_every_step(self) -> None:
+        """Clip to ``max_grad_norm`` before every optimizer step, as a step pre-hook of the
+        optimizer (zerobench/rank/session.py calls it once the optimizer is built, when
+        the workload clips)."""
+        max_norm = self.max_grad_norm
+
+        def clip(optimizer, args, kwargs) -> None:  # a pre-hook returns None (or new arguments)
+            self.clip_gradients(max_norm)
+
+        self.optimizer.register_step_pre_hook(clip)
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Clip this rank's gradients to the global 2-norm ``max_norm``; return the norm.

@@ -215,6 +215,9 @@ class DeepSpeedZeroEngine(Engine):
                                                                      config=config, dist_init_required=False)
         return self.optimizer
 
+    def clip_every_step(self):
+        """Nothing to add: DeepSpeed clips in its own step (``gradient_clipping`` in its config)."""
+
     def train_step(self, inputs, targets, loss_fn):
         if self.dtype == "bf16" and inputs.is_floating_point():
             inputs = inputs.to(torch.bfloat16)

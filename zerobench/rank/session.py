@@ -74,6 +74,8 @@ class Session:
         self.world.materialize()
         engine.max_grad_norm = self.optimizer_spec.max_grad_norm
         engine.build_optimizer(self.optimizer_spec)
+        if engine.max_grad_norm:
+            engine.clip_every_step()
         return engine
 
     def tracker(self, timeline: bool = True) -> StorageTracker:

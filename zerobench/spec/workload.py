@@ -318,7 +318,7 @@ class DataConfig:
 
 
 #: optimizer.implementation's values, as torch.optim's flags name them (OptimizerConfig)
-IMPLEMENTATIONS = ("foreach", "fused", "for-loop")
+IMPLEMENTATIONS = ("default", "foreach", "fused", "for-loop")
 
 
 @dataclass(frozen=True)
@@ -342,10 +342,12 @@ class OptimizerConfig:
     """Clip the gradients to this global 2-norm before each step, with each engine's own
     API (docs/workloads.md, "Gradient clipping"); 0 (the default): no clipping, as
     DeepSpeed's ``gradient_clipping`` says it."""
-    implementation: Literal["foreach", "fused", "for-loop"] = "foreach"
+    implementation: Literal["default", "foreach", "fused", "for-loop"] = "default"
     """The torch.optim implementation: ``foreach`` (``foreach=True``: a few multi-tensor
     kernels per step), ``fused`` (``fused=True``: one fused kernel per parameter group
-    and dtype), ``for-loop`` (``foreach=False``: the kernels of one parameter at a time)."""
+    and dtype), ``for-loop`` (``foreach=False``: the kernels of one parameter at a time),
+    or ``default`` (no flag: torch.optim's own choice, foreach where the parameters'
+    device has foreach kernels, a GPU or the virtual GPU, and the for-loop on a CPU)."""
 
     def check(self) -> None:
         if self.no_decay not in ("none", "norms_and_biases"):
