@@ -27,6 +27,7 @@ from torch.optim import Optimizer
 
 from impl import comm
 from impl.zero import param_buckets
+from impl.zero.clip import clip_grad_norm_
 from impl.zero.overlap import BucketAssignment, OverlapInfo, OverlapStatus, assign_buckets, build_assignment_tensors
 from impl.zero.partition import manual_partition, rank_numels, sorted_greedy_partition
 from impl.zero.state_dict import (
@@ -238,6 +239,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     def rank_numels(self) -> list[int]:
         """Parameter elements owned (stepped) by each rank."""
         return rank_numels(self._partition_parameters())
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale this rank's partition's gradients so that the model's gradient norm is at
+        most ``max_norm``; return that norm (a collective: [Note: a sharded norm] in
+        impl/zero/clip.py). The other ranks' parameters' gradients are left alone: this
+        rank does not step them."""
+        grads = [p.grad for g in self.optim.param_groups for p in g["params"] if p.grad is not None]
+        return clip_grad_norm_(grads, max_norm, group=self.process_group)
 
     def _build_param_buckets(self) -> None:
         if self.parameters_as_bucket_view and not self._overlap_with_ddp:

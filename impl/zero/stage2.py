@@ -52,6 +52,7 @@ from torch.optim import Optimizer
 
 from impl import comm
 from impl.zero.bucketer import ReduceScatterBucketer
+from impl.zero.clip import clip_grad_norm_
 from impl.zero.sharded_param import ShardedParam
 from impl.zero.state_dict import (
     check_param_groups_match,
@@ -186,6 +187,13 @@ class ZeroStage2Optimizer(Optimizer):
     def gradient_shards(self) -> list[torch.Tensor]:
         """This rank's reduced gradient shards (views of the reduce-scatter outputs)."""
         return [s.sharded.grad for s in self._shards.values() if s.sharded.grad is not None]
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale this rank's reduced gradient shards so that the model's gradient norm is at
+        most ``max_norm``; return that norm (a collective: [Note: a sharded norm] in
+        impl/zero/clip.py). Call it after backward, before :meth:`step`."""
+        self.bucketer.flush()  # normally a no-op: the end of backward flushed already
+        return clip_grad_norm_(self.gradient_shards(), max_norm, group=self.process_group)
 
     def remove_hooks(self) -> None:
         """Detach from the parameters (the optimizer is unusable afterwards)."""

@@ -35,6 +35,17 @@ class RankContext:
     backend: str  # "gloo" or "nccl"
 
 
+#: optimizer.implementation -> the torch.optim keyword that selects it ("default": none,
+#: torch's own choice: foreach on a GPU and the virtual GPU, the for-loop on a CPU, where an
+#: explicit foreach holds its whole lists' temporaries at once: 3 MiB more at the CPU gate's peak)
+IMPLEMENTATION_FLAGS: dict[str, dict[str, bool]] = {
+    "default": {},
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+    "for-loop": {"foreach": False},
+}
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """The optimizer a workload asks for; every engine builds it from this."""
@@ -43,13 +54,23 @@ class OptimizerSpec:
     lr: float
     hyper: dict[str, Any]  # the remaining keyword arguments of the torch.optim class
     no_decay: str = "none"  # "none" | "norms_and_biases" (workload.OptimizerConfig.no_decay)
+    max_grad_norm: float = 0.0  # the global 2-norm gradients are clipped to; 0: none (OptimizerConfig)
+    implementation: str = "default"  # "default" | "foreach" | "fused" | "for-loop" (OptimizerConfig.implementation)
+
+    @classmethod
+    def of(cls, config) -> "OptimizerSpec":
+        """The spec of a workload's ``[optimizer]`` (zerobench/spec/workload.py's OptimizerConfig)."""
+        return cls(config.kind, config.lr, config.hyper(), config.no_decay, config.max_grad_norm,
+                   config.implementation)
 
     @property
     def cls(self) -> type[torch.optim.Optimizer]:
         return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[self.kind]
 
     def kwargs(self) -> dict[str, Any]:
-        return {"lr": self.lr, **self.hyper}
+        """The torch.optim class's keyword arguments: ``lr``, the hyperparameters and the
+        implementation's flag (as torch.optim names it: ``IMPLEMENTATION_FLAGS``)."""
+        return {"lr": self.lr, **self.hyper, **IMPLEMENTATION_FLAGS[self.implementation]}
 
     def build(self, params) -> torch.optim.Optimizer:
         return self.cls(params, **self.kwargs())
@@ -187,6 +208,10 @@ class Engine:
         # Called with the phase name as each phase of a step starts; the memory pass
         # sets it to tag allocations and to find the gradients before zero_grad.
         self.on_phase = None
+        #: the global 2-norm the gradients are clipped to before each step (0: none), set
+        #: from the workload's optimizer.max_grad_norm before build_optimizer
+        #: (DeepSpeed puts it in its config there); see [Note: clipping as each engine does]
+        self.max_grad_norm = 0.0
 
     # -- what the harness asks before launching ranks -----------------------------
 
@@ -208,11 +233,13 @@ class Engine:
         return None
 
     @classmethod
-    def notes(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str) -> str | None:
+    def notes(cls, options: dict[str, Any], dtype: str, world_size: int, device_type: str,
+              optimizer: Any = None) -> str | None:
         """What of this combination the engine ignores on this device, or does that a reader
         would take for a bug, or None: the cell runs, and its record and table row carry the
         note (``note``), so that a figure is never read as the effect of a setting that had
-        none ([Note: say what surprises])."""
+        none ([Note: say what surprises]). ``optimizer``: the workload's ``[optimizer]``
+        (OptimizerConfig), for what an engine cannot do of it (optimizer.implementation)."""
         return None
 
     def ran(self) -> dict[str, tuple[Any, str]]:
@@ -255,6 +282,35 @@ class Engine:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    # [Note: clipping as each engine does]
+    # optimizer.max_grad_norm clips with the API a user of each engine calls, so that its
+    # cost is the engine's own: torch.nn.utils.clip_grad_norm_ over DDP's full gradients
+    # and over fully_shard's DTensor gradients (a norm per DTensor, an all-reduce of the
+    # partial norm, then a scaling pass: pytorch/pytorch#128317 measured it), FSDP1's and
+    # impl's FullyShardedDataParallel.clip_grad_norm_ over the flat shards, a sharded norm
+    # (each rank's sum of squares, one all-reduce: impl/zero/clip.py) for the ZeRO-1/2
+    # engines, and DeepSpeed's gradient_clipping in its config. All of them scale by
+    # max_norm / (norm + 1e-6), at most 1, as the single-process reference does. The clip
+    # runs as a step pre-hook of the optimizer (clip_every_step), inside the optimizer
+    # phase: a step without clipping runs not one line more (the virtual GPU prices the
+    # host's Python lines, and predict's figures must not move when clipping is off).
+
+    def clip_every_step(self) -> None:
+        """Clip to ``max_grad_norm`` before every optimizer step, as a step pre-hook of the
+        optimizer (zerobench/rank/session.py calls it once the optimizer is built, when
+        the workload clips)."""
+        max_norm = self.max_grad_norm
+
+        def clip(optimizer, args, kwargs) -> None:  # a pre-hook returns None (or new arguments)
+            self.clip_gradients(max_norm)
+
+        self.optimizer.register_step_pre_hook(clip)
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Clip this rank's gradients to the global 2-norm ``max_norm``; return the norm.
+        A collective where the gradients are sharded. See [Note: clipping as each engine does]."""
+        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
 
     def phase(self, name: str):
         """Label a phase of the step ("forward", "backward", "optimizer") for the

@@ -110,8 +110,9 @@ KNOBS: dict[str, Axis] = {k: v for cls in (DeepSpeedZero12Options, DeepSpeedZero
                           for k, v in cls.axes().items() if k != "overlap_comm"}
 
 
-def ds_config(stage: int, options: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """The DeepSpeed config dict of one cell: the stage, the cell's knobs, the dtype."""
+def ds_config(stage: int, options: dict[str, Any], dtype: str, max_grad_norm: float = 0.0) -> dict[str, Any]:
+    """The DeepSpeed config dict of one cell: the stage, the cell's knobs, the dtype, and
+    ``gradient_clipping`` (the workload's optimizer.max_grad_norm; 0: none)."""
     zero = {"stage": stage}
     zero.update({k: v for k, v in options.items() if k == "overlap_comm" or k in KNOBS})
     config = {
@@ -119,7 +120,7 @@ def ds_config(stage: int, options: dict[str, Any], dtype: str) -> dict[str, Any]
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
-        "gradient_clipping": 0.0,
+        "gradient_clipping": float(max_grad_norm),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
@@ -180,10 +181,10 @@ class DeepSpeedZeroEngine(Engine):
         return super().unsupported(options, dtype, world_size, device_type)
 
     @classmethod
-    def notes(cls, options, dtype, world_size, device_type):
+    def notes(cls, options, dtype, world_size, device_type, optimizer=None):
         """What DeepSpeed 0.19.8 ignores of the cell (measured: tests/test_deepspeed_engines.py),
         and what it does that reads as a bug ([Note: say what surprises] in base.py)."""
-        out = [note for note in [super().notes(options, dtype, world_size, device_type)] if note]
+        out = [note for note in [super().notes(options, dtype, world_size, device_type, optimizer)] if note]
         if device_type == "cpu" and options.get("overlap_comm"):
             out.append("overlap_comm: no side stream on CPU (a synchronous device), no overlap"
                        + ("; its second bucket is still allocated" if cls.stage < 3 else ""))
@@ -208,11 +209,14 @@ class DeepSpeedZeroEngine(Engine):
         deepspeed = _start_deepspeed(self.ctx)
         model = self.module
         optimizer = spec.build(model.parameters())
-        config = ds_config(self.stage, self.opts, self.dtype)
+        config = ds_config(self.stage, self.opts, self.dtype, self.max_grad_norm)
         with _keeping_the_device():
             self.module, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                      config=config, dist_init_required=False)
         return self.optimizer
+
+    def clip_every_step(self):
+        """Nothing to add: DeepSpeed clips in its own step (``gradient_clipping`` in its config)."""
 
     def train_step(self, inputs, targets, loss_fn):
         if self.dtype == "bf16" and inputs.is_floating_point():

@@ -56,6 +56,10 @@ class FSDPEngine(Engine):
         )
         return self.module
 
+    def clip_gradients(self, max_norm):
+        """impl's ``clip_grad_norm_`` on the root, as FSDP1's: the flat shards' norm, all-reduced."""
+        return self.module.clip_grad_norm_(max_norm)
+
     def ran(self):
         """NO_SHARD where impl's FSDP switched to it at world size 1, as PyTorch's FSDP1 does
         ([Note: say what ran])."""

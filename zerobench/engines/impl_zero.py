@@ -58,6 +58,10 @@ class Zero1Engine(TorchZero1Engine):
 
     def build_optimizer(self, spec):
         spec.refuse_groups(self.name)
+        if self._overlap and self.max_grad_norm:
+            raise ValueError(f"optimizer.max_grad_norm = {self.max_grad_norm} is not supported by impl-zero1 with "
+                             "overlap_with_ddp = true: each bucket steps inside DDP's hook, before the norm of "
+                             "every gradient is known (allowed there: 0)")
         if not self._overlap:
             return super().build_optimizer(spec)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -70,6 +74,10 @@ class Zero1Engine(TorchZero1Engine):
         make_hook = hook_with_zero_step_interleaved if self.settings.overlap_hook == "interleaved" else hook_with_zero_step
         self.module.register_comm_hook(None, make_hook(allreduce_hook, self.module, self.optimizer))
         return self.optimizer
+
+    def clip_gradients(self, max_norm):
+        """impl's ZeroRedundancyOptimizer.clip_grad_norm_: a sharded norm over this rank's partition."""
+        return self.optimizer.clip_grad_norm_(max_norm)
 
     def train_step(self, inputs, targets, loss_fn):
         if not self._overlap:
@@ -121,6 +129,10 @@ class Zero2Engine(AutocastEngine):
             **spec.kwargs(),
         )
         return self.optimizer
+
+    def clip_gradients(self, max_norm):
+        """impl's ZeroStage2Optimizer.clip_grad_norm_: a sharded norm over the reduced gradient shards."""
+        return self.optimizer.clip_grad_norm_(max_norm)
 
     def gradient_tensors(self):
         """The reduced gradient shards, plus any full gradients (only left by no_sync)."""

@@ -226,6 +226,8 @@ class TorchFSDP2Options(EngineOptions):
                                        sweep=(True, False))
     forward_prefetch: bool = flag(False, "explicitly prefetch the next block's all-gather in forward",
                                   role="schedule")
+    cpu_offload: bool = flag(False, "torch's CPUOffloadPolicy: sharded parameters, gradients and the optimizer "
+                                    "step in host memory (pinned on a GPU; on a CPU device they are there already)")
 
 
 # -- DeepSpeed -----------------------------------------------------------------------------

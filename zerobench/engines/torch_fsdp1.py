@@ -71,3 +71,7 @@ class TorchFSDP1Engine(Engine):
             device_id=self.ctx.device if self.ctx.device.type == "cuda" else torch.device("cpu"),
         )
         return self.module
+
+    def clip_gradients(self, max_norm):
+        """FSDP1's own ``clip_grad_norm_`` on the root: the flat shards' norm, all-reduced."""
+        return self.module.clip_grad_norm_(max_norm)

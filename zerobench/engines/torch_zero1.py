@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from impl.zero.clip import clip_grad_norm_
 from zerobench.engines.base import AutocastEngine
 from zerobench.engines.ddp import wrap_ddp
 from zerobench.engines.options import TorchZero1Options
@@ -28,3 +29,10 @@ class TorchZero1Engine(AutocastEngine):
             **spec.kwargs(),
         )
         return self.optimizer
+
+    def clip_gradients(self, max_norm):
+        """A sharded norm over the gradients of the parameters this rank steps (those of
+        ZeroRedundancyOptimizer's local optimizer): torch's ZeroRedundancyOptimizer has no
+        clip_grad_norm_ of its own ([Note: a sharded norm] in impl/zero/clip.py)."""
+        grads = [p.grad for g in self.optimizer.optim.param_groups for p in g["params"] if p.grad is not None]
+        return clip_grad_norm_(grads, max_norm, group=self.optimizer.process_group)

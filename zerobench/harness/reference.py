@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+
 from zerobench.engines.base import OptimizerSpec
 from zerobench.spec import data as data_mod
 from zerobench.spec.models import build_model, loss_fn
@@ -37,7 +39,8 @@ def _train(workload: Workload, world_size: int, deadline: float | None, timeout_
     d = workload.data
     model = build_model(workload.model, workload.seed)
     o = workload.optimizer
-    opt = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay).build_for(model)
+    spec = OptimizerSpec.of(o)
+    opt = spec.build_for(model)
     loss_of = loss_fn(workload.model)
     losses = []
     for step in range(d.warmup_steps + d.steps):
@@ -48,6 +51,8 @@ def _train(workload: Workload, world_size: int, deadline: float | None, timeout_
         inputs, targets = data_mod.global_batch(workload.model, d.batch_size * world_size, d.seed, step)
         loss = loss_of(model(inputs), targets)
         loss.backward()
+        if spec.max_grad_norm:  # as every engine clips ([Note: clipping as each engine does])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())

@@ -57,7 +57,7 @@ class Session:
         self.engine_cls = get_engine(cell.engine)
         self.loss = loss_fn(workload.model)
         o = workload.optimizer
-        self.optimizer_spec = OptimizerSpec(o.kind, o.lr, o.hyper(), o.no_decay)
+        self.optimizer_spec = OptimizerSpec.of(o)
 
     # -- building ---------------------------------------------------------------------
 
@@ -72,7 +72,10 @@ class Session:
                                           self.cell.opts.get("activation_checkpointing", "none"))
             engine.wrap(model, units)
         self.world.materialize()
+        engine.max_grad_norm = self.optimizer_spec.max_grad_norm
         engine.build_optimizer(self.optimizer_spec)
+        if engine.max_grad_norm:
+            engine.clip_every_step()
         return engine
 
     def tracker(self, timeline: bool = True) -> StorageTracker:

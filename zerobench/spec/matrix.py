@@ -101,7 +101,7 @@ def _expand(workload: Workload, device_type: str) -> list[Cell]:
                 cell = Cell(engine, ws, dtype, tuple(values))
                 if reason is None:
                     reason = cls.unsupported(cell.opts, dtype, ws, device_type)
-                note = cls.notes(cell.opts, dtype, ws, device_type) if reason is None else None
+                note = cls.notes(cell.opts, dtype, ws, device_type, workload.optimizer) if reason is None else None
                 if cell in seen:
                     continue
                 seen.add(cell)

@@ -317,6 +317,10 @@ class DataConfig:
     """Seed of the synthetic batches."""
 
 
+#: optimizer.implementation's values, as torch.optim's flags name them (OptimizerConfig)
+IMPLEMENTATIONS = ("default", "foreach", "fused", "for-loop")
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     """The optimizer every engine builds (as torch.optim classes name their arguments)."""
@@ -334,10 +338,22 @@ class OptimizerConfig:
     """``norms_and_biases``: two parameter groups, weight decay off for the parameters of
     norm modules and for biases. Needs the original parameters: FSDP1 engines
     (torch-fsdp1, impl-fsdp) with ``use_orig_params = true``, ddp, torch-fsdp2."""
+    max_grad_norm: NonNegativeFloat = 0.0
+    """Clip the gradients to this global 2-norm before each step, with each engine's own
+    API (docs/workloads.md, "Gradient clipping"); 0 (the default): no clipping, as
+    DeepSpeed's ``gradient_clipping`` says it."""
+    implementation: Literal["default", "foreach", "fused", "for-loop"] = "default"
+    """The torch.optim implementation: ``foreach`` (``foreach=True``: a few multi-tensor
+    kernels per step), ``fused`` (``fused=True``: one fused kernel per parameter group
+    and dtype), ``for-loop`` (``foreach=False``: the kernels of one parameter at a time),
+    or ``default`` (no flag: torch.optim's own choice, foreach where the parameters'
+    device has foreach kernels, a GPU or the virtual GPU, and the for-loop on a CPU)."""
 
     def check(self) -> None:
         if self.no_decay not in ("none", "norms_and_biases"):
             raise WorkloadError(not_allowed("optimizer.no_decay", self.no_decay, ("none", "norms_and_biases")))
+        if self.implementation not in IMPLEMENTATIONS:
+            raise WorkloadError(not_allowed("optimizer.implementation", self.implementation, IMPLEMENTATIONS))
         if len(self.betas) != 2:
             raise WorkloadError(f"optimizer.betas: {list(self.betas)} is not allowed (allowed: two floats in [0, 1))")
 
@@ -415,6 +431,10 @@ class Workload:
         opt = self.optimizer
         out["optimizer"] = {"kind": opt.kind, "lr": opt.lr,
                             **{k: list(v) if isinstance(v, tuple) else v for k, v in opt.hyper().items()}}
+        # The step's keys only where set, so that a workload.json of before they existed reads the same.
+        out["optimizer"].update({k: v for k, v in (("max_grad_norm", opt.max_grad_norm),
+                                                  ("implementation", opt.implementation))
+                                 if v != getattr(OptimizerConfig, k)})
         return out
 
 
