@@ -398,7 +398,7 @@ def test_a_bad_measured_kernels_table_is_refused_naming_the_row(table, message, 
 # -- scripts/gpu-calibrate: the one prepared GPU command -----------------------------------------
 
 
-@pytest.mark.slow  # every section on tiny shapes within 30 s, then the kernel table
+@pytest.mark.slow  # every section on tiny shapes within 90 s, then the kernel table
 def test_gpu_calibrate_runs_every_section_into_one_folder_with_its_budget_printed(tmp_path):
     """The script's CPU path (``--device cpu``): the same calibrate code on tiny shapes,
     each section's budget printed as it starts, scaled to fit ``--within``; measurements,
@@ -406,14 +406,17 @@ def test_gpu_calibrate_runs_every_section_into_one_folder_with_its_budget_printe
     import subprocess
 
     out = tmp_path / "out"
-    done = subprocess.run(["scripts/gpu-calibrate", "--device", "cpu", "--within", "30", str(out)],
-                          capture_output=True, text=True, timeout=240)
+    # 90 s: the host section counts its six programs (DeepSpeed's among them) in a child
+    # process outside its own budget, 40 s of a loaded 2-core machine; within what is left
+    # every section still gets its scaled budget
+    done = subprocess.run(["scripts/gpu-calibrate", "--device", "cpu", "--within", "90", str(out)],
+                          capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     log = (out / "calibrate.log").read_text()
     budgets = [line for line in log.splitlines() if ": up to " in line]
     assert [line.split(":")[0] for line in budgets] == ["gemm", "attention", "memory", "optimizer", "host",
                                                         "sustained"]
-    assert sum(float(line.split("up to ")[1].split(" s")[0]) for line in budgets) <= 30 + 6  # rounding each up
+    assert sum(float(line.split("up to ")[1].split(" s")[0]) for line in budgets) <= 90 + 6  # rounding each up
     (folder,) = out.glob("*-calibrate-cpu")
     measured = json.loads((folder / "measurements.json").read_text())
     assert {r["kernel"] for r in measured["kernels"]} >= {"gemm", "attention", "copy", "optimizer"}
